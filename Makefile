@@ -1,0 +1,31 @@
+# Two entry points: `make demo` (the main job on a built-in default) and `make test`.
+# Each creates .venv/ with the pinned versions of requirements/ci.txt when it is missing.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-slow lint bench clean-venv
+
+$(STAMP): requirements/ci.txt pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install --disable-pip-version-check -q -r requirements/ci.txt
+	$(BIN)/pip install --disable-pip-version-check -q --no-deps -e .
+	touch $(STAMP)
+
+demo: $(STAMP)
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(BIN)/trainsched profile mlp --batch-size 64 -o demo-graph.json
+	$(BIN)/trainsched show demo-graph.json
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/capture_zoo.py
+
+clean-venv:
+	rm -rf $(VENV)
