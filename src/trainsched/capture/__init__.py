@@ -1,0 +1,10 @@
+"""torch -> Graph. The only package besides ``runtime`` that imports torch.
+
+``capture(model, example_inputs, ...)`` traces a model and costs every op; ``zoo`` builds named
+models with random weights.
+"""
+
+from trainsched.capture.capture import GRANULARITIES, TIERS, capture
+from trainsched.capture.zoo import ZooModel, build, names
+
+__all__ = ["GRANULARITIES", "TIERS", "ZooModel", "build", "capture", "names"]

@@ -1,0 +1,237 @@
+"""torch -> Graph: trace a model, cost every step, and build the forward graph.
+
+Costs come from one of three tiers (recorded in ``graph.meta["tier"]``):
+
+- ``measured``: every step runs for real on the device at hand (CPU here, CUDA where present) and
+  its forward, input-gradient and weight-gradient times are medians over repeats;
+- ``roofline``: nothing runs; each phase costs max(FLOPs / (0.75 x peak), bytes / bandwidth) +
+  launch overhead on a named device kind (``costs.roofline_s``);
+- ``static``: shapes, FLOPs and bytes only, every time zero.
+
+The graph is built at op granularity (one op per ATen call) and can be coarsened to modules.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from trainsched.capture.profile import Phase, Progress, StepCost, StepRunner
+from trainsched.capture.trace import Traced, trace
+from trainsched.coarsen import coarsen_by_module
+from trainsched.errors import TrainschedError
+from trainsched.graph import Edge, Graph, Op
+
+TIERS = ("measured", "roofline", "static")
+GRANULARITIES = ("op", "module")
+
+
+def capture(model: torch.nn.Module, example_inputs: tuple | Any = (), *,
+            example_kwargs: Mapping[str, Any] | None = None,
+            granularity: str = "op", module_depth: int | None = None,
+            costs: str = "measured", device_kind: str | None = None,
+            device: str | torch.device | None = None, warmup: int = 0, repeats: int = 10,
+            method: str = "auto", name: str = "model",
+            meta: Mapping[str, Any] | None = None,
+            progress: Progress | None = None) -> Graph:
+    """Capture ``model`` on an example batch into a forward :class:`~trainsched.graph.Graph`.
+
+    ``example_inputs`` are the positional arguments of ``model.forward`` (a single tensor is
+    accepted), ``example_kwargs`` its keyword arguments. ``granularity`` is ``"op"`` (ATen ops)
+    or ``"module"`` (ops of one module call become one op; ``module_depth`` truncates module
+    paths to that many components, e.g. 2 gives ResNet blocks ``layer1.0``). ``costs`` picks the
+    tier (see the module docstring); ``device_kind`` names the device of the roofline tier
+    (default H100). ``device`` is where measured costs run (default: CUDA when available, else
+    CPU); the model is moved there. Each measured phase runs once uncounted (that call also
+    counts FLOPs), ``warmup`` more times, then up to ``repeats`` timed times: at least 3, and
+    no more once the timed calls add up to a quarter second.
+    """
+    if granularity not in GRANULARITIES:
+        raise TrainschedError(f"unknown granularity {granularity!r}; use op or module")
+    if costs not in TIERS:
+        raise TrainschedError(f"unknown cost tier {costs!r}; use one of {', '.join(TIERS)}")
+    if repeats < 1 or warmup < 0:
+        raise TrainschedError("repeats must be at least 1 and warmup at least 0")
+    if module_depth is not None and module_depth < 1:
+        raise TrainschedError("module depth must be at least 1")
+    args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+    kwargs = dict(example_kwargs or {})
+    spec = None
+    if costs == "roofline":
+        from trainsched.cluster import device_kind as lookup_device_kind
+
+        spec = lookup_device_kind(device_kind or "H100")
+    run_device = torch.device(device) if device is not None else torch.device(
+        "cuda" if torch.cuda.is_available() else "cpu")
+    measure = costs == "measured"
+
+    model.train()
+    if measure:
+        model.to(run_device)
+        args, kwargs = _to_device((args, kwargs), run_device)
+    traced = trace(model, args, kwargs, method)
+    runner = StepRunner(traced, measure=measure, warmup=warmup, repeats=repeats,
+                        device=run_device, progress=progress)
+    if measure:
+        step_costs = runner.run(lambda t: t.detach())
+    else:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            step_costs = runner.run(lambda t: mode.from_tensor(t))
+
+    def phase_s(phase: Phase | None, dtype: str) -> float | None:
+        if phase is None:
+            return None
+        if measure:
+            return phase.median_s
+        if spec is not None:
+            from trainsched import costs as cost_models
+
+            return cost_models.roofline_s(flops=phase.flops, bytes_accessed=phase.bytes_accessed,
+                                          device=spec, dtype=dtype)
+        return 0.0
+
+    graph_meta: dict[str, Any] = {
+        "model": name,
+        "tier": costs,
+        "granularity": "op",
+        "trace": traced.method,
+        "torch": torch.__version__.split("+")[0],
+    }
+    if measure:
+        graph_meta.update(device=_device_name(run_device), threads=torch.get_num_threads(),
+                          warmup=warmup, repeats=repeats,
+                          memory_bandwidth_bytes_per_s=_copy_bandwidth(run_device))
+    elif spec is not None:
+        graph_meta.update(device=spec.kind,
+                          memory_bandwidth_bytes_per_s=spec.memory_bandwidth_bytes_per_s)
+    graph_meta.update(dict(meta or {}))
+    graph = _build_graph(traced, step_costs, phase_s, graph_meta)
+    if granularity == "module":
+        graph = coarsen_by_module(graph, depth=module_depth)
+    return graph
+
+
+def _to_device(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, tuple):
+        return tuple(_to_device(v, device) for v in value)
+    if isinstance(value, list):
+        return [_to_device(v, device) for v in value]
+    if isinstance(value, dict):
+        return {k: _to_device(v, device) for k, v in value.items()}
+    return value
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return "cpu"
+
+
+def _copy_bandwidth(device: torch.device) -> float:
+    """Measured memory bandwidth: read + write bytes of a 64 MiB copy, best of 5."""
+    n = 16 * 2**20
+    src = torch.ones(n, device=device)
+    dst = torch.empty_like(src)
+    best = math.inf
+    for _ in range(5):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        dst.copy_(src)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    return float(round(2 * src.numel() * src.element_size() / best, -6))
+
+
+def _build_graph(traced: Traced, step_costs: list[StepCost], phase_s: Any,
+                 meta: dict[str, Any]) -> Graph:
+    steps = {s.name: s for s in traced.steps}
+    ops: list[Op] = []
+    edges: list[Edge] = []
+    for name, value in traced.inputs.items():
+        if isinstance(value, torch.Tensor):
+            ops.append(Op(name=name, kind="forward", target="input",
+                          output_bytes=value.numel() * value.element_size()))
+    input_ops = {op.name for op in ops}
+    output_of = {name: op.output_bytes for name, op in ((o.name, o) for o in ops)}
+
+    owner: dict[str, str] = {}            # state fqn -> first step that reads it
+    sharers: dict[str, list[str]] = {}
+    layer = 0
+    for cost in step_costs:
+        step = steps[cost.name]
+        param_bytes = buffer_bytes = 0
+        for fqn in step.state:
+            tensor = traced.state.get(fqn)
+            if not isinstance(tensor, torch.Tensor):
+                continue
+            sharers.setdefault(fqn, []).append(step.name)
+            if fqn in owner:
+                continue
+            owner[fqn] = step.name
+            nbytes = tensor.numel() * tensor.element_size()
+            if fqn in traced.trainable:
+                param_bytes += nbytes
+            else:
+                buffer_bytes += nbytes
+        fwd_s = phase_s(cost.forward, cost.dtype)
+        dx_s = phase_s(cost.dx, cost.dtype)
+        dw_s = phase_s(cost.dw, cost.dtype)
+        op = Op(
+            name=step.name, kind="forward", target=step.target, module_path=step.module_path,
+            compute_s=fwd_s or 0.0, flops=cost.forward.flops,
+            bytes_accessed=cost.forward.bytes_accessed, param_bytes=param_bytes,
+            buffer_bytes=buffer_bytes, output_bytes=cost.output_bytes,
+            temp_bytes=cost.temp_bytes, saved_bytes=cost.saved_bytes,
+            layer_index=layer if param_bytes else None,
+            backward_input_s=dx_s, backward_weight_s=dw_s,
+            backward_input_flops=cost.dx.flops if cost.dx else None,
+            backward_weight_flops=cost.dw.flops if cost.dw else None,
+            compute_p10_s=cost.forward.p10_s, compute_p90_s=cost.forward.p90_s,
+            backward_input_p10_s=cost.dx.p10_s if cost.dx else None,
+            backward_input_p90_s=cost.dx.p90_s if cost.dx else None,
+            backward_weight_p10_s=cost.dw.p10_s if cost.dw else None,
+            backward_weight_p90_s=cost.dw.p90_s if cost.dw else None,
+            samples=cost.forward.samples,
+        )
+        if param_bytes:
+            layer += 1
+        ops.append(op)
+        output_of[step.name] = cost.output_bytes
+        for root, nbytes in cost.inputs.items():
+            if root in steps or root in input_ops:
+                edges.append(Edge(src=root, dst=step.name,
+                                  size_bytes=min(nbytes, output_of[root]) or output_of[root]))
+    ops = _share_groups(ops, sharers, traced.trainable)
+    return Graph(ops, edges, meta)
+
+
+def _share_groups(ops: list[Op], sharers: dict[str, list[str]], trainable: set[str]) -> list[Op]:
+    """Ops that read one parameter (tied weights) must share a device: give them one group."""
+    parent: dict[str, str] = {}
+    tied: set[str] = set()
+
+    def find(x: str) -> str:
+        while parent.get(x, x) != x:
+            x = parent[x]
+        return x
+
+    for fqn, users in sorted(sharers.items()):
+        if fqn not in trainable or len(set(users)) < 2:
+            continue
+        tied.update(users)
+        for other in users[1:]:
+            a, b = find(users[0]), find(other)
+            if a != b:
+                parent[b] = a
+    return [replace(op, group=f"tied:{find(op.name)}") if op.name in tied else op for op in ops]

@@ -1,0 +1,142 @@
+"""Closed-form cost models: how long an op computes and how long bytes take to move.
+
+Plain formulas in seconds, shared by the placers and the simulator so that both charge the same
+price (``specs/simulator.md`` §1.6 and §2.2). Communication uses the alpha-beta model: a message
+of S bytes over a link of latency α and bandwidth B costs α + S/B. Collectives over n ranks give
+each rank bandwidth B (its own link) and count α once per algorithm step.
+
+Conventions: moving 0 bytes costs 0 s (there is no message, so no latency either); any
+collective over one rank costs 0 s; an op with neither FLOPs nor bytes (a view) costs 0 s and
+pays no launch overhead.
+"""
+
+from __future__ import annotations
+
+from trainsched.cluster import DeviceSpec, Link
+from trainsched.errors import TrainschedError
+
+__all__ = [
+    "allgather_s",
+    "binomial_tree_allreduce_s",
+    "byteps_optimal_s",
+    "p2p_s",
+    "parameter_server_s",
+    "reduce_scatter_s",
+    "ring_allreduce_s",
+    "roofline_s",
+    "tree_allreduce_s",
+]
+
+
+def _check(size_bytes: float, *counts: tuple[str, int, int]) -> None:
+    if size_bytes < 0:
+        raise TrainschedError(f"message size must be >= 0 bytes, got {size_bytes!r}")
+    for name, value, minimum in counts:
+        if value < minimum:
+            raise TrainschedError(f"{name} must be >= {minimum}, got {value!r}")
+
+
+def _log2_ceil(n: int) -> int:
+    return (n - 1).bit_length()
+
+
+def roofline_s(
+    *,
+    flops: float,
+    bytes_accessed: float,
+    device: DeviceSpec,
+    dtype: str = "fp32",
+    compute_efficiency: float = 0.75,
+    memory_efficiency: float = 1.0,
+) -> float:
+    """``max(F / (η_c·peak[dtype]), Q / (η_m·bandwidth)) + launch``; 0 for a free op.
+
+    The defaults follow PyTorch's ``RuntimeEstimator``: 75 % of peak compute, nominal bandwidth.
+    """
+    if flops < 0 or bytes_accessed < 0:
+        raise TrainschedError(f"FLOPs and bytes must be >= 0, got {flops!r} and "
+                              f"{bytes_accessed!r}")
+    if not (0 < compute_efficiency <= 1 and 0 < memory_efficiency <= 1):
+        raise TrainschedError(f"efficiencies must be in (0, 1], got {compute_efficiency!r} and "
+                              f"{memory_efficiency!r}")
+    if flops == 0 and bytes_accessed == 0:
+        return 0.0
+    compute_s = flops / (compute_efficiency * device.peak_flops(dtype))
+    memory_s = bytes_accessed / (memory_efficiency * device.memory_bandwidth_bytes_per_s)
+    return max(compute_s, memory_s) + device.launch_overhead_s
+
+
+def p2p_s(size_bytes: float, link: Link) -> float:
+    """One transfer: ``α + S/B``; 0 bytes cost nothing."""
+    _check(size_bytes)
+    if size_bytes == 0:
+        return 0.0
+    return link.latency_s + size_bytes / link.bandwidth_bytes_per_s
+
+
+def ring_allreduce_s(size_bytes: float, n: int, link: Link) -> float:
+    """Ring all-reduce: ``2(n−1)α + 2(n−1)/n · S/B``."""
+    _check(size_bytes, ("n", n, 1))
+    if n == 1 or size_bytes == 0:
+        return 0.0
+    return 2 * (n - 1) * link.latency_s + 2 * (n - 1) / n * size_bytes / link.bandwidth_bytes_per_s
+
+
+def reduce_scatter_s(size_bytes: float, n: int, link: Link) -> float:
+    """Ring reduce-scatter of S bytes: half a ring all-reduce, ``(n−1)α + (n−1)/n · S/B``."""
+    return ring_allreduce_s(size_bytes, n, link) / 2
+
+
+def allgather_s(size_bytes: float, n: int, link: Link) -> float:
+    """Ring all-gather to S bytes in total: half a ring all-reduce."""
+    return ring_allreduce_s(size_bytes, n, link) / 2
+
+
+def tree_allreduce_s(size_bytes: float, n: int, link: Link) -> float:
+    """Rabenseifner (reduce-scatter + all-gather by halving/doubling):
+    ``2⌈log₂n⌉α + 2(n−1)/n · S/B``."""
+    _check(size_bytes, ("n", n, 1))
+    if n == 1 or size_bytes == 0:
+        return 0.0
+    return (2 * _log2_ceil(n) * link.latency_s
+            + 2 * (n - 1) / n * size_bytes / link.bandwidth_bytes_per_s)
+
+
+def binomial_tree_allreduce_s(size_bytes: float, n: int, link: Link) -> float:
+    """Binomial-tree reduce then broadcast of the whole message: ``2⌈log₂n⌉(α + S/B)``."""
+    _check(size_bytes, ("n", n, 1))
+    if n == 1 or size_bytes == 0:
+        return 0.0
+    return 2 * _log2_ceil(n) * (link.latency_s + size_bytes / link.bandwidth_bytes_per_s)
+
+
+def parameter_server_s(
+    size_bytes: float, n_workers: int, n_servers: int, worker_link: Link, server_link: Link
+) -> float:
+    """Push then pull of S bytes between n workers and k servers holding 1/k of the model each.
+
+    Each direction takes ``α + max(S/B_worker, n·S/(k·B_server))``: a worker moves its S bytes,
+    a server moves n·S/k. α is the larger of the two links' latencies (each link's latency is an
+    end-to-end figure, so a message is charged one, not the sum).
+    """
+    _check(size_bytes, ("n_workers", n_workers, 1), ("n_servers", n_servers, 1))
+    if size_bytes == 0:
+        return 0.0
+    alpha = max(worker_link.latency_s, server_link.latency_s)
+    one_way = alpha + max(size_bytes / worker_link.bandwidth_bytes_per_s,
+                          n_workers * size_bytes / (n_servers * server_link.bandwidth_bytes_per_s))
+    return 2 * one_way
+
+
+def byteps_optimal_s(size_bytes: float, n: int, k: int, bandwidth_bytes_per_s: float) -> float:
+    """BytePS's optimal all-reduce time with n workers and k extra CPU servers, bandwidth B each:
+    ``2n(n−1)S / ((n² + kn − 2k)B)``; the ring bound 2(n−1)S/(nB) at k = 0, S/B at k = n.
+
+    Bandwidth term only (no latency).
+    """
+    _check(size_bytes, ("n", n, 1), ("k", k, 0))
+    if bandwidth_bytes_per_s <= 0:
+        raise TrainschedError(f"bandwidth must be > 0, got {bandwidth_bytes_per_s!r}")
+    if n == 1 or size_bytes == 0:
+        return 0.0
+    return 2 * n * (n - 1) * size_bytes / ((n * n + k * n - 2 * k) * bandwidth_bytes_per_s)

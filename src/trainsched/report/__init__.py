@@ -1,0 +1,1 @@
+"""Reports: tables, progress, and (with the simulator) plots and traces."""

@@ -1,0 +1,161 @@
+"""The training transform: a forward graph becomes forward + split backward + optimizer.
+
+Backward is split the way out-of-order backprop and zero-bubble pipelines need it: ``v:dX``
+(``backward_input``, the gradient of v's inputs, on the critical path) and ``v:dW``
+(``backward_weight``, the gradient of v's parameters, free to move), then ``v:opt`` updates
+the parameters. Only ops that really need gradient work get it: an op fed only by inputs and
+parameter-free ops has no backward, and the first layer of a network has no ``dX``. Nothing else
+builds backward ops by hand. The rules are listed in ``docs/graph-format.md``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import replace
+
+from trainsched.errors import TrainschedError
+from trainsched.graph import Edge, Graph, Op
+
+# State tensors per parameter: SGD none, SGD with momentum one, Adam two (first and second moment).
+OPTIMIZER_STATE_TENSORS = {"sgd": 0, "momentum": 1, "adam": 2}
+# Used for optimizer steps when neither the caller nor the graph's meta gives a bandwidth.
+DEFAULT_MEMORY_BANDWIDTH_BYTES_PER_S = 10e9
+
+
+def to_training(
+    graph: Graph, *, optimizer: str = "sgd", memory_bandwidth_bytes_per_s: float | None = None
+) -> Graph:
+    """The training graph of a forward graph (every op of kind ``forward``).
+
+    Ops come in forward (topological) order, then backward ops in reverse forward order (``dX``
+    before ``dW`` of each op), then optimizer ops in forward order. ``optimizer`` is one of
+    ``sgd``, ``momentum``, ``adam``; optimizer steps are memory-bound and cost their bytes over
+    ``memory_bandwidth_bytes_per_s`` (default: ``meta["memory_bandwidth_bytes_per_s"]``, else
+    10 GB/s).
+    """
+    if optimizer not in OPTIMIZER_STATE_TENSORS:
+        raise TrainschedError(
+            f"unknown optimizer {optimizer!r}; choose one of {', '.join(OPTIMIZER_STATE_TENSORS)}"
+        )
+    bandwidth = _bandwidth(graph, memory_bandwidth_bytes_per_s)
+    wrong = [op for op in graph.ops if op.kind != "forward"]
+    if wrong:
+        raise TrainschedError(
+            f"to_training needs a forward graph, but op {wrong[0].name!r} has kind "
+            f"{wrong[0].kind!r} ({len(wrong)} non-forward ops); was it transformed already?"
+        )
+    order = graph.topological_order()
+    requires_grad: dict[str, bool] = {}
+    has_dx: dict[str, bool] = {}
+    for v in order:
+        has_dx[v] = any(requires_grad[u] for u in graph.predecessors(v))
+        requires_grad[v] = has_dx[v] or graph.op(v).param_bytes > 0
+    # Gradient bytes flowing back from consumer c to producer u: the forward edges' sizes.
+    grad_bytes: dict[str, dict[str, int]] = {v: {} for v in order}
+    for e in graph.edges:
+        if has_dx[e.dst] and requires_grad[e.src]:
+            grad_bytes[e.dst][e.src] = grad_bytes[e.dst].get(e.src, 0) + e.size_bytes
+
+    forward = [graph.op(v) for v in order]
+    backward: list[Op] = []
+    grads: dict[str, list[str]] = {}  # the backward ops of each forward op, by name
+    for op in reversed(forward):
+        # dX outputs one gradient per producer that needs one; dW outputs the parameter gradient.
+        mine = []
+        if has_dx[op.name]:
+            mine.append(_backward(op, "backward_input", sum(grad_bytes[op.name].values())))
+        if op.param_bytes > 0:
+            mine.append(_backward(op, "backward_weight", op.param_bytes))
+        backward += mine
+        grads[op.name] = [b.name for b in mine]
+    optim = [_optimizer(op, optimizer, bandwidth) for op in forward if op.param_bytes > 0]
+
+    edges = list(graph.edges)
+    edges += [
+        Edge(src=op.name, dst=b, size_bytes=op.saved_bytes, tensor=f"{op.name}:saved")
+        for op in forward
+        for b in grads[op.name]
+    ]
+    edges += [
+        Edge(src=f"{c}:dX", dst=b, size_bytes=size, tensor=f"{c}:dX>{u}")
+        for c in reversed(order)
+        for u, size in grad_bytes[c].items()
+        for b in grads[u]
+    ]
+    edges += [
+        Edge(src=f"{op.name}:dW", dst=op.name + ":opt", size_bytes=op.param_bytes,
+             tensor=f"{op.name}:grad")
+        for op in forward
+        if op.param_bytes > 0
+    ]  # fmt: skip
+    meta = graph.meta
+    meta["training"] = {"optimizer": optimizer, "memory_bandwidth_bytes_per_s": bandwidth}
+    forward = [replace(op, group=_group(op)) for op in forward]
+    return Graph([*forward, *backward, *optim], edges, meta)
+
+
+def _group(op: Op) -> str:
+    """The co-location group of a forward op and everything derived from it."""
+    return op.group if op.group is not None else op.name
+
+
+def _bandwidth(graph: Graph, given: float | None) -> float:
+    """Memory bandwidth for optimizer steps: the argument, else the graph's meta, else 10 GB/s."""
+    key = "memory_bandwidth_bytes_per_s"
+    value, where = (given, key) if given is not None else (graph.meta.get(key), f"meta[{key!r}]")
+    if value is None:
+        return DEFAULT_MEMORY_BANDWIDTH_BYTES_PER_S
+    number = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if not (number and math.isfinite(value) and value > 0):
+        raise TrainschedError(
+            f"{where} must be a positive number of bytes per second, got {value!r}"
+        )
+    return float(value)
+
+
+def _backward_cost(op: Op, measured_s: float | None, backward_flops: float | None) -> float:
+    """Measured time, else forward time scaled by the FLOP ratio, else the forward time."""
+    if measured_s is not None:
+        return measured_s
+    if op.flops > 0 and backward_flops is not None:
+        return op.compute_s * backward_flops / op.flops
+    return op.compute_s
+
+
+def _derived(op: Op, suffix: str, kind: str, **fields: object) -> Op:
+    """An op derived from forward op ``op``: same group, layer and module, no saved bytes."""
+    return Op(name=f"{op.name}:{suffix}", kind=kind, group=_group(op), forward_op=op.name,
+              layer_index=op.layer_index, module_path=op.module_path, **fields)  # fmt: skip
+
+
+def _backward(op: Op, kind: str, output_bytes: int) -> Op:
+    """``v:dX`` or ``v:dW`` (by ``kind``), costed from the forward op's record of that phase."""
+    measured_s = getattr(op, f"{kind}_s")
+    backward_flops = getattr(op, f"{kind}_flops")
+    measured = measured_s is not None
+    return _derived(
+        op, "dX" if kind == "backward_input" else "dW", kind,
+        compute_s=_backward_cost(op, measured_s, backward_flops),
+        flops=backward_flops if backward_flops is not None else op.flops,
+        bytes_accessed=op.bytes_accessed,
+        output_bytes=output_bytes,
+        temp_bytes=op.temp_bytes,
+        target=op.target,
+        compute_p10_s=getattr(op, f"{kind}_p10_s") if measured else None,
+        compute_p90_s=getattr(op, f"{kind}_p90_s") if measured else None,
+        samples=op.samples if measured else 0,
+    )  # fmt: skip
+
+
+def _optimizer(op: Op, optimizer: str, bandwidth_bytes_per_s: float) -> Op:
+    """``v:opt``: reads param, grad and k state tensors, writes param and state; memory-bound."""
+    k = OPTIMIZER_STATE_TENSORS[optimizer]
+    accessed = op.param_bytes * (3 + 2 * k)
+    return _derived(
+        op, "opt", "optimizer",
+        compute_s=accessed / bandwidth_bytes_per_s,
+        bytes_accessed=accessed,
+        optimizer_state_bytes=k * op.param_bytes,
+        target=optimizer,
+    )  # fmt: skip
