@@ -38,6 +38,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
                         granularity=args.granularity, module_depth=args.module_depth,
                         costs=args.costs, device_kind=args.device_kind, device=args.device,
                         warmup=args.warmup, repeats=args.repeats, name=zoo.name, meta=meta,
+                        threads=args.threads,
                         progress=bar.update)
     elapsed = time.perf_counter() - started
     if args.output:
@@ -210,6 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="most timed calls per op and phase (at least 3; fewer for slow ops)")
     p.add_argument("--warmup", type=int, default=0,
                    help="extra warm-up calls per phase (one uncounted call always runs)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch intra-op threads while measuring (default: torch's; use 1 on a "
+                   "shared host)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     p.add_argument("--top", type=int, default=10, help="heaviest ops to show")
     p.add_argument("-o", "--output", default=None, help="write the graph JSON here")

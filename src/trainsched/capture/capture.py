@@ -36,7 +36,7 @@ def capture(model: torch.nn.Module, example_inputs: tuple | Any = (), *,
             granularity: str = "op", module_depth: int | None = None,
             costs: str = "measured", device_kind: str | None = None,
             device: str | torch.device | None = None, warmup: int = 0, repeats: int = 10,
-            method: str = "auto", name: str = "model",
+            method: str = "auto", name: str = "model", threads: int | None = None,
             meta: Mapping[str, Any] | None = None,
             progress: Progress | None = None) -> Graph:
     """Capture ``model`` on an example batch into a forward :class:`~trainsched.graph.Graph`.
@@ -49,8 +49,25 @@ def capture(model: torch.nn.Module, example_inputs: tuple | Any = (), *,
     (default H100). ``device`` is where measured costs run (default: CUDA when available, else
     CPU); the model is moved there. Each measured phase runs once uncounted (that call also
     counts FLOPs), ``warmup`` more times, then up to ``repeats`` timed times: at least 3, and
-    no more once the timed calls add up to a quarter second.
+    no more once the timed calls add up to a quarter second. ``threads`` sets torch's intra-op
+    threads for the capture (restored afterwards).
     """
+    if threads is not None and threads < 1:
+        raise TrainschedError(f"threads must be at least 1, got {threads}")
+    previous = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return _capture(model, example_inputs, example_kwargs, granularity, module_depth, costs,
+                        device_kind, device, warmup, repeats, method, name, meta, progress)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _capture(model: torch.nn.Module, example_inputs: Any, example_kwargs: Any,
+             granularity: str, module_depth: int | None, costs: str, device_kind: str | None,
+             device: Any, warmup: int, repeats: int, method: str, name: str,
+             meta: Mapping[str, Any] | None, progress: Progress | None) -> Graph:
     if granularity not in GRANULARITIES:
         raise TrainschedError(f"unknown granularity {granularity!r}; use op or module")
     if costs not in TIERS:
