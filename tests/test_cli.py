@@ -169,3 +169,30 @@ def test_profile_a_model_from_a_python_file(tmp_path):
     g = Graph.load(out)
     assert g.op("input").output_bytes == 3 * 8 * 4
     assert g.totals().flops == 2 * 3 * (8 * 16 + 16 * 2)
+
+
+def test_cluster_file_errors_name_file_and_field(tmp_path, capsys):
+    good = tmp_path / "lab.toml"
+    good.write_text('format = "trainsched.cluster/1"\nname = "lab"\nnodes = 1\n'
+                    'comm = "sequential"\n[device]\nkind = "RTX2080"\ncount = 4\n'
+                    '[intra_node]\nbandwidth = "5.7GB/s"\nlatency = "134us"\n')
+    assert main(["cluster", str(good), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["device"]["count"] == 4 and doc["comm"] == "sequential"
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text(good.read_text().replace('"RTX2080"\n', '"RTX2080"\nmemory = "12XB"\n'))
+    assert main(["cluster", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "bad.toml" in err and "memory" in err and "12XB" in err
+
+    truncated = tmp_path / "cut.toml"
+    truncated.write_text(good.read_text()[:40])
+    assert main(["cluster", str(truncated)]) == 2
+    assert "cut.toml" in capsys.readouterr().err
+
+
+def test_profile_into_a_missing_directory_fails_before_capturing(tmp_path, capsys):
+    target = tmp_path / "no" / "such" / "g.json"
+    assert main(["profile", "mlp", "-o", str(target)]) == 2
+    assert "does not exist" in capsys.readouterr().err

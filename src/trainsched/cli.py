@@ -12,6 +12,7 @@ import json
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from trainsched import __version__
@@ -27,6 +28,10 @@ def _dump(doc: Any) -> str:
 def cmd_profile(args: argparse.Namespace) -> int:
     from trainsched.capture import build, capture
 
+    if args.output:
+        parent = Path(args.output).resolve().parent
+        if not parent.is_dir():
+            raise TrainschedError(f"-o {args.output}: directory {parent} does not exist")
     started = time.perf_counter()
     zoo = build(args.model, batch_size=args.batch_size, seq_len=args.seq_len, seed=args.seed)
     meta = {"batch_size": zoo.batch_size}

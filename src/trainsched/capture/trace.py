@@ -120,12 +120,7 @@ def trace_export(model: torch.nn.Module, args: tuple, kwargs: dict) -> Traced:
     trainable = {fqn for fqn in signature.inputs_to_parameters.values()
                  if fqn in state and state[fqn].requires_grad}
 
-    flat_inputs = list(args) + [kwargs[k] for k in kwargs]
-    user_inputs = list(signature.user_inputs)
-    input_values = {}
-    flat_user = [v for v in _flatten(flat_inputs)]
-    for name, value in zip(user_inputs, flat_user, strict=False):
-        input_values[name] = value
+    input_values = _match_inputs(program, args, kwargs)
 
     graph = program.graph
     output_node = next(n for n in graph.nodes if n.op == "output")
@@ -133,6 +128,26 @@ def trace_export(model: torch.nn.Module, args: tuple, kwargs: dict) -> Traced:
     outputs = [n.name for n in _flatten(list(output_node.args)) if isinstance(n, fx.Node)
                and n.name in user_out_names]
     return _normalise(graph, state_of, input_values, state, trainable, outputs, "export")
+
+
+def _match_inputs(program: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """Pair the exported program's user-input placeholders with the example tensors."""
+    names = set(program.graph_signature.user_inputs)
+    placeholders = [n for n in program.graph.nodes if n.op == "placeholder" and n.name in names]
+    by_name = {k: v for k, v in kwargs.items() if isinstance(v, torch.Tensor)}
+    positional = [v for v in _flatten(list(args)) if isinstance(v, torch.Tensor)]
+    values: dict[str, Any] = {}
+    for node in placeholders:
+        value = by_name.pop(node.name) if node.name in by_name else (
+            positional.pop(0) if positional else by_name.pop(next(iter(by_name)), None))
+        expected = node.meta.get("val")
+        if not isinstance(value, torch.Tensor) or (
+                expected is not None and tuple(expected.shape) != tuple(value.shape)):
+            raise TrainschedError(
+                f"cannot match the exported input {node.name!r} to an example tensor; pass "
+                "tensors as positional arguments or as keyword arguments named like forward's")
+        values[node.name] = value
+    return values
 
 
 def trace_fx(model: torch.nn.Module, args: tuple, kwargs: dict) -> Traced:
