@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -160,7 +161,8 @@ def cmd_cluster(args: argparse.Namespace) -> int:
             devices=args.devices, memory=args.memory, bandwidth=args.bandwidth,
             latency=args.latency, nodes=args.nodes or 1, comm=args.comm,
             device_kind=args.device_kind, inter_bandwidth=args.inter_bandwidth,
-            inter_latency=args.inter_latency)
+            inter_latency=args.inter_latency, peak_flops=args.peak_flops,
+            memory_bandwidth=args.memory_bandwidth, name=args.name)
     else:
         missing = [f"--{k}" for k, v in flags.items() if v is None]
         raise TrainschedError("name a preset or file (trainsched cluster --list shows the "
@@ -244,6 +246,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--comm", choices=("sequential", "parallel"), default="parallel",
                    help="sequential: a device's sends and receives share one channel")
     p.add_argument("--device-kind", default=None, help="catalogue kind for the other numbers")
+    p.add_argument("--peak-flops", default=None,
+                   help="device FLOP/s: one rate or fp32=...,bf16=... (e.g. 15.7TFLOP/s)")
+    p.add_argument("--memory-bandwidth", default=None, help="device memory bandwidth")
+    p.add_argument("--name", default="custom", help="name of a flag-built cluster")
     p.add_argument("--inter-bandwidth", default=None, help="between nodes, e.g. 25Gbit/s")
     p.add_argument("--inter-latency", default=None, help="between nodes, e.g. 50us")
     p.add_argument("-o", "--output", default=None, help="write the cluster JSON here")
@@ -267,6 +273,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("trainsched: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (e.g. `| head`): stop quietly, as Unix tools do.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from trainsched.capture.profile import Phase, Progress, StepCost, StepRunner
-from trainsched.capture.trace import Traced, trace
+from trainsched.capture.trace import Traced, _tree_map, trace
 from trainsched.coarsen import coarsen_by_module
 from trainsched.errors import TrainschedError
 from trainsched.graph import Edge, Graph, Op
@@ -136,15 +136,7 @@ def _capture(model: torch.nn.Module, example_inputs: Any, example_kwargs: Any,
 
 
 def _to_device(value: Any, device: torch.device) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, tuple):
-        return tuple(_to_device(v, device) for v in value)
-    if isinstance(value, list):
-        return [_to_device(v, device) for v in value]
-    if isinstance(value, dict):
-        return {k: _to_device(v, device) for k, v in value.items()}
-    return value
+    return _tree_map(lambda v: v.to(device) if isinstance(v, torch.Tensor) else v, value)
 
 
 def _device_name(device: torch.device) -> str:
