@@ -49,7 +49,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - started
     if args.output:
         graph.save(args.output)
-    summary = _summary(graph)
+    summary = _summary(graph, top=args.top)
     if args.json:
         print(_dump({"graph": args.output, "capture_s": round(elapsed, 3), **summary}))
     else:
