@@ -1,0 +1,5 @@
+"""Out-of-order backprop policies: backward orders and pipeline schedule generators.
+
+Plain Python (no torch): the policies produce plan parts (``trainsched.plan.Schedule``) that the
+simulator predicts and the runtime executes. ``schedules`` holds the pipeline generators.
+"""
