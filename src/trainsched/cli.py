@@ -217,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=10,
                    help="most timed calls per op and phase (at least 3; fewer for slow ops)")
     p.add_argument("--warmup", type=int, default=0,
-                   help="extra warm-up calls per phase (one uncounted call always runs)")
+                   help="untimed warm-up calls per op and phase")
     p.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads while measuring (default: torch's; use 1 on a "
                    "shared host)")

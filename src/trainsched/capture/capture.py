@@ -47,10 +47,9 @@ def capture(model: torch.nn.Module, example_inputs: tuple | Any = (), *,
     paths to that many components, e.g. 2 gives ResNet blocks ``layer1.0``). ``costs`` picks the
     tier (see the module docstring); ``device_kind`` names the device of the roofline tier
     (default H100). ``device`` is where measured costs run (default: CUDA when available, else
-    CPU); the model is moved there. Each measured phase runs once uncounted (that call also
-    counts FLOPs), ``warmup`` more times, then up to ``repeats`` timed times: at least 3, and
-    no more once the timed calls add up to a quarter second. ``threads`` sets torch's intra-op
-    threads for the capture (restored afterwards).
+    CPU); the model is moved there. Each measured phase runs ``warmup`` untimed calls, then up
+    to ``repeats`` timed calls: at least 3, and no more once they add up to a quarter second.
+    ``threads`` sets torch's intra-op threads for the capture (restored afterwards).
     """
     if threads is not None and threads < 1:
         raise TrainschedError(f"threads must be at least 1, got {threads}")
@@ -92,15 +91,17 @@ def _capture(model: torch.nn.Module, example_inputs: Any, example_kwargs: Any,
         model.to(run_device)
         args, kwargs = _to_device((args, kwargs), run_device)
     traced = trace(model, args, kwargs, method)
-    runner = StepRunner(traced, measure=measure, warmup=warmup, repeats=repeats,
-                        device=run_device, progress=progress)
-    if measure:
-        step_costs = runner.run(lambda t: t.detach())
-    else:
-        from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch._subclasses.fake_tensor import FakeTensorMode
 
-        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-            step_costs = runner.run(lambda t: mode.from_tensor(t))
+    # Shapes, FLOPs and saved bytes always come from a pass on fake tensors (no compute); the
+    # measured tier then times every step on real tensors.
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        step_costs = StepRunner(traced, measure=False, progress=None if measure else progress
+                                ).run(lambda t: mode.from_tensor(t))
+    if measure:
+        timed = StepRunner(traced, measure=True, warmup=warmup, repeats=repeats,
+                           device=run_device, progress=progress).run(lambda t: t.detach())
+        step_costs = [_with_times(c, t) for c, t in zip(step_costs, timed, strict=True)]
 
     def phase_s(phase: Phase | None, dtype: str) -> float | None:
         if phase is None:
@@ -133,6 +134,20 @@ def _capture(model: torch.nn.Module, example_inputs: Any, example_kwargs: Any,
     if granularity == "module":
         graph = coarsen_by_module(graph, depth=module_depth)
     return graph
+
+
+def _with_times(counted: StepCost, timed: StepCost) -> StepCost:
+    """The fake pass's FLOPs and bytes with the real pass's times (and CUDA workspace)."""
+    assert counted.name == timed.name
+
+    def merge(c: Phase | None, t: Phase | None) -> Phase | None:
+        if c is None or t is None:
+            return c
+        return replace(c, median_s=t.median_s, p10_s=t.p10_s, p90_s=t.p90_s, samples=t.samples)
+
+    return replace(counted, forward=merge(counted.forward, timed.forward),
+                   dx=merge(counted.dx, timed.dx), dw=merge(counted.dw, timed.dw),
+                   temp_bytes=timed.temp_bytes)
 
 
 def _to_device(value: Any, device: torch.device) -> Any:

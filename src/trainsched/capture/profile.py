@@ -184,9 +184,15 @@ class StepRunner:
             return t
 
         try:
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
-                    FlopCounterMode(display=False) as counter:
-                out = call()
+            if self.measure:
+                # Real tensors: every call is timed; FLOPs and saved bytes come from the fake
+                # pass that capture runs first, so no call is spent on counting.
+                forward, out = self._time_phase(call, Phase())
+            else:
+                with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+                        FlopCounterMode(display=False) as counter:
+                    out = call()
+                forward = Phase(flops=float(counter.get_total_flops()))
         except Exception as exc:
             raise TrainschedError(
                 f"the model's forward failed at {step.name} ({step.target}, module "
@@ -194,7 +200,6 @@ class StepRunner:
                 f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}") from exc
         outs = [o for o in _flatten([out]) if isinstance(o, torch.Tensor)]
         grad_outs = [o for o in outs if o.requires_grad]
-        flops_fwd = float(counter.get_total_flops())
 
         saved_bytes = 0
         for t in saved:
@@ -214,7 +219,7 @@ class StepRunner:
         read_bytes = sum(in_bytes.values()) + sum(_nbytes(self.state[f]) for f in step.state
                                                   if isinstance(self.state[f], torch.Tensor))
         out_bytes = sum(_nbytes(o) for o in outs)
-        forward = Phase(flops=flops_fwd, bytes_accessed=read_bytes + out_bytes)
+        forward.bytes_accessed = read_bytes + out_bytes
 
         dx = dw = None
         if grad_outs:
@@ -229,10 +234,8 @@ class StepRunner:
                     _nbytes(p) for p in param_leaves.values())
 
         temp_bytes = 0
-        if self.measure:
-            forward = self._time_phase(call, forward, no_grad=False)
-            if self.device.type == "cuda":
-                temp_bytes = self._cuda_temp(call, out_bytes)
+        if self.measure and self.device.type == "cuda":
+            temp_bytes = self._cuda_temp(call, out_bytes)
         # Downstream steps see plain values; they build their own leaves.
         result = out.detach() if isinstance(out, torch.Tensor) else _tree_map(
             lambda x: x.detach() if isinstance(x, torch.Tensor) else x, out)
@@ -249,34 +252,35 @@ class StepRunner:
         def grad() -> Any:
             return torch.autograd.grad(outs, wrt, grads, retain_graph=True, allow_unused=True)
 
+        if self.measure:
+            return self._time_phase(grad, Phase())[0]
         with FlopCounterMode(display=False) as counter:
             grad()
-        phase = Phase(flops=float(counter.get_total_flops()))
-        if self.measure:
-            phase = self._time_phase(grad, phase, no_grad=False)
-        return phase
+        return Phase(flops=float(counter.get_total_flops()))
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def _time_phase(self, fn: Callable[[], Any], phase: Phase, *, no_grad: bool) -> Phase:
+    def _time_phase(self, fn: Callable[[], Any], phase: Phase) -> tuple[Phase, Any]:
         """Median of up to ``repeats`` timed calls; at least ``MIN_REPEATS``, and no more once
-        the samples add up to ``PHASE_BUDGET_S`` (big ops are stable, small ones need many)."""
+        the samples add up to ``PHASE_BUDGET_S`` (big ops are stable, small ones need many).
+        Returns the phase and the last call's result."""
         for _ in range(self.warmup):
             fn()
         samples: list[float] = []
+        result = None
         while len(samples) < self.repeats:
             self._sync()
             start = time.perf_counter()
-            fn()
+            result = fn()
             self._sync()
             samples.append(time.perf_counter() - start)
             if len(samples) >= min(MIN_REPEATS, self.repeats) and sum(samples) > PHASE_BUDGET_S:
                 break
         median, p10, p90 = _percentiles(samples)
         phase.median_s, phase.p10_s, phase.p90_s, phase.samples = median, p10, p90, len(samples)
-        return phase
+        return phase, result
 
     def _cuda_temp(self, fn: Callable[[], Any], out_bytes: int) -> int:
         self._sync()
