@@ -59,6 +59,10 @@ def test_measured_costs_are_positive_with_spread():
         assert 3 <= op.samples <= 4
     assert linears[0].backward_input_s is None
     assert all(op.backward_input_s > 0 for op in linears[1:])
+    # body.2 and body.4 are the same op on the same shapes: timed once, the times shared.
+    assert (linears[1].compute_s, linears[1].backward_weight_s) == (
+        linears[2].compute_s, linears[2].backward_weight_s)
+    assert g.meta["timed_signatures"] < len([op for op in g.ops if op.target != "input"])
 
 
 def test_roofline_costs_follow_the_formula():

@@ -99,8 +99,9 @@ def _capture(model: torch.nn.Module, example_inputs: Any, example_kwargs: Any,
         step_costs = StepRunner(traced, measure=False, progress=None if measure else progress
                                 ).run(lambda t: mode.from_tensor(t))
     if measure:
-        timed = StepRunner(traced, measure=True, warmup=warmup, repeats=repeats,
-                           device=run_device, progress=progress).run(lambda t: t.detach())
+        timer = StepRunner(traced, measure=True, warmup=warmup, repeats=repeats,
+                           device=run_device, progress=progress)
+        timed = timer.run(lambda t: t.detach())
         step_costs = [_with_times(c, t) for c, t in zip(step_costs, timed, strict=True)]
 
     def phase_s(phase: Phase | None, dtype: str) -> float | None:
@@ -124,7 +125,7 @@ def _capture(model: torch.nn.Module, example_inputs: Any, example_kwargs: Any,
     }
     if measure:
         graph_meta.update(device=_device_name(run_device), threads=torch.get_num_threads(),
-                          warmup=warmup, repeats=repeats,
+                          warmup=warmup, repeats=repeats, timed_signatures=len(timer.timed),
                           memory_bandwidth_bytes_per_s=_copy_bandwidth(run_device))
     elif spec is not None:
         graph_meta.update(device=spec.kind,
