@@ -1,0 +1,106 @@
+"""Every zoo model captures, at op and module granularity, into a valid graph.
+
+One static capture per model at a small size (batch 1; 32 tokens for text models) is shared by
+all the checks of that model. Module granularity is a pure transform of the op graph
+(``capture`` coarsens its op graph), so the module graph of each model is that transform of the
+shared capture: a second export of every model would double the run time. The cheap models check
+that ``capture(..., granularity="module")`` gives exactly that graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from trainsched.capture import build, capture  # noqa: E402
+from trainsched.capture.zoo import MODELS  # noqa: E402
+from trainsched.coarsen import coarsen_by_module  # noqa: E402
+from trainsched.graph import Graph  # noqa: E402
+from trainsched.training import to_training  # noqa: E402
+
+CHEAP = ("mlp", "small-cnn", "tiny-gpt2")
+
+
+def _small(name: str):
+    """Zoo model ``name`` at batch 1 (and 32 tokens), skipped if its library is missing."""
+    if MODELS[name].family == "vision":
+        pytest.importorskip("torchvision")
+    if name in ("gpt2", "bert-base", "tiny-gpt2"):
+        pytest.importorskip("transformers")
+        return build(name, batch_size=1, seq_len=32)
+    return build(name, batch_size=1)
+
+
+def _capture(zoo, granularity: str = "op") -> Graph:
+    return capture(zoo.model, zoo.args, example_kwargs=zoo.kwargs, granularity=granularity,
+                   costs="static", name=zoo.name)
+
+
+@dataclass
+class Captured:
+    name: str
+    op: Graph
+    module: Graph
+    param_bytes: int  # 4 x the model's parameters, tied weights once
+
+    @property
+    def graphs(self) -> tuple[Graph, Graph]:
+        return self.op, self.module
+
+
+@pytest.fixture(scope="module", params=list(MODELS))
+def captured(request: pytest.FixtureRequest) -> Captured:
+    zoo = _small(request.param)
+    op = _capture(zoo)
+    param_bytes = 4 * sum(p.numel() for p in zoo.model.parameters())
+    return Captured(zoo.name, op, coarsen_by_module(op), param_bytes)
+
+
+def test_graphs_are_valid_dags(captured: Captured):
+    for g in captured.graphs:
+        assert len(g.topological_order()) == len(g.ops) > 1
+        assert g.totals().flops > 0
+    assert captured.op.meta["granularity"] == "op"
+    assert captured.module.meta["granularity"] == "module"
+
+
+def test_json_round_trip_is_exact(captured: Captured):
+    for g in captured.graphs:
+        text = g.to_json()
+        back = Graph.from_json(text)
+        assert back == g
+        assert back.to_json() == text
+
+
+def test_parameter_bytes_are_the_models(captured: Captured):
+    for g in captured.graphs:
+        assert g.totals().param_bytes == captured.param_bytes
+
+
+def test_module_granularity_coarsens_without_losing_work(captured: Captured):
+    op, module = captured.op.totals(), captured.module.totals()
+    assert module.num_ops <= op.num_ops
+    assert module.flops == op.flops
+    assert module.param_bytes == op.param_bytes
+    assert module.saved_bytes == op.saved_bytes
+    members = [m for o in captured.module.ops for m in (o.members or (o.name,))]
+    assert sorted(members) == sorted(o.name for o in captured.op.ops)
+
+
+def test_training_graph_builds(captured: Captured):
+    for g in captured.graphs:
+        train = to_training(g)
+        kinds = train.totals().ops_by_kind
+        assert kinds["forward"] == len(g.ops)
+        assert kinds["optimizer"] == sum(1 for o in g.ops if o.param_bytes > 0) > 0
+        assert kinds["backward_weight"] == kinds["optimizer"]
+        assert train.totals().param_bytes == captured.param_bytes
+
+
+@pytest.mark.parametrize("name", CHEAP)
+def test_module_capture_is_the_coarsened_op_capture(name: str):
+    zoo = _small(name)
+    assert _capture(zoo, "module") == coarsen_by_module(_capture(zoo))
