@@ -1,0 +1,374 @@
+"""The discrete-event engine: tasks on exclusive resources, replayed in time order.
+
+Every executor lowers its input (a graph, a placement, later a data-parallel or pipeline plan)
+to one :class:`TaskGraph` and hands it to :func:`run_tasks`. A task is an int indexing flat lists
+(duration, resources it needs, successors, in-degree, priority key, label, category, device,
+trace args), so the inner loop touches lists, ints and tuples only.
+
+The replay rule (Daydream, dPRO, Lumos): a task is *ready* when its last predecessor ends; it
+then waits in the queue of every resource it needs and *starts* once all of them are free, at
+``max(ready, resources free)``; it holds them for its duration. A task with no resource (a
+rendezvous, a latency) runs as soon as it is ready. A resource's queue is FIFO (ready time, then
+arrival) or priority (the task's priority key, then arrival). A free resource goes to the first
+task in its queue whose other resources are free too: a task that needs two resources (a transfer
+on sequential channels holds the sender's and the receiver's) never makes a free resource idle
+while another queued task could use it.
+
+Events live on a heap of ``(time_s, priority, seq, task)``: ``seq`` is one global counter, so ties
+break by insertion and never by payload; the priority slot holds the task's priority key, so
+tasks ending at one instant are handled in a stable order that does not depend on how they were
+started. Queues are served only after every event of the current instant has been handled, so a
+priority queue chooses among all tasks that became ready at that instant. Nothing depends on the
+wall clock, hashes or set order. A heap that empties with tasks left (a cycle, an impossible
+dependency) raises :class:`TrainschedError` naming the blocked tasks and what they wait for.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from trainsched.errors import TrainschedError
+
+__all__ = ["POLICIES", "Resource", "Schedule", "TaskGraph", "longest_path_s", "run_tasks"]
+
+POLICIES = ("fifo", "priority")
+_SHOWN_BLOCKED = 10  # blocked tasks named in a stuck-simulation error
+
+
+@dataclass(frozen=True, kw_only=True)
+class Resource:
+    """Something tasks hold exclusively while they run: a compute stream, a channel, a link.
+
+    ``device`` is the index (into the executor's device list) of the device it belongs to, or
+    -1; ``kind`` is ``"compute"`` or ``"channel"`` (exposed-communication accounting and the
+    trace read it); ``capacity`` tasks may hold it at once (1: exclusive).
+    """
+
+    name: str
+    device: int = -1
+    kind: str = "compute"
+    policy: str = "fifo"
+    capacity: int = 1
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise TrainschedError(f"resource {self.name!r}: unknown queue policy "
+                                  f"{self.policy!r}; expected one of {', '.join(POLICIES)}")
+        if not (isinstance(self.capacity, int) and self.capacity >= 1):
+            raise TrainschedError(f"resource {self.name!r}: capacity must be an integer >= 1, "
+                                  f"got {self.capacity!r}")
+
+
+class TaskGraph:
+    """A mutable builder of tasks, resources and dependencies, kept as flat parallel lists.
+
+    Task ``i`` is described by ``duration_s[i]``, ``needs[i]`` (resource indices),
+    ``successors[i]``, ``indegree[i]``, ``priority[i]`` (a number: smaller runs first on a
+    priority queue, and it breaks ties between simultaneous ends), ``label[i]`` (its name in
+    results and traces), ``category[i]`` (an op kind or ``"comm"``), ``device[i]`` (the device
+    it works for: a transfer belongs to its destination) and ``args[i]`` (shown in the trace).
+    """
+
+    def __init__(self) -> None:
+        self.resources: list[Resource] = []
+        self.duration_s: list[float] = []
+        self.needs: list[tuple[int, ...]] = []
+        self.successors: list[list[int]] = []
+        self.indegree: list[int] = []
+        self.priority: list[float] = []
+        self.label: list[str] = []
+        self.category: list[str] = []
+        self.device: list[int] = []
+        self.args: list[Mapping[str, Any]] = []
+
+    def __len__(self) -> int:
+        return len(self.duration_s)
+
+    def add_resource(self, name: str, *, device: int = -1, kind: str = "compute",
+                     policy: str = "fifo", capacity: int = 1) -> int:
+        """A new resource; returns its index."""
+        self.resources.append(Resource(name=name, device=device, kind=kind, policy=policy,
+                                       capacity=capacity))
+        return len(self.resources) - 1
+
+    def add_task(self, label: str, duration_s: float, needs: Iterable[int] = (), *,
+                 priority: float = 0, category: str = "", device: int = -1,
+                 args: Mapping[str, Any] | None = None) -> int:
+        """A new task needing the resources ``needs`` (distinct indices); returns its index."""
+        needs = tuple(needs)
+        if not 0.0 <= duration_s < math.inf:  # NaN fails too
+            raise TrainschedError(f"task {label!r}: duration must be a finite number >= 0 s, "
+                                  f"got {duration_s!r}")
+        count = len(self.resources)
+        if (len(needs) > 1 and len(set(needs)) != len(needs)) or any(
+                not 0 <= r < count for r in needs):
+            raise TrainschedError(f"task {label!r}: needs {needs!r} must be distinct indices of "
+                                  f"the {count} resources")
+        self.duration_s.append(float(duration_s))
+        self.needs.append(needs)
+        self.successors.append([])
+        self.indegree.append(0)
+        self.priority.append(priority)
+        self.label.append(label)
+        self.category.append(category)
+        self.device.append(device)
+        self.args.append(args if args is not None else {})
+        return len(self.duration_s) - 1
+
+    def add_dependency(self, before: int, after: int) -> None:
+        """``after`` may start only once ``before`` has ended."""
+        self.successors[before].append(after)
+        self.indegree[after] += 1
+
+    def predecessors(self) -> list[list[int]]:
+        """Predecessors of every task (with repeats for repeated dependencies), in task order."""
+        preds: list[list[int]] = [[] for _ in self.duration_s]
+        for t, succ in enumerate(self.successors):
+            for s in succ:
+                preds[s].append(t)
+        return preds
+
+
+@dataclass(frozen=True, kw_only=True)
+class Schedule:
+    """When every task ran, as :func:`run_tasks` found it.
+
+    ``fixed_by[i]`` is the task whose end fixed task i's start (-1: it started at time 0 with
+    nothing before it); ``by_resource[i]`` says whether that task held a resource i needed
+    (``True``) or was a dependency (``False``). ``busy_s`` is per resource: the summed durations
+    of the tasks it ran. ``events`` counts the events handled (one per task end).
+    """
+
+    start_s: tuple[float, ...]
+    end_s: tuple[float, ...]
+    fixed_by: tuple[int, ...]
+    by_resource: tuple[bool, ...]
+    busy_s: tuple[float, ...]
+    makespan_s: float
+    events: int
+
+
+def run_tasks(tasks: TaskGraph) -> Schedule:
+    """Replay ``tasks`` on their resources and return when each ran (see the module docstring)."""
+    n = len(tasks.duration_s)
+    dur = tasks.duration_s
+    needs = tasks.needs
+    succ = tasks.successors
+    indeg = list(tasks.indegree)
+    nres = len(tasks.resources)
+    avail = [r.capacity for r in tasks.resources]
+    by_key = [r.policy == "priority" for r in tasks.resources]
+    # Queue entries are ints, ``(key · span + seq) · n + task``, which order exactly as the
+    # tuples (key, seq) and compare far faster on long queues. ``key`` is the task's priority
+    # (its rank among all priorities unless they are all ints) on a priority queue and 0 on a
+    # FIFO queue, where arrival order is ready-time order; ``span`` bounds ``seq``.
+    prio = tasks.priority  # also breaks ties between simultaneous ends
+    if not all(type(key) is int for key in prio):
+        rank = {key: k for k, key in enumerate(sorted(set(prio)))}
+        prio = [rank[key] for key in prio]
+    span = n + sum(map(len, needs)) + 1
+    base = [p * span * n for p in prio]
+    queues: list[list[int]] = [[] for _ in range(nres)]
+    last_user = [-1] * nres
+    busy = [0.0] * nres
+    start = [0.0] * n
+    end = [0.0] * n
+    ready = [0.0] * n
+    fixed = [-1] * n
+    via = [False] * n
+    started = bytearray(n)
+    dirty: list[int] = []
+    is_dirty = bytearray(nres)
+    heap: list[tuple[float, int, int, int]] = []
+    push = heapq.heappush
+    pop = heapq.heappop
+    seq = 0
+    now = 0.0
+
+    # Tasks without predecessors are ready at time 0, in index order.
+    for t in range(n):
+        if indeg[t] == 0:
+            if needs[t]:
+                for x in needs[t]:
+                    push(queues[x], (base[t] if by_key[x] else 0) + seq * n + t)
+                    seq += 1
+                    if not is_dirty[x]:
+                        is_dirty[x] = 1
+                        dirty.append(x)
+            else:
+                started[t] = 1
+                end[t] = dur[t]
+                push(heap, (dur[t], prio[t], seq, t))
+                seq += 1
+
+    while True:
+        # Serve the queues of resources that changed, once the current instant is over.
+        if dirty and not (heap and heap[0][0] <= now):
+            if len(dirty) > 1:
+                dirty.sort()
+            for r in dirty:
+                is_dirty[r] = 0
+                q = queues[r]
+                while q and avail[r]:
+                    t = q[0] % n
+                    if started[t]:
+                        pop(q)
+                        continue
+                    rs = needs[t]
+                    d = dur[t]
+                    if len(rs) == 1:
+                        pop(q)
+                        avail[r] -= 1
+                        busy[r] += d
+                        if now > ready[t]:  # waited: the task that last held r fixed it
+                            fixed[t] = last_user[r]
+                            via[t] = True
+                    else:
+                        if min(map(avail.__getitem__, rs)):
+                            pop(q)
+                        elif len(q) == 1:
+                            break
+                        else:
+                            t = _first_startable(q, n, needs, avail, started)
+                            if t < 0:
+                                break
+                            rs = needs[t]  # left in its queues; skipped there as started
+                            d = dur[t]
+                        for x in rs:
+                            avail[x] -= 1
+                            busy[x] += d
+                        if now > ready[t]:  # waited: the last task to free a resource fixed it
+                            best = -1.0
+                            for y in rs:
+                                u = last_user[y]
+                                if u >= 0 and end[u] > best:
+                                    best, fixed[t] = end[u], u
+                            via[t] = True
+                    started[t] = 1
+                    start[t] = now
+                    end[t] = d = now + d
+                    push(heap, (d, prio[t], seq, t))
+                    seq += 1
+            dirty.clear()
+        if not heap:
+            break
+        now, _, _, t = pop(heap)
+        for x in needs[t]:
+            avail[x] += 1
+            last_user[x] = t
+            if queues[x] and not is_dirty[x]:
+                is_dirty[x] = 1
+                dirty.append(x)
+        for s in succ[t]:
+            k = indeg[s] - 1
+            indeg[s] = k
+            if k == 0:
+                fixed[s] = t
+                ready[s] = now
+                rs = needs[s]
+                if rs:
+                    for x in rs:
+                        push(queues[x], (base[s] if by_key[x] else 0) + seq * n + s)
+                        seq += 1
+                        if not is_dirty[x]:
+                            is_dirty[x] = 1
+                            dirty.append(x)
+                else:
+                    started[s] = 1
+                    start[s] = now
+                    end[s] = d = now + dur[s]
+                    push(heap, (d, prio[s], seq, s))
+                    seq += 1
+
+    done = n - started.count(0)  # with the heap empty, every task that started has ended
+    if done < n:
+        raise TrainschedError(_stuck_message(tasks, indeg, started, now, n - done))
+    return Schedule(
+        start_s=tuple(start),
+        end_s=tuple(end),
+        fixed_by=tuple(fixed),
+        by_resource=tuple(via),
+        busy_s=tuple(busy),
+        makespan_s=max(end, default=0.0),
+        events=done,
+    )
+
+
+def _first_startable(q: list[int], n: int, needs: list[tuple[int, ...]], avail: list[int],
+                     started: bytearray) -> int:
+    """The first task in queue order (after the blocked head) whose resources are all free,
+    or -1. A long queue is walked lazily in heap order (a frontier of positions), so finding a
+    task near the head costs O(k log k) for the k entries inspected, not a sort of the queue."""
+    size = len(q)
+    if size <= 32:
+        for item in sorted(q)[1:]:
+            t = item % n
+            if not started[t] and min(map(avail.__getitem__, needs[t])):
+                return t
+        return -1
+    frontier = [(q[1], 1)]
+    if size > 2:
+        frontier.append((q[2], 2))
+    while frontier:
+        item, i = heapq.heappop(frontier)
+        t = item % n
+        if not started[t] and min(map(avail.__getitem__, needs[t])):
+            return t
+        i = 2 * i + 1
+        if i < size:
+            heapq.heappush(frontier, (q[i], i))
+            if i + 1 < size:
+                heapq.heappush(frontier, (q[i + 1], i + 1))
+    return -1
+
+
+def _stuck_message(tasks: TaskGraph, indeg: list[int], started: bytearray, now: float,
+                   left: int) -> str:
+    preds = tasks.predecessors()
+    label = tasks.label
+    lines = []
+    for t in range(len(tasks)):
+        if started[t]:
+            continue
+        if indeg[t] > 0:
+            waiting = [label[p] for p in dict.fromkeys(preds[t]) if not started[p]]
+            lines.append(f"{label[t]} waits for {', '.join(waiting)}")
+        else:
+            names = [tasks.resources[x].name for x in tasks.needs[t]]
+            lines.append(f"{label[t]} waits for resources {', '.join(names)}")
+        if len(lines) == _SHOWN_BLOCKED:
+            break
+    more = f"; ... ({left - len(lines)} more)" if left > len(lines) else ""
+    return (f"simulation stuck at t={now!r} s: {left} of {len(tasks)} tasks never ran "
+            f"(a dependency cycle?): {'; '.join(lines)}{more}")
+
+
+def longest_path_s(tasks: TaskGraph) -> float:
+    """The longest chain of task durations along dependencies, ignoring resources.
+
+    A lower bound on any schedule's makespan; a cycle raises as :func:`run_tasks` does.
+    """
+    n = len(tasks)
+    indeg = list(tasks.indegree)
+    finish = [0.0] * n
+    reach = [0.0] * n  # latest end among a task's predecessors so far
+    stack = [t for t in range(n) if indeg[t] == 0]
+    seen = 0
+    while stack:
+        t = stack.pop()
+        seen += 1
+        finish[t] = reach[t] + tasks.duration_s[t]
+        for s in tasks.successors[t]:
+            if finish[t] > reach[s]:
+                reach[s] = finish[t]
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                stack.append(s)
+    if seen < n:
+        started = bytearray(1 if indeg[t] == 0 else 0 for t in range(n))
+        raise TrainschedError(_stuck_message(tasks, indeg, started, 0.0, n - seen))
+    return max(finish, default=0.0)

@@ -1,0 +1,281 @@
+"""Executors: lower a graph (and where its ops run) to engine tasks, run them, report.
+
+- :func:`simulate_single` runs every op on one device's compute stream, in a given topological
+  order (default: the graph's own, which keeps program order).
+- :func:`simulate_placed` runs each op on the compute stream of the device a placement gives it
+  (model parallelism). Every edge between devices becomes a transfer of
+  ``costs.p2p_s(size, cluster.link(src, dst))`` on the cluster's channels: with ``sequential``
+  communication it holds the sender's and the receiver's device channel together, with
+  ``parallel`` communication the channel of its directed link. A tensor (an edge's ``tensor``
+  key) is sent to a device once; later consumers there wait for that first transfer. Compute and
+  communication overlap. Ready ops on a device run by a stable priority: their position in a
+  topological order (default: :func:`priority_order`, longest remaining path first, which does
+  not depend on how the graph lists its ops). Channels serve transfers FIFO.
+
+Memory (both executors, per device): ``param_bytes + buffer_bytes + optimizer_state_bytes`` of
+its ops and the gradients its ``backward_weight`` ops produce (their ``output_bytes``) are
+resident for the whole step. Every other op allocates its ``output_bytes`` when it starts and
+frees them when all its consumers on that device and all transfers of its tensors from that
+device have ended (an op with neither keeps them to the end); its ``temp_bytes`` live while it
+runs. A received tensor is allocated on its destination when the transfer starts and freed when
+its consumers there have ended.
+
+Data-parallel and pipeline executors are to lower to the same :class:`TaskGraph` through the
+same :class:`_Lowering` (streams, channels, transfers, allocations, results).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import heapq
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from trainsched.cluster import Cluster
+from trainsched.costs import p2p_s
+from trainsched.errors import TrainschedError
+from trainsched.graph import Graph
+from trainsched.sim.engine import TaskGraph, run_tasks
+from trainsched.sim.result import Allocation, SimResult, build_result
+
+__all__ = ["priority_order", "simulate_placed", "simulate_single"]
+
+
+def priority_order(graph: Graph) -> tuple[str, ...]:
+    """A topological order that, among ready ops, takes the one with the longest remaining path
+    (its own ``compute_s`` plus the longest chain after it) first, then the smallest name.
+
+    It puts critical work first (``v:dX`` before ``v:dW``: backward flows on) and depends only
+    on the graph's contents, never on the order it lists its ops, so a priority built from it
+    gives the same schedule for any listing.
+    """
+    ops = graph.ops
+    index = {op.name: i for i, op in enumerate(ops)}
+    successors: list[list[int]] = [[] for _ in ops]
+    indegree = [0] * len(ops)
+    for e in graph.edges:
+        successors[index[e.src]].append(index[e.dst])
+        indegree[index[e.dst]] += 1
+    remaining = [0.0] * len(ops)
+    for name in reversed(graph.topological_order()):
+        i = index[name]
+        remaining[i] = ops[i].compute_s + max((remaining[j] for j in successors[i]), default=0.0)
+    ready = [(-remaining[i], ops[i].name, i) for i in range(len(ops)) if indegree[i] == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, name, i = heapq.heappop(ready)
+        order.append(name)
+        for j in successors[i]:
+            indegree[j] -= 1
+            if indegree[j] == 0:
+                heapq.heappush(ready, (-remaining[j], ops[j].name, j))
+    return tuple(order)
+
+
+def simulate_single(graph: Graph, cluster: Cluster | None = None, *, device: int = 0,
+                    order: Sequence[str] | None = None) -> SimResult:
+    """Every op of ``graph`` on one compute stream, in ``order`` (a topological order of all
+    ops; default ``graph.topological_order()``). ``cluster`` gives the device's name and memory
+    capacity (without one the device is ``device<k>`` and nothing is out of memory)."""
+    began = time.perf_counter()
+    if cluster is not None:
+        _check_device(cluster, device, "device")
+    elif not (isinstance(device, int) and device >= 0):
+        raise TrainschedError(f"device must be an index >= 0, got {device!r}")
+    with _gc_paused():
+        order = graph.topological_order() if order is None else _checked_order(graph, order)
+        return _simulate(graph, cluster, dict.fromkeys(order, device), order, [device], began)
+
+
+def simulate_placed(graph: Graph, cluster: Cluster, placement: Any, *,
+                    order: Sequence[str] | None = None) -> SimResult:
+    """Each op on the device ``placement`` gives it (a ``Mapping[str, int]`` from op name to
+    device index, or an object with such a ``device_of``), transfers between devices on the
+    cluster's channels. ``order`` (a topological order of all ops) sets the priority of ready
+    ops on a device; default :func:`priority_order`."""
+    began = time.perf_counter()
+    with _gc_paused():
+        device_of = _checked_placement(graph, cluster, placement)
+        order = priority_order(graph) if order is None else _checked_order(graph, order)
+        return _simulate(graph, cluster, device_of, order, sorted(set(device_of.values())),
+                         began)
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector: lowering and results allocate many small objects
+    (no cycles), and collector passes over a large graph would take about half the time."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _check_device(cluster: Cluster, device: Any, where: str) -> None:
+    if not (isinstance(device, int) and not isinstance(device, bool)
+            and 0 <= device < cluster.num_devices):
+        raise TrainschedError(f"{where}: device {device!r} is not a device of cluster "
+                              f"{cluster.name!r} (0..{cluster.num_devices - 1})")
+
+
+def _checked_placement(graph: Graph, cluster: Cluster, placement: Any) -> dict[str, int]:
+    device_of = getattr(placement, "device_of", placement)
+    if not isinstance(device_of, Mapping):
+        raise TrainschedError(f"a placement maps op names to device indices, got "
+                              f"{type(placement).__name__}")
+    missing = [op.name for op in graph.ops if op.name not in device_of]
+    if missing:
+        raise TrainschedError(f"placement has no device for {len(missing)} op(s): "
+                              f"{', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''}")
+    unknown = sorted(name for name in device_of if name not in graph)
+    if unknown:
+        raise TrainschedError(f"placement names {len(unknown)} op(s) not in the graph: "
+                              f"{', '.join(unknown[:5])}{', ...' if len(unknown) > 5 else ''}")
+    first_on = {}  # each device once, named by the first op placed on it
+    for op in graph.ops:
+        first_on.setdefault(device_of[op.name], op.name)
+    for device, name in first_on.items():
+        _check_device(cluster, device, f"placement of op {name!r}")
+    return {op.name: device_of[op.name] for op in graph.ops}
+
+
+def _checked_order(graph: Graph, order: Sequence[str]) -> tuple[str, ...]:
+    order = tuple(order)
+    position = {name: k for k, name in enumerate(order)}
+    if len(position) != len(order) or len(order) != len(graph) or any(
+            name not in graph for name in order):
+        raise TrainschedError(f"order must list each of the graph's {len(graph)} ops once, got "
+                              f"{len(order)} names ({len(position)} distinct)")
+    for e in graph.edges:
+        if position[e.src] > position[e.dst]:
+            raise TrainschedError(f"order is not topological: {e.dst!r} comes before "
+                                  f"{e.src!r}, which it depends on")
+    return order
+
+
+class _Lowering:
+    """One TaskGraph plus its allocations over the devices in use, numbered 0..D-1 here.
+
+    Every executor builds its tasks through it: compute on a device's stream, transfers on the
+    channels ``cluster.comm`` implies, then :meth:`run` for the :class:`SimResult`.
+    """
+
+    def __init__(self, cluster: Cluster | None, used: Sequence[int]) -> None:
+        self.cluster = cluster
+        self.used = tuple(used)  # local index -> cluster device index
+        self.tasks = TaskGraph()
+        self.allocations: list[Allocation] = []
+        names = cluster.device_names() if cluster is not None else None
+        self.names = [names[d] if names is not None else f"device{d}" for d in used]
+        self.stream = [self.tasks.add_resource(f"{name}/compute", device=k, kind="compute",
+                                               policy="priority")
+                       for k, name in enumerate(self.names)]  # fmt: skip
+        self.channels: dict[tuple[int, int], tuple[int, ...]] = {}  # (src, dst) -> resources
+        self.device_channel: dict[int, int] = {}  # sequential: device -> its channel
+
+    def add_channels(self, pairs: Sequence[tuple[int, int]]) -> None:
+        """Channels for transfers between local device pairs (src, dst), per ``cluster.comm``:
+        one per device, held at both ends (sequential), or one per directed pair (parallel).
+        Pairs that have channels already keep them."""
+        new = sorted(set(pairs) - set(self.channels))
+        if not new:
+            return
+        assert self.cluster is not None
+        if self.cluster.comm == "sequential":
+            for d in sorted({d for pair in new for d in pair} - set(self.device_channel)):
+                self.device_channel[d] = self.tasks.add_resource(f"{self.names[d]}/channel",
+                                                                 device=d, kind="channel")
+            for a, b in new:
+                self.channels[a, b] = (self.device_channel[a], self.device_channel[b])
+        else:
+            for a, b in new:
+                self.channels[a, b] = (self.tasks.add_resource(
+                    f"{self.names[a]}->{self.names[b]}", device=a, kind="channel"),)
+
+    def compute(self, name: str, duration_s: float, device: int, *, priority: int,
+                category: str, args: Mapping[str, Any]) -> int:
+        """A task on ``device``'s compute stream."""
+        return self.tasks.add_task(name, duration_s, (self.stream[device],), priority=priority,
+                                   category=category, device=device, args=args)
+
+    def transfer(self, tensor: str, size_bytes: int, src: int, dst: int, *,
+                 priority: int) -> int:
+        """``size_bytes`` of ``tensor`` from ``src`` to ``dst`` (local devices): α + S/B."""
+        assert self.cluster is not None
+        link = self.cluster.link(self.used[src], self.used[dst])
+        return self.tasks.add_task(
+            f"{tensor}->{self.names[dst]}", p2p_s(size_bytes, link), self.channels[src, dst],
+            priority=priority, category="comm", device=dst,
+            args={"tensor": tensor, "bytes": size_bytes, "src": self.names[src],
+                  "dst": self.names[dst]},
+        )  # fmt: skip
+
+    def run(self, began: float) -> SimResult:
+        """Replay the tasks and summarise; ``began`` is when the executor was called."""
+        schedule = run_tasks(self.tasks)
+        capacity = self.cluster.device.memory_bytes if self.cluster is not None else None
+        return build_result(self.tasks, schedule, devices=self.names,
+                            allocations=self.allocations, memory_capacity_bytes=capacity,
+                            wall_s=time.perf_counter() - began)  # fmt: skip
+
+
+def _simulate(graph: Graph, cluster: Cluster | None, device_of: Mapping[str, int],
+              order: Sequence[str], used: Sequence[int], began: float) -> SimResult:
+    """Lower ops (compute), edges (dependencies or transfers) and memory, then run."""
+    low = _Lowering(cluster, used)
+    local = {d: k for k, d in enumerate(used)}
+    position = {name: k for k, name in enumerate(order)}
+    dev = {name: local[device_of[name]] for name in order}
+    op_of = {op.name: op for op in graph.ops}
+    op_task = {
+        name: low.compute(name, op_of[name].compute_s, dev[name], priority=k,
+                          category=op_of[name].kind,
+                          args={"op": name, "bytes": op_of[name].output_bytes})
+        for k, name in enumerate(order)
+    }  # fmt: skip
+    # Edges in a listing-independent order: by producer, consumer, tensor.
+    edges = sorted(graph.edges, key=lambda e: (position[e.src], position[e.dst], e.tensor))
+    low.add_channels([(dev[e.src], dev[e.dst]) for e in edges if dev[e.src] != dev[e.dst]])
+    transfers: dict[tuple[str, str, int], int] = {}  # (producer, tensor, device) -> transfer
+    local_users: dict[str, list[int]] = {name: [] for name in order}  # consumers on its device
+    sent: dict[str, list[int]] = {name: [] for name in order}  # its transfers
+    received: dict[int, tuple[int, int, list[int]]] = {}  # transfer -> (device, bytes, consumers)
+    for e in edges:
+        a, b = op_task[e.src], op_task[e.dst]
+        src, dst = dev[e.src], dev[e.dst]
+        if src == dst:
+            low.tasks.add_dependency(a, b)
+            local_users[e.src].append(b)
+            continue
+        x = transfers.get((e.src, e.tensor, dst))
+        if x is None:  # the first edge carrying this tensor to dst sends it; later ones reuse it
+            x = low.transfer(e.tensor, e.size_bytes, src, dst, priority=position[e.dst])
+            low.tasks.add_dependency(a, x)
+            transfers[e.src, e.tensor, dst] = x
+            sent[e.src].append(x)
+            received[x] = (dst, e.size_bytes, [])
+        low.tasks.add_dependency(x, b)
+        received[x][2].append(b)
+
+    resident = [0] * len(used)
+    for name in order:
+        op, d, t = op_of[name], dev[name], op_task[name]
+        resident[d] += op.param_bytes + op.buffer_bytes + op.optimizer_state_bytes
+        if op.kind == "backward_weight":
+            resident[d] += op.output_bytes  # the gradient lives all step
+        else:
+            low.allocations.append(Allocation(device=d, size_bytes=op.output_bytes, at_task=t,
+                                              until_tasks=(*local_users[name], *sent[name])))
+        low.allocations.append(Allocation(device=d, size_bytes=op.temp_bytes, at_task=t,
+                                          until_tasks=(t,)))
+    for x, (dst, size, users) in received.items():
+        low.allocations.append(Allocation(device=dst, size_bytes=size, at_task=x,
+                                          until_tasks=tuple(users)))
+    low.allocations += [Allocation(device=d, size_bytes=b) for d, b in enumerate(resident)]
+    return low.run(began)

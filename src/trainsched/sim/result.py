@@ -1,0 +1,296 @@
+"""What a simulation predicts: step time, busy and idle time, memory, critical path, the timeline.
+
+:func:`build_result` turns an engine :class:`~trainsched.sim.engine.Schedule` plus the memory an
+executor allocates (a list of :class:`Allocation`) into a :class:`SimResult`. The summaries are
+the same for every executor:
+
+- **critical path**: the realised chain, walked back from the last finish through whichever
+  predecessor fixed each start (a dependency that ended last, or the task that last held a
+  resource it needed); its durations plus waits add up to the step time.
+- **dependency bound**: the longest chain of task durations ignoring resources (infinitely many
+  streams and channels); no schedule is faster.
+- **exposed communication**: the measure of the set of instants at which some communication task
+  runs while the compute streams of the device it delivers to are all idle. Each instant counts
+  once, however many devices or transfers are exposed at it, so ``exposed_comm_s <= step_time_s``.
+- **memory**: every allocation is made when its task starts and freed when the last of its
+  ``until`` tasks ends (never, when there are none). At one instant frees go before allocations,
+  so a buffer freed at t makes room for one allocated at t; an allocation freed at the very
+  instant it is made (a zero-time op's workspace) still counts at that instant.
+
+``to_json`` is byte-stable: sorted keys, floats by ``repr``, no wall-clock time (``wall_s`` is an
+attribute outside the JSON), so equal inputs give identical text in any process.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from types import MappingProxyType
+from typing import Any
+
+from trainsched.sim.engine import Schedule, TaskGraph, longest_path_s
+
+__all__ = ["Allocation", "PathStep", "ResourceRecord", "SimResult", "TaskRecord", "build_result"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Allocation:
+    """``size_bytes`` on device ``device`` (an executor device index), allocated when task
+    ``at_task`` starts (-1: resident from time 0) and freed when the last of ``until_tasks``
+    ends (empty: held to the end of the step)."""
+
+    device: int
+    size_bytes: int
+    at_task: int = -1
+    until_tasks: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResourceRecord:
+    """A resource as results and traces show it; ``device`` is a device name or ``""``."""
+
+    name: str
+    device: str
+    kind: str
+    policy: str
+    capacity: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskRecord:
+    """One task as it ran: ``resources`` are names (a transfer on sequential channels holds two);
+    ``device`` is the device it works for (a transfer: its destination)."""
+
+    name: str
+    category: str
+    device: str
+    resources: tuple[str, ...]
+    start_s: float
+    end_s: float
+    args: Mapping[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PathStep:
+    """One task of the realised critical path. ``via`` says what fixed its start: ``"start"``
+    (the first step), ``"dependency"`` or ``"resource"`` (the previous step, which ended
+    ``wait_s`` before it started)."""
+
+    name: str
+    category: str
+    start_s: float
+    end_s: float
+    wait_s: float
+    via: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimResult:
+    """A simulated step. Mappings are keyed by device name or resource name, read-only.
+
+    ``busy_s`` is the summed duration of the tasks a resource ran, ``idle_s`` is
+    ``capacity · step_time_s − busy_s``. ``peak_op`` names the task whose allocation first
+    brought its device to its peak (``None`` when resident state alone is the peak); ``oom`` is
+    true where the peak exceeds ``memory_capacity_bytes`` (never when no capacity is known).
+    ``memory_timeline`` holds ``(time_s, bytes)`` after every change, from time 0.
+    ``dependencies`` are task index pairs ``(before, after)`` into ``tasks``.
+    """
+
+    step_time_s: float
+    dependency_bound_s: float
+    exposed_comm_s: float
+    events: int
+    devices: tuple[str, ...]
+    resources: tuple[ResourceRecord, ...]
+    busy_s: Mapping[str, float]
+    idle_s: Mapping[str, float]
+    memory_capacity_bytes: int | None
+    peak_memory_bytes: Mapping[str, int]
+    peak_op: Mapping[str, str | None]
+    oom: Mapping[str, bool]
+    memory_timeline: Mapping[str, tuple[tuple[float, int], ...]]
+    critical_path: tuple[PathStep, ...]
+    tasks: tuple[TaskRecord, ...]
+    dependencies: tuple[tuple[int, int], ...]
+    wall_s: float = field(default=0.0, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON values for every field except ``wall_s``."""
+        return {f.name: _plain(getattr(self, f.name)) for f in fields(self) if f.name != "wall_s"}
+
+    def to_json(self) -> str:
+        """Byte-stable JSON text: sorted keys, compact separators, floats by ``repr``."""
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"),
+                          allow_nan=False) + "\n"
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, ResourceRecord | TaskRecord | PathStep):
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def build_result(tasks: TaskGraph, schedule: Schedule, *, devices: Sequence[str],
+                 allocations: Sequence[Allocation] = (), memory_capacity_bytes: int | None = None,
+                 wall_s: float = 0.0) -> SimResult:
+    """The :class:`SimResult` of ``schedule``; task and resource devices index ``devices``."""
+    step = schedule.makespan_s
+    names = tuple(devices)
+
+    def device_name(d: int) -> str:
+        return names[d] if d >= 0 else ""
+
+    resources = tuple(ResourceRecord(name=r.name, device=device_name(r.device), kind=r.kind,
+                                     policy=r.policy, capacity=r.capacity)
+                      for r in tasks.resources)  # fmt: skip
+    records = tuple(
+        TaskRecord(name=tasks.label[t], category=tasks.category[t],
+                   device=device_name(tasks.device[t]),
+                   resources=tuple(resources[x].name for x in tasks.needs[t]),
+                   start_s=schedule.start_s[t], end_s=schedule.end_s[t],
+                   args=MappingProxyType(dict(tasks.args[t])))
+        for t in range(len(tasks))
+    )  # fmt: skip
+    busy = {r.name: b for r, b in zip(resources, schedule.busy_s, strict=True)}
+    idle = {r.name: r.capacity * step - busy[r.name] for r in resources}
+    memory = _memory(tasks, schedule, len(names), allocations)
+    peak = {names[d]: memory[d][0] for d in range(len(names))}
+    return SimResult(
+        step_time_s=step,
+        dependency_bound_s=longest_path_s(tasks),
+        exposed_comm_s=_exposed_comm_s(tasks, schedule),
+        events=schedule.events,
+        devices=names,
+        resources=resources,
+        busy_s=MappingProxyType(busy),
+        idle_s=MappingProxyType(idle),
+        memory_capacity_bytes=memory_capacity_bytes,
+        peak_memory_bytes=MappingProxyType(peak),
+        peak_op=MappingProxyType({names[d]: memory[d][1] for d in range(len(names))}),
+        oom=MappingProxyType({name: memory_capacity_bytes is not None
+                              and peak[name] > memory_capacity_bytes for name in names}),
+        memory_timeline=MappingProxyType({names[d]: memory[d][2] for d in range(len(names))}),
+        critical_path=_critical_path(tasks, schedule),
+        tasks=records,
+        dependencies=tuple((t, s) for t, succ in enumerate(tasks.successors) for s in succ),
+        wall_s=wall_s,
+    )
+
+
+def _critical_path(tasks: TaskGraph, schedule: Schedule) -> tuple[PathStep, ...]:
+    """Walk back from the last finish (ties: the lowest task index) through ``fixed_by``."""
+    if not len(tasks):
+        return ()
+    end = schedule.end_s
+    t = max(range(len(tasks)), key=lambda i: (end[i], -i))
+    chain = []
+    while t >= 0:
+        chain.append(t)
+        t = schedule.fixed_by[t]
+    chain.reverse()
+    steps = []
+    previous_end = 0.0
+    for k, t in enumerate(chain):
+        via = "start" if k == 0 else "resource" if schedule.by_resource[t] else "dependency"
+        start = schedule.start_s[t]
+        steps.append(PathStep(name=tasks.label[t], category=tasks.category[t], start_s=start,
+                              end_s=end[t], wait_s=start - previous_end, via=via))
+        previous_end = end[t]
+    return tuple(steps)
+
+
+def _merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of intervals, as sorted disjoint intervals (empty ones dropped)."""
+    merged: list[tuple[float, float]] = []
+    for a, b in sorted(intervals):
+        if b <= a:
+            continue
+        if merged and a <= merged[-1][1]:
+            if b > merged[-1][1]:
+                merged[-1] = (merged[-1][0], b)
+        else:
+            merged.append((a, b))
+    return merged
+
+
+def _subtract(spans: list[tuple[float, float]],
+              holes: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """``spans`` minus ``holes``, both sorted and disjoint."""
+    out = []
+    k = 0
+    for a, b in spans:
+        while k < len(holes) and holes[k][1] <= a:
+            k += 1
+        j = k
+        while a < b and j < len(holes) and holes[j][0] < b:
+            if holes[j][0] > a:
+                out.append((a, holes[j][0]))
+            a = max(a, holes[j][1])
+            j += 1
+        if a < b:
+            out.append((a, b))
+    return out
+
+
+def _exposed_comm_s(tasks: TaskGraph, schedule: Schedule) -> float:
+    comm: dict[int, list[tuple[float, float]]] = {}
+    compute: dict[int, list[tuple[float, float]]] = {}
+    for t in range(len(tasks)):
+        span = (schedule.start_s[t], schedule.end_s[t])
+        if tasks.category[t] == "comm":
+            comm.setdefault(tasks.device[t], []).append(span)
+        for x in tasks.needs[t]:
+            r = tasks.resources[x]
+            if r.kind == "compute":
+                compute.setdefault(r.device, []).append(span)
+    exposed = []
+    for d in sorted(comm):
+        exposed += _subtract(_merge(comm[d]), _merge(compute.get(d, [])))
+    return math.fsum(b - a for a, b in _merge(exposed))
+
+
+def _memory(tasks: TaskGraph, schedule: Schedule, num_devices: int,
+            allocations: Sequence[Allocation]) -> list[tuple[int, str | None, tuple]]:
+    """Per device: (peak bytes, the task whose allocation reached it, the timeline)."""
+    resident = [0] * num_devices
+    changes: list[list[tuple[float, int, int, int, int]]] = [[] for _ in range(num_devices)]
+    for k, a in enumerate(allocations):
+        if a.size_bytes == 0:
+            continue
+        if a.at_task < 0:
+            resident[a.device] += a.size_bytes
+            at = 0.0
+        else:
+            at = schedule.start_s[a.at_task]
+            changes[a.device].append((at, 1, k, a.size_bytes, a.at_task))
+        if a.until_tasks:
+            free = max(map(schedule.end_s.__getitem__, a.until_tasks))
+            # Freed the instant it is made: count it at that instant, after the allocations.
+            changes[a.device].append((free, 2 if free <= at else 0, k, -a.size_bytes, -1))
+    out = []
+    for d in range(num_devices):
+        current = peak = resident[d]
+        peak_task = -1
+        timeline = [(0.0, current)]
+        for time_s, group in itertools.groupby(sorted(changes[d]), key=lambda c: c[0]):
+            high = -1  # the level after this instant's allocations, before instant frees
+            for _, phase, _, delta, task in group:
+                current += delta
+                if phase == 1:
+                    high = current
+                if current > peak:
+                    peak, peak_task = current, task
+            if timeline[-1][0] == time_s:
+                timeline.pop()  # the resident point at 0, when something happens at 0
+            if high > current:  # a buffer freed the instant it was made: show its high too
+                timeline.append((time_s, high))
+            timeline.append((time_s, current))
+        out.append((peak, tasks.label[peak_task] if peak_task >= 0 else None, tuple(timeline)))
+    return out
