@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from trainsched.capture.profile import Phase, Progress, StepCost, StepRunner
-from trainsched.capture.trace import Traced, _tree_map, trace
+from trainsched.capture.trace import Traced, _tree_map, quiet_torch_logs, trace
 from trainsched.coarsen import coarsen_by_module
 from trainsched.errors import TrainschedError
 from trainsched.graph import Edge, Graph, Op
@@ -57,8 +57,10 @@ def capture(model: torch.nn.Module, example_inputs: tuple | Any = (), *,
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        return _capture(model, example_inputs, example_kwargs, granularity, module_depth, costs,
-                        device_kind, device, warmup, repeats, method, name, meta, progress)
+        with quiet_torch_logs():
+            return _capture(model, example_inputs, example_kwargs, granularity, module_depth,
+                            costs, device_kind, device, warmup, repeats, method, name, meta,
+                            progress)
     finally:
         torch.set_num_threads(previous)
 

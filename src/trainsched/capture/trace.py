@@ -295,8 +295,7 @@ def trace(model: torch.nn.Module, args: tuple, kwargs: dict, method: str = "auto
         raise TrainschedError(f"unknown trace method {method!r}; use auto, export or fx")
     if method in ("auto", "export"):
         try:
-            with _quiet_torch_logs():
-                return trace_export(model, args, kwargs)
+            return trace_export(model, args, kwargs)
         except TrainschedError:
             raise
         except Exception as exc:
@@ -315,15 +314,15 @@ def trace(model: torch.nn.Module, args: tuple, kwargs: dict, method: str = "auto
 
 
 @contextlib.contextmanager
-def _quiet_torch_logs() -> Iterator[None]:
-    """torch.export logs its failures with tracebacks; we report them as one clear line."""
-    logger = logging.getLogger("torch")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
+def quiet_torch_logs() -> Iterator[None]:
+    """torch logs failures of export and fake tensors with tracebacks at ERROR level; capture
+    reports them as one clear line instead, so records up to ERROR are muted meanwhile."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.ERROR)
     try:
         yield
     finally:
-        logger.setLevel(level)
+        logging.disable(previous)
 
 
 def _first_line(exc: BaseException) -> str:
