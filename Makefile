@@ -13,11 +13,10 @@ $(STAMP): requirements/ci.txt pyproject.toml
 	$(BIN)/pip install --disable-pip-version-check -q --no-deps -e .
 	touch $(STAMP)
 
-# Until the simulator lands, the main job is capture: ResNet-50 measured on this machine, one op
-# per block, then the description of what was captured.
+# The main job: ResNet-50 captured with roofline costs for a V100, every strategy simulated on
+# one AWS p3.16xlarge node, ranked; traces, chart and table land in demo-out/.
 demo: $(STAMP)
-	$(BIN)/trainsched profile resnet50 --batch-size 8 --granularity module --module-depth 2 -o demo-graph.json
-	$(BIN)/trainsched show demo-graph.json
+	$(BIN)/trainsched compare resnet50 --batch-size 32 --cluster p3.16xlarge --out-dir demo-out
 
 test: $(STAMP)
 	$(BIN)/ruff check .

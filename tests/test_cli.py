@@ -196,3 +196,50 @@ def test_profile_into_a_missing_directory_fails_before_capturing(tmp_path, capsy
     target = tmp_path / "no" / "such" / "g.json"
     assert main(["profile", "mlp", "-o", str(target)]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_simulate_single_is_the_serial_sum_of_the_training_graph(tmp_path, capsys):
+    from trainsched.training import to_training
+
+    path = _graph(tmp_path)
+    trace = tmp_path / "t.json"
+    assert main(["simulate", str(path), "--cluster", "p3.16xlarge", "--json",
+                 "--trace", str(trace)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    expected = to_training(Graph.load(path)).totals().compute_s
+    assert doc["step_time_s"] == pytest.approx(expected, rel=1e-12)
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert any(e.get("ph") == "X" for e in events)
+
+
+def test_simulate_data_and_pipeline_and_placed(tmp_path, capsys):
+    from trainsched.plan import Placement
+
+    path = _graph(tmp_path)
+    assert main(["simulate", str(path), "--cluster", "p3.16xlarge", "--parallelism", "data",
+                 "--ranks", "4", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["step_time_s"] > 0 and data["exposed_comm_s"] >= 0
+    assert main(["simulate", str(path), "--cluster", "p3.16xlarge", "--parallelism",
+                 "pipeline", "--ranks", "3", "--microbatches", "4", "--schedule", "gpipe",
+                 "--json"]) == 0
+    pipe = json.loads(capsys.readouterr().out)
+    assert 0 < pipe["bubble_fraction"] < 1
+    placement = tmp_path / "p.json"
+    from trainsched.training import to_training
+
+    train = to_training(Graph.load(path))
+    Placement(device_of={op.name: 0 for op in train.ops}, num_devices=1).save(placement)
+    assert main(["simulate", str(path), "--cluster", "p3.16xlarge", "--parallelism", "placed",
+                 "--placement", str(placement), "--json"]) == 0
+    placed = json.loads(capsys.readouterr().out)
+    assert placed["step_time_s"] == pytest.approx(train.totals().compute_s, rel=1e-12)
+
+
+def test_simulate_user_errors(tmp_path, capsys):
+    path = _graph(tmp_path)
+    assert main(["simulate", str(path), "--cluster", "p3.16xlarge", "--parallelism",
+                 "placed"]) == 2
+    assert "--placement" in capsys.readouterr().err
+    assert main(["simulate", str(path), "--cluster", "no-such-cluster"]) == 2
+    assert "no-such-cluster" in capsys.readouterr().err

@@ -136,6 +136,160 @@ def _describe(graph: Any, s: dict[str, Any], top: int) -> str:
     return "\n".join(lines)
 
 
+# -- simulate -----------------------------------------------------------------------------------
+PARALLELISMS = ("single", "placed", "data", "pipeline")
+
+
+def _training_graph(path: str, optimizer: str) -> Any:
+    """A graph file as a training graph: a forward graph gets its backward and optimizer ops."""
+    from trainsched.graph import Graph
+    from trainsched.training import to_training
+
+    graph = Graph.load(path)
+    if all(op.kind == "forward" for op in graph.ops):
+        graph = to_training(graph, optimizer=optimizer)
+    return graph
+
+
+def simulate_plan(graph: Any, cluster: Any, args: argparse.Namespace) -> Any:
+    """Run the executor of ``args.parallelism``; returns the SimResult."""
+    from trainsched import sim
+
+    if args.parallelism == "single":
+        return sim.simulate_single(graph, cluster)
+    if args.parallelism == "placed":
+        from trainsched.plan import Placement
+
+        if not args.placement:
+            raise TrainschedError("--parallelism placed needs --placement FILE "
+                                  "(trainsched place writes one)")
+        placement = Placement.load(args.placement)
+        placement.validate(graph, cluster)
+        return sim.simulate_placed(graph, cluster, placement)
+    if args.parallelism == "data":
+        from trainsched.comm import comm_policy
+
+        ranks = args.ranks or cluster.num_devices
+        return sim.simulate_data_parallel(graph, cluster, ranks=ranks,
+                                          policy=comm_policy(args.comm_policy))
+    from trainsched.backprop.schedules import build_schedule
+    from trainsched.stages import stage_costs_from_graph
+
+    stages_n = args.ranks or cluster.num_devices
+    micro = args.microbatches or 2 * stages_n
+    stages = stage_costs_from_graph(graph, stages_n, micro)
+    schedule = build_schedule(args.schedule, stages_n, micro)
+    return sim.simulate_pipeline(stages, schedule, cluster)
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from trainsched.cluster import resolve_cluster
+    from trainsched.sim import bubble_fraction, write_trace
+
+    graph = _training_graph(args.graph, args.optimizer)
+    cluster = resolve_cluster(args.cluster)
+    result = simulate_plan(graph, cluster, args)
+    if args.trace:
+        write_trace(args.trace, result, title=f"{graph.meta.get('model', 'graph')} "
+                    f"{args.parallelism}", meta={"parallelism": args.parallelism,
+                                                 "cluster": cluster.name})
+    doc = {
+        "parallelism": args.parallelism,
+        "cluster": cluster.name,
+        "step_time_s": result.step_time_s,
+        "dependency_bound_s": result.dependency_bound_s,
+        "exposed_comm_s": result.exposed_comm_s,
+        "bubble_fraction": bubble_fraction(result),
+        "peak_memory_bytes": dict(result.peak_memory_bytes),
+        "oom": dict(result.oom),
+        "events": result.events,
+        "trace": args.trace,
+    }
+    if args.json:
+        print(_dump(doc))
+        return 0
+    from trainsched.units import format_duration, format_size
+
+    print(f"{graph.meta.get('model', args.graph)} on {cluster.name}, {args.parallelism}:")
+    print(f"  step time        {format_duration(result.step_time_s)} "
+          f"(dependency bound {format_duration(result.dependency_bound_s)})")
+    print(f"  exposed comm     {format_duration(result.exposed_comm_s)}")
+    print(f"  idle compute     {100 * doc['bubble_fraction']:.1f}%")
+    peaks = sorted(result.peak_memory_bytes.items())
+    shown = ", ".join(f"{d} {format_size(b)}{' OOM' if result.oom.get(d) else ''}"
+                      for d, b in peaks[:8])
+    print(f"  peak memory      {shown}{' ...' if len(peaks) > 8 else ''}")
+    if args.trace:
+        print(f"  trace            {args.trace} (open in ui.perfetto.dev)")
+    return 0
+
+
+# -- compare ------------------------------------------------------------------------------------
+def cmd_compare(args: argparse.Namespace) -> int:
+    from trainsched import compare as comparing
+    from trainsched.cluster import resolve_cluster
+    from trainsched.graph import Graph
+    from trainsched.sim import write_trace
+    from trainsched.training import to_training
+    from trainsched.units import format_duration, format_size
+
+    cluster = resolve_cluster(args.cluster)
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if args.model.endswith(".json"):
+        graph = Graph.load(args.model)
+    else:
+        from trainsched.capture import build, capture
+
+        zoo = build(args.model, batch_size=args.batch_size, seq_len=args.seq_len)
+        costs = args.costs
+        if costs == "auto":
+            costs = "measured" if cluster.device.kind.startswith("cpu") else "roofline"
+        meta = {"batch_size": zoo.batch_size}
+        if zoo.seq_len is not None:
+            meta["seq_len"] = zoo.seq_len
+        with ProgressBar(f"capturing {zoo.name}", enabled=not args.json) as bar, \
+                _context(zoo.name):
+            graph = capture(zoo.model, zoo.args, example_kwargs=zoo.kwargs, costs=costs,
+                            device_kind=cluster.device if costs == "roofline" else None,
+                            name=zoo.name, meta=meta, progress=bar.update)
+        graph.save(out_dir / "graph.json")
+    if all(op.kind == "forward" for op in graph.ops):
+        graph = to_training(graph, optimizer=args.optimizer)
+    ranks = args.ranks or cluster.num_devices
+    options = comparing.Options(ranks=ranks, microbatches=args.microbatches or 2 * ranks,
+                                batch_size=int(graph.meta.get("batch_size", 1)))
+    rows, results = comparing.compare(graph, cluster, options)
+    model = graph.meta.get("model", args.model)
+    for name, result in results.items():
+        write_trace(out_dir / f"{name}.trace.json", result, title=f"{model} {name}",
+                    meta={"strategy": name, "cluster": cluster.name})
+    title = f"{model} (batch {options.batch_size}) on {cluster.name}, {ranks} devices"
+    comparing.write_chart(str(out_dir / "compare.png"), rows, title)
+    doc = {"model": model, "cluster": cluster.name, "ranks": ranks,
+           "microbatches": options.microbatches, "batch_size": options.batch_size,
+           "tier": graph.meta.get("tier"), "rows": [r.to_dict() for r in rows],
+           "out_dir": str(out_dir)}
+    from trainsched.graph import atomic_write_text
+
+    atomic_write_text(out_dir / "compare.json", _dump(doc) + "\n")
+    if args.json:
+        print(_dump(doc))
+        return 0
+    print(f"{title}; costs: {graph.meta.get('tier')} ({graph.meta.get('device', '?')})")
+    header = (f"  {'strategy':<16}{'devices':>8}{'step':>11}{'samples/s':>11}{'speedup':>9}"
+              f"{'peak mem':>11}{'idle':>7}{'exposed comm':>14}")
+    print(header)
+    for r in rows:
+        print(f"  {r.strategy:<16}{r.devices:>8}{format_duration(r.step_time_s):>11}"
+              f"{r.samples_per_s:>11.1f}{r.speedup:>8.2f}x"
+              f"{format_size(r.peak_memory_bytes) + (' OOM' if r.oom else ''):>11}"
+              f"{100 * r.idle_fraction:>6.1f}%{format_duration(r.exposed_comm_s):>14}")
+    print(f"\n  wrote {out_dir}/compare.json, compare.png and one trace per strategy "
+          f"(open *.trace.json in ui.perfetto.dev)")
+    return 0
+
+
 # -- cluster ------------------------------------------------------------------------------------
 def cmd_cluster(args: argparse.Namespace) -> int:
     from trainsched import cluster as clusters
@@ -255,6 +409,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", default=None, help="write the cluster JSON here")
     common(p)
     p.set_defaults(func=cmd_cluster)
+
+    p = sub.add_parser("simulate", help="predict one training step of a graph on a cluster")
+    p.add_argument("graph", help="a graph file (forward graphs get backward/optimizer ops)")
+    p.add_argument("--cluster", required=True, help="preset, NAME:NODES, or a cluster file")
+    p.add_argument("--parallelism", choices=PARALLELISMS, default="single")
+    p.add_argument("--placement", default=None, help="placement file for --parallelism placed")
+    p.add_argument("--ranks", type=int, default=None,
+                   help="data-parallel ranks or pipeline stages (default: all devices)")
+    p.add_argument("--comm-policy", default="ddp", help="data parallel: fifo, ddp or priority")
+    p.add_argument("--schedule", default="1f1b", help="pipeline schedule: gpipe or 1f1b")
+    p.add_argument("--microbatches", type=int, default=None,
+                   help="pipeline micro-batches (default: 2 x stages)")
+    p.add_argument("--optimizer", default="sgd", help="sgd, momentum or adam")
+    p.add_argument("--trace", default=None, help="write a Chrome/Perfetto trace here (.gz ok)")
+    common(p)
+    p.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser("compare", help="the main job: every strategy on a model and cluster, "
+                       "side by side")
+    p.add_argument("model", help="a zoo model, file.py:function, or a graph .json file")
+    p.add_argument("--cluster", required=True, help="preset, NAME:NODES, or a cluster file")
+    p.add_argument("--batch-size", type=int, default=None, help="examples per batch (per rank)")
+    p.add_argument("--seq-len", type=int, default=None, help="tokens per example")
+    p.add_argument("--costs", choices=("auto", "measured", "roofline", "static"), default="auto",
+                   help="auto: measured on a cpu cluster, else roofline for its device")
+    p.add_argument("--ranks", type=int, default=None,
+                   help="ranks / pipeline stages (default: all devices)")
+    p.add_argument("--microbatches", type=int, default=None,
+                   help="pipeline micro-batches (default: 2 x ranks)")
+    p.add_argument("--optimizer", default="sgd", help="sgd, momentum or adam")
+    p.add_argument("--out-dir", default="compare-out", help="where traces, chart and table go")
+    common(p)
+    p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("models", help="list the model zoo")
     common(p)

@@ -497,7 +497,12 @@ class Graph:
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` to ``path`` via a temp file in the same directory and a rename.
+    """Write ``text`` (UTF-8) to ``path`` atomically (see :func:`atomic_write_bytes`)."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temp file in the same directory and a rename.
 
     A failure never leaves a partial file: readers see the old file or the new one.
     """
@@ -507,8 +512,8 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     except OSError as exc:
         raise TrainschedError(f"{path}: cannot write: {exc.strerror}") from None
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as file:
-            file.write(text)
+        with os.fdopen(fd, "wb") as file:
+            file.write(data)
             file.flush()
             os.fsync(file.fileno())
         os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else 0o644)

@@ -81,9 +81,11 @@ def _capture(model: torch.nn.Module, example_inputs: Any, example_kwargs: Any,
     kwargs = dict(example_kwargs or {})
     spec = None
     if costs == "roofline":
+        from trainsched.cluster import DeviceSpec
         from trainsched.cluster import device_kind as lookup_device_kind
 
-        spec = lookup_device_kind(device_kind or "H100")
+        spec = device_kind if isinstance(device_kind, DeviceSpec) else lookup_device_kind(
+            device_kind or "H100")
     run_device = torch.device(device) if device is not None else torch.device(
         "cuda" if torch.cuda.is_available() else "cpu")
     measure = costs == "measured"

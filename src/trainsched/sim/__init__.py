@@ -5,8 +5,16 @@ Executors lower their input to one task graph on the discrete-event engine
 :func:`write_trace` writes it as a Chrome/Perfetto trace. Plain Python: no torch here.
 """
 
+from trainsched.sim.data_parallel import (
+    ALGORITHMS,
+    collective_link,
+    collective_s,
+    rank_classes,
+    simulate_data_parallel,
+)
 from trainsched.sim.engine import Resource, Schedule, TaskGraph, longest_path_s, run_tasks
 from trainsched.sim.executors import priority_order, simulate_placed, simulate_single
+from trainsched.sim.pipeline import PipelineResult, bubble_fraction, simulate_pipeline
 from trainsched.sim.result import (
     Allocation,
     PathStep,
@@ -18,19 +26,27 @@ from trainsched.sim.result import (
 from trainsched.sim.trace import chrome_trace, trace_json, write_trace
 
 __all__ = [
+    "ALGORITHMS",
     "Allocation",
     "PathStep",
+    "PipelineResult",
     "Resource",
     "ResourceRecord",
     "Schedule",
     "SimResult",
     "TaskGraph",
     "TaskRecord",
+    "bubble_fraction",
     "build_result",
     "chrome_trace",
+    "collective_link",
+    "collective_s",
     "longest_path_s",
     "priority_order",
+    "rank_classes",
     "run_tasks",
+    "simulate_data_parallel",
+    "simulate_pipeline",
     "simulate_placed",
     "simulate_single",
     "trace_json",

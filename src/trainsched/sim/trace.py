@@ -17,17 +17,16 @@ path is gzip-compressed with a zero mtime.
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import json
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from trainsched import __version__
 from trainsched.errors import TrainschedError
+from trainsched.graph import atomic_write_bytes
 from trainsched.sim.result import SimResult, TaskRecord
 
 __all__ = ["chrome_trace", "trace_json", "write_trace"]
@@ -163,20 +162,4 @@ def write_trace(path: str | os.PathLike[str], result: SimResult, *, title: str =
     data = trace_json(result, title=title, meta=meta).encode("utf-8")
     if path.name.endswith(".gz"):
         data = gzip.compress(data, mtime=0)
-    try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as exc:
-        raise TrainschedError(f"{path}: cannot write: {exc.strerror}") from None
-    try:
-        with os.fdopen(fd, "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(exc, OSError):
-            raise TrainschedError(f"{path}: cannot write: {exc.strerror}") from None
-        raise
+    atomic_write_bytes(path, data)

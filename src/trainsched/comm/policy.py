@@ -1,0 +1,390 @@
+"""Communication policies: which collectives reduce a step's gradients, and in what order.
+
+A data-parallel step produces one **gradient** per ``backward_weight`` op (:class:`Gradient`:
+its size, its layer and when it becomes ready in backward). A **policy** turns them into
+**collectives** (:class:`Collective`: whole tensors, buckets of several, or chunks of one) and
+says how they are issued and queued. The simulator and the runtime read the same objects.
+
+The model every policy is run under (``specs/comm.md`` §3, the dispatch loop):
+
+1. **Issue.** A collective is *issued* once all its member gradients are ready; with
+   ``ordered_issue`` also only after the collective before it in the plan was issued (PyTorch
+   DDP launches its buckets in index order). Across ranks a collective is issued when the last
+   rank issues it (rendezvous).
+2. **Queue.** Issued collectives wait in the rank's queue: ``"fifo"`` (issue time, then position
+   in the plan) or ``"priority"`` (:attr:`Collective.priority`, smaller first, then position).
+3. **Credit.** The head of the queue is handed to the wire (*dispatched*) when nothing is in
+   flight, or when the credit allows it (:func:`may_dispatch`); bytes *in flight* are those
+   dispatched and not yet done. ``credit_bytes=None`` means no credit window: one collective at
+   a time, so the queue alone sets the order (plain FIFO, plain priority). ``math.inf``
+   dispatches every collective on issue, and the wire's FIFO order (issue order) decides
+   whatever the queue ("unlimited credit = issue on ready", ``specs/comm.md`` §3).
+4. **Wire.** A rank's wire runs the dispatched collectives one at a time in dispatch order; a
+   running collective is never preempted (preemption happens only between partitions).
+5. **Optimizer.** With ``cross_barrier`` each optimizer op waits only for the collectives that
+   hold its gradient; without it (the baselines: ``optimizer.step()`` after ``backward()``,
+   which DDP returns only once every bucket is reduced) every optimizer op waits for all of them.
+
+Policies here: :class:`FifoPolicy` (one collective per gradient, in ready order),
+:class:`DdpBucketPolicy` (PyTorch DDP's buckets) and :class:`PriorityPolicy` (layer priority,
+optional partitions and credit: TicTac with whole tensors, P3 with partitions). ByteScheduler
+(fusion, overdraft credit by default, auto-tuning) is one more class satisfying
+:class:`CommPolicy`, registered in :data:`COMM_POLICIES`.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+from trainsched.errors import TrainschedError
+from trainsched.graph import Graph
+
+__all__ = [
+    "COMM_POLICIES",
+    "CREDIT_MODES",
+    "DDP_BUCKET_ORDERS",
+    "QUEUES",
+    "Collective",
+    "CommPolicy",
+    "DdpBucketPolicy",
+    "FifoPolicy",
+    "Gradient",
+    "PriorityPolicy",
+    "check_plan",
+    "check_policy",
+    "comm_policy",
+    "graph_gradients",
+    "may_dispatch",
+]
+
+MiB = 1 << 20
+QUEUES = ("fifo", "priority")
+CREDIT_MODES = ("strict", "overdraft")
+DDP_BUCKET_ORDERS = ("ready", "reverse_layer")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Gradient:
+    """The gradient a ``backward_weight`` op produces: ``name`` is its tensor
+    (``<forward op>:grad``, see :func:`graph_gradients`), ``size_bytes`` the parameter's size,
+    ``layer_index`` its layer (earlier = more urgent) and ``ready_index`` its position in the
+    order gradients become ready in backward (0 first)."""
+
+    name: str
+    size_bytes: int
+    layer_index: int
+    ready_index: int
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.name, str) and self.name):
+            raise TrainschedError(f"a gradient needs a name, got {self.name!r}")
+        for field, minimum in (("size_bytes", 0), ("layer_index", None), ("ready_index", 0)):
+            value = getattr(self, field)
+            if not _is_int(value) or (minimum is not None and value < minimum):
+                bound = f" >= {minimum}" if minimum is not None else ""
+                raise TrainschedError(f"gradient {self.name!r}: {field} must be an "
+                                      f"integer{bound}, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Collective:
+    """One all-reduce: ``size_bytes`` of the gradients ``members`` (names), queued by
+    ``priority`` (smaller first) on a priority queue."""
+
+    name: str
+    members: tuple[str, ...]
+    size_bytes: int
+    priority: int = 0
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.name, str) and self.name):
+            raise TrainschedError(f"a collective needs a name, got {self.name!r}")
+        members = tuple(self.members) if isinstance(self.members, list | tuple) else None
+        if not members or not all(isinstance(m, str) and m for m in members):
+            raise TrainschedError(f"collective {self.name!r}: members must be a non-empty tuple "
+                                  f"of gradient names, got {self.members!r}")
+        if len(set(members)) != len(members):
+            raise TrainschedError(f"collective {self.name!r} lists a gradient twice: {members}")
+        object.__setattr__(self, "members", members)
+        if not (_is_int(self.size_bytes) and self.size_bytes >= 0):
+            raise TrainschedError(f"collective {self.name!r}: size_bytes must be an integer "
+                                  f">= 0, got {self.size_bytes!r}")
+        if not _is_int(self.priority):
+            raise TrainschedError(f"collective {self.name!r}: priority must be an integer, "
+                                  f"got {self.priority!r}")
+
+
+@runtime_checkable
+class CommPolicy(Protocol):
+    """What the simulator (and later the runtime) needs from a communication policy.
+
+    ``plan`` maps the step's gradients to collectives, listed in plan order (the issue order
+    with ``ordered_issue``, the tie-break of both queues). The other members set the issue rule,
+    the queue and the credit (module docstring).
+    """
+
+    @property
+    def queue(self) -> str: ...  # "fifo" or "priority"
+
+    @property
+    def credit_bytes(self) -> float | None: ...  # None: one at a time; math.inf: no limit
+
+    @property
+    def credit_mode(self) -> str: ...  # "strict" or "overdraft"
+
+    @property
+    def ordered_issue(self) -> bool: ...  # issue in plan order (DDP) or on ready
+
+    @property
+    def cross_barrier(self) -> bool: ...  # optimizer waits for its own collectives only
+
+    def plan(self, gradients: Sequence[Gradient]) -> tuple[Collective, ...]: ...
+
+
+def may_dispatch(in_flight_bytes: float, size_bytes: float, credit_bytes: float | None,
+                 credit_mode: str = "strict") -> bool:
+    """Whether a collective of ``size_bytes`` may be handed to the wire now.
+
+    Always when nothing is in flight (so a collective larger than the credit never deadlocks);
+    otherwise ``strict``: ``in_flight + size <= credit``; ``overdraft`` (ByteScheduler):
+    ``in_flight < credit``. ``credit_bytes=None``: only when nothing is in flight.
+    """
+    if in_flight_bytes <= 0:
+        return True
+    if credit_bytes is None:
+        return False
+    if credit_mode == "overdraft":
+        return in_flight_bytes < credit_bytes
+    return in_flight_bytes + size_bytes <= credit_bytes
+
+
+def _check_credit(owner: str, credit_bytes: Any, credit_mode: Any) -> None:
+    number = isinstance(credit_bytes, numbers.Real) and not isinstance(credit_bytes, bool)
+    if credit_bytes is not None and not (
+            number and credit_bytes >= 0 and (_is_int(credit_bytes) or credit_bytes == math.inf)):
+        raise TrainschedError(f"{owner}: credit_bytes must be None, an integer >= 0 or "
+                              f"math.inf, got {credit_bytes!r}")
+    if credit_mode not in CREDIT_MODES:
+        raise TrainschedError(f"{owner}: credit_mode must be one of {', '.join(CREDIT_MODES)}, "
+                              f"got {credit_mode!r}")
+
+
+def _check_bytes(owner: str, field: str, value: Any, *, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if not (_is_int(value) and value > 0):
+        none = " or None" if optional else ""
+        raise TrainschedError(f"{owner}: {field} must be a positive integer{none}, "
+                              f"got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FifoPolicy:
+    """One collective per gradient, issued as soon as it is ready, so the wire sees ready order
+    (the naive baseline). ``priority`` is the layer index (unused by the FIFO queue)."""
+
+    cross_barrier: bool = False
+    queue: ClassVar[str] = "fifo"
+    credit_bytes: ClassVar[float | None] = None
+    credit_mode: ClassVar[str] = "strict"
+    ordered_issue: ClassVar[bool] = False
+
+    def plan(self, gradients: Sequence[Gradient]) -> tuple[Collective, ...]:
+        return tuple(Collective(name=g.name, members=(g.name,), size_bytes=g.size_bytes,
+                                priority=g.layer_index)
+                     for g in sorted(gradients, key=lambda g: g.ready_index))  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class DdpBucketPolicy:
+    """PyTorch DDP's gradient buckets, as its C++ reducer builds and launches them.
+
+    Gradients are packed in ``order``: ``"ready"`` (default) is the order they became ready,
+    which is what DDP uses from the second iteration on (``Reducer::rebuild_buckets`` calls
+    ``compute_bucket_assignment_by_size`` with the step-1 ready order, limits
+    ``[first_bucket_bytes, bucket_bytes]``); ``"reverse_layer"`` is reverse registration order,
+    DDP's assignment before that rebuild. With in-order backprop the two agree. A gradient is
+    added to the open bucket first and the bucket closes once it holds ``>=`` its limit, so a
+    bucket may exceed its cap by its last gradient; the first bucket's limit is
+    ``first_bucket_bytes`` (DDP: 1 MiB, only with the default ``bucket_cap_mb``; pass
+    ``first_bucket_bytes=bucket_bytes`` for a custom cap), the others ``bucket_bytes``
+    (25 MiB). Buckets are launched in index order (``Reducer::mark_bucket_ready``): bucket i
+    once its gradients are ready and bucket i-1 was launched (``ordered_issue``).
+    """
+
+    bucket_bytes: int = 25 * MiB
+    first_bucket_bytes: int = 1 * MiB
+    order: str = "ready"
+    cross_barrier: bool = False
+    queue: ClassVar[str] = "fifo"
+    credit_bytes: ClassVar[float | None] = None
+    credit_mode: ClassVar[str] = "strict"
+    ordered_issue: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        _check_bytes("ddp policy", "bucket_bytes", self.bucket_bytes)
+        _check_bytes("ddp policy", "first_bucket_bytes", self.first_bucket_bytes)
+        if self.order not in DDP_BUCKET_ORDERS:
+            raise TrainschedError(f"ddp policy: order must be one of "
+                                  f"{', '.join(DDP_BUCKET_ORDERS)}, got {self.order!r}")
+
+    def plan(self, gradients: Sequence[Gradient]) -> tuple[Collective, ...]:
+        if self.order == "ready":
+            ordered = sorted(gradients, key=lambda g: g.ready_index)
+        else:
+            ordered = sorted(gradients, key=lambda g: (-g.layer_index, g.ready_index))
+        buckets: list[list[Gradient]] = []
+        current: list[Gradient] = []
+        size = 0
+        for g in ordered:
+            current.append(g)
+            size += g.size_bytes
+            if size >= (self.first_bucket_bytes if not buckets else self.bucket_bytes):
+                buckets.append(current)
+                current, size = [], 0
+        if current:
+            buckets.append(current)
+        return tuple(Collective(name=f"bucket{i}", members=tuple(g.name for g in bucket),
+                                size_bytes=sum(g.size_bytes for g in bucket),
+                                priority=min(g.layer_index for g in bucket))
+                     for i, bucket in enumerate(buckets))  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class PriorityPolicy:
+    """Layer priority: gradients issued on ready into a priority queue (earlier layer first).
+
+    A gradient larger than ``partition_bytes`` becomes ``⌈S/p⌉`` chunks ``name/0``,
+    ``name/1``, ... (``p`` bytes each, the last one the rest), each its own collective with the
+    layer's priority (chunks of one layer go in chunk order), so a more urgent gradient can
+    overtake between chunks. ``credit_bytes`` / ``credit_mode``: see :func:`may_dispatch`;
+    with no credit one collective is in flight at a time (whole tensors: TicTac; partitions:
+    P3).
+    """
+
+    partition_bytes: int | None = None
+    credit_bytes: float | None = None
+    credit_mode: str = "strict"
+    cross_barrier: bool = False
+    queue: ClassVar[str] = "priority"
+    ordered_issue: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        _check_bytes("priority policy", "partition_bytes", self.partition_bytes, optional=True)
+        _check_credit("priority policy", self.credit_bytes, self.credit_mode)
+
+    def plan(self, gradients: Sequence[Gradient]) -> tuple[Collective, ...]:
+        out = []
+        p = self.partition_bytes
+        for g in sorted(gradients, key=lambda g: (g.layer_index, g.ready_index)):
+            if p is None or g.size_bytes <= p:
+                out.append(Collective(name=g.name, members=(g.name,), size_bytes=g.size_bytes,
+                                      priority=g.layer_index))
+                continue
+            chunks = -(-g.size_bytes // p)
+            out += [Collective(name=f"{g.name}/{i}", members=(g.name,),
+                               size_bytes=min(p, g.size_bytes - i * p), priority=g.layer_index)
+                    for i in range(chunks)]  # fmt: skip
+        return tuple(out)
+
+
+#: Policy name -> the class (called with the policy's options) that builds it.
+COMM_POLICIES: Mapping[str, Callable[..., CommPolicy]] = MappingProxyType({
+    "fifo": FifoPolicy,
+    "ddp": DdpBucketPolicy,
+    "priority": PriorityPolicy,
+})
+
+
+def comm_policy(name: str, **options: Any) -> CommPolicy:
+    """The registered policy called ``name`` (case-insensitive), built with ``options``."""
+    key = name.strip().lower() if isinstance(name, str) else name
+    if key not in COMM_POLICIES:
+        raise TrainschedError(f"unknown comm policy {name!r}; known policies: "
+                              f"{', '.join(COMM_POLICIES)}")
+    try:
+        return COMM_POLICIES[key](**options)
+    except TypeError as exc:
+        raise TrainschedError(f"comm policy {key!r}: {exc}") from None
+
+
+def check_policy(policy: Any) -> None:
+    """Raise :class:`TrainschedError` unless ``policy`` has what :class:`CommPolicy` needs."""
+    if not isinstance(policy, CommPolicy):
+        raise TrainschedError(f"a comm policy needs queue, credit_bytes, credit_mode, "
+                              f"ordered_issue, cross_barrier and plan(); got "
+                              f"{type(policy).__name__}")
+    owner = f"comm policy {type(policy).__name__}"
+    if policy.queue not in QUEUES:
+        raise TrainschedError(f"{owner}: queue must be one of {', '.join(QUEUES)}, "
+                              f"got {policy.queue!r}")
+    _check_credit(owner, policy.credit_bytes, policy.credit_mode)
+
+
+def check_plan(gradients: Sequence[Gradient], collectives: Sequence[Collective],
+               owner: str = "comm policy") -> None:
+    """A plan must name each collective once, name only known gradients and reduce every
+    gradient (a gradient may be split over several collectives)."""
+    known = {g.name for g in gradients}
+    seen: set[str] = set()
+    covered: set[str] = set()
+    for c in collectives:
+        if not isinstance(c, Collective):
+            raise TrainschedError(f"{owner}: plan() must return Collectives, got "
+                                  f"{type(c).__name__}")
+        if c.name in seen:
+            raise TrainschedError(f"{owner}: two collectives are called {c.name!r}")
+        seen.add(c.name)
+        unknown = [m for m in c.members if m not in known]
+        if unknown:
+            raise TrainschedError(f"{owner}: collective {c.name!r} names unknown gradient(s) "
+                                  f"{', '.join(unknown)}")
+        covered.update(c.members)
+    missing = [g.name for g in gradients if g.name not in covered]
+    if missing:
+        more = f", ... ({len(missing)} in all)" if len(missing) > 5 else ""
+        raise TrainschedError(f"{owner}: no collective reduces gradient(s) "
+                              f"{', '.join(missing[:5])}{more}")
+
+
+def graph_gradients(graph: Graph, order: Sequence[str] | None = None) -> tuple[Gradient, ...]:
+    """The gradients of a training graph in ready order: one per ``backward_weight`` op, in the
+    order those ops come in ``order`` (the compute order of one device; default the graph's
+    topological order, which is program order: in-order backprop). The k-th gradient comes
+    from the k-th ``backward_weight`` op of ``order``.
+
+    ``name`` is ``<forward op>:grad`` (the tensor key the training transform gives the
+    gradient; ``<op>:grad`` for a ``backward_weight`` op without ``forward_op``);
+    ``size_bytes`` is the op's ``output_bytes`` (the parameter's size). ``layer_index`` is the
+    op's; if some op has none, every gradient gets instead the rank of its forward op
+    (``forward_op``, else itself) in the graph's topological order.
+    """
+    order = graph.topological_order() if order is None else tuple(order)
+    ops = [graph.op(name) for name in order if graph.op(name).kind == "backward_weight"]
+    if any(op.layer_index is None for op in ops):
+        topo = {name: k for k, name in enumerate(graph.topological_order())}
+
+        def key(op: Any) -> tuple[int, str]:
+            source = op.forward_op if op.forward_op in topo else op.name
+            return topo[source], op.name
+
+        layer = {op.name: k for k, op in enumerate(sorted(ops, key=key))}
+    else:
+        layer = {op.name: op.layer_index for op in ops}
+    names = [f"{op.forward_op or op.name}:grad" for op in ops]
+    if len(set(names)) < len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise TrainschedError(f"several backward_weight ops produce gradient(s) "
+                              f"{', '.join(twice)}; each forward op may have one")
+    return tuple(Gradient(name=name, size_bytes=op.output_bytes, layer_index=layer[op.name],
+                          ready_index=k)
+                 for k, (name, op) in enumerate(zip(names, ops, strict=True)))  # fmt: skip

@@ -1,0 +1,499 @@
+"""Data parallelism: every rank runs the whole training graph; gradients are all-reduced.
+
+:func:`simulate_data_parallel` lowers one step of ``ranks`` replicas to a task graph and
+replays it:
+
+- **Compute.** Rank r runs every op on device r's compute stream (``cluster`` device r), ready
+  ops by their position in ``order`` (default the graph's topological order: program order,
+  in-order backprop), durations times the rank's straggler factor.
+- **Gradients.** The gradient of each ``backward_weight`` op is ready when that op ends;
+  the policy (:mod:`trainsched.comm.policy`) groups gradients into collectives and sets the
+  issue rule, the queue and the credit. A collective is *issued* at the rendezvous: when the
+  last rank has all its members ready (and, with ``ordered_issue``, issued the one before it);
+  it waits in the queue, is dispatched under the credit, and runs on every rank's channel at
+  once, one collective at a time per channel, for ``collective_s(size, ranks)``.
+- **Optimizer.** Each optimizer op waits for the collectives holding its gradients
+  (``cross_barrier``) or for all collectives (the baselines' barrier). Step time = last end.
+
+**Symmetry.** Ranks identical in device, costs, schedule and straggler state form a class
+(:func:`rank_classes`); only one representative per class is simulated (the lowest rank), the
+collective's rendezvous is the latest representative issue time and its cost uses all
+``ranks``. 1,024 identical ranks cost one representative; one straggler makes two.
+``expand=True`` simulates every rank (to check that collapsing changes nothing).
+
+**Link.** All ranks on one node (``ranks <= devices_per_node``): the intra-node link. Else the
+ring spans nodes and runs at the pace of its slowest hop: bandwidth ``min(intra, NIC /
+devices_per_node)`` (a node's devices share its NIC), latency ``max(intra, inter)``.
+Parameter-server traffic leaves the node: the worker link is the NIC share (intra-node link
+on a cluster of one node without an inter-node link), the server link ``cluster.ps_link``.
+
+The engine (:func:`trainsched.sim.engine.run_tasks`) has no byte-credit gate, so this executor
+replays its task graph with its own loop that follows the engine's rules (ready at in-degree
+0, priority queues on compute streams, ties by insertion) and adds the dispatcher; it returns
+the engine's :class:`~trainsched.sim.engine.Schedule`, so :func:`build_result`, the critical
+path, memory and traces are shared.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import numbers
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from trainsched.cluster import Cluster, Link
+from trainsched.comm.policy import (
+    CommPolicy,
+    check_plan,
+    check_policy,
+    comm_policy,
+    graph_gradients,
+    may_dispatch,
+)
+from trainsched.costs import parameter_server_s, ring_allreduce_s, tree_allreduce_s
+from trainsched.errors import TrainschedError
+from trainsched.graph import Graph
+from trainsched.sim.engine import Schedule, TaskGraph
+from trainsched.sim.executors import _checked_order, _gc_paused, _Lowering
+from trainsched.sim.result import Allocation, SimResult, build_result
+
+__all__ = ["ALGORITHMS", "collective_link", "collective_s", "rank_classes",
+           "simulate_data_parallel"]
+
+ALGORITHMS = ("ring", "tree", "ps")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_ranks(cluster: Cluster, ranks: Any) -> None:
+    if not (_is_int(ranks) and ranks >= 1):
+        raise TrainschedError(f"ranks must be an integer >= 1, got {ranks!r}")
+    if ranks > cluster.num_devices:
+        raise TrainschedError(
+            f"{ranks} ranks need {ranks} devices, but cluster {cluster.name!r} has "
+            f"{cluster.num_devices} ({cluster.num_nodes} node(s) of {cluster.devices_per_node}); "
+            f"give it more nodes (cluster.with_nodes(n), or 'preset:n')")
+
+
+def rank_classes(ranks: int, stragglers: Mapping[int, float] | None = None, *,
+                 expand: bool = False) -> tuple[tuple[int, ...], ...]:
+    """Ranks ``0..ranks-1`` grouped into classes of identical ranks: the same compute factor
+    (1 unless ``stragglers`` maps the rank to a slowdown factor). Each class lists its ranks in
+    order; classes come by their first rank (the representative). ``expand``: one class per
+    rank."""
+    if not (_is_int(ranks) and ranks >= 1):
+        raise TrainschedError(f"ranks must be an integer >= 1, got {ranks!r}")
+    factor = _straggler_factors(ranks, stragglers)
+    if expand:
+        return tuple((r,) for r in range(ranks))
+    groups: dict[float, list[int]] = {}
+    for r in range(ranks):
+        groups.setdefault(factor.get(r, 1.0), []).append(r)
+    return tuple(sorted(tuple(members) for members in groups.values()))
+
+
+def _straggler_factors(ranks: int, stragglers: Mapping[int, float] | None) -> dict[int, float]:
+    """Rank -> compute factor for the ranks ``stragglers`` names, checked."""
+    if stragglers is None:
+        return {}
+    if not isinstance(stragglers, Mapping):
+        raise TrainschedError(f"stragglers maps ranks to slowdown factors, got "
+                              f"{type(stragglers).__name__}")
+    out = {}
+    for rank, factor in stragglers.items():
+        if not (_is_int(rank) and 0 <= rank < ranks):
+            raise TrainschedError(f"stragglers: rank {rank!r} is not one of the {ranks} ranks "
+                                  f"(0..{ranks - 1})")
+        number = isinstance(factor, numbers.Real) and not isinstance(factor, bool)
+        if not (number and math.isfinite(factor) and factor > 0):
+            raise TrainschedError(f"stragglers: rank {rank} needs a finite factor > 0 (compute "
+                                  f"time multiplier), got {factor!r}")
+        out[rank] = float(factor)
+    return out
+
+
+def collective_link(cluster: Cluster, ranks: int) -> Link:
+    """The link a collective over ranks ``0..ranks-1`` runs at (module docstring)."""
+    _check_ranks(cluster, ranks)
+    intra = cluster.intra_node
+    if ranks <= cluster.devices_per_node:
+        return intra
+    inter = cluster.inter_node
+    assert inter is not None  # more than one node always has an inter-node link
+    share = inter.bandwidth_bytes_per_s / cluster.devices_per_node
+    return Link(bandwidth_bytes_per_s=min(intra.bandwidth_bytes_per_s, share),
+                latency_s=max(intra.latency_s, inter.latency_s))
+
+
+def _worker_link(cluster: Cluster) -> Link:
+    """A worker's path to the parameter servers: its share of the node's NIC."""
+    inter = cluster.inter_node
+    if inter is None:
+        return cluster.intra_node
+    return Link(bandwidth_bytes_per_s=inter.bandwidth_bytes_per_s / cluster.devices_per_node,
+                latency_s=inter.latency_s)
+
+
+def collective_s(size_bytes: float, ranks: int, cluster: Cluster,
+                 algorithm: str = "ring") -> float:
+    """How long an all-reduce of ``size_bytes`` over ``ranks`` ranks takes: ring
+    (``costs.ring_allreduce_s``), tree (Rabenseifner, ``costs.tree_allreduce_s``) or ``ps``
+    (push and pull through the cluster's parameter servers, ``costs.parameter_server_s``).
+    One rank communicates nothing (0 s)."""
+    if algorithm not in ALGORITHMS:
+        raise TrainschedError(f"unknown collective algorithm {algorithm!r}; expected one of "
+                              f"{', '.join(ALGORITHMS)}")
+    _check_ranks(cluster, ranks)
+    if ranks == 1:
+        return 0.0
+    if algorithm == "ps":
+        if cluster.parameter_servers == 0 or cluster.ps_link is None:
+            raise TrainschedError(f"algorithm 'ps' needs parameter servers, and cluster "
+                                  f"{cluster.name!r} has none")
+        return parameter_server_s(size_bytes, ranks, cluster.parameter_servers,
+                                  _worker_link(cluster), cluster.ps_link)
+    link = collective_link(cluster, ranks)
+    if algorithm == "tree":
+        return tree_allreduce_s(size_bytes, ranks, link)
+    return ring_allreduce_s(size_bytes, ranks, link)
+
+
+def simulate_data_parallel(graph: Graph, cluster: Cluster, *, ranks: int,
+                           policy: CommPolicy | str, algorithm: str = "ring",
+                           stragglers: Mapping[int, float] | None = None, expand: bool = False,
+                           order: Sequence[str] | None = None) -> SimResult:
+    """One data-parallel step of training graph ``graph`` over ``ranks`` ranks (rank r on
+    device r of ``cluster``), gradients reduced as ``policy`` (a :class:`CommPolicy` or a
+    registered name such as ``"fifo"``, ``"ddp"``) says with ``algorithm`` (``ring``, ``tree``,
+    ``ps``). ``stragglers`` maps ranks to compute slowdown factors. The result holds one
+    representative rank per class (``expand=True``: every rank), named by its device.
+    ``order`` (a topological order of all ops) sets the compute priority; default the graph's
+    topological order."""
+    began = time.perf_counter()
+    _check_ranks(cluster, ranks)
+    if algorithm not in ALGORITHMS:
+        raise TrainschedError(f"unknown collective algorithm {algorithm!r}; expected one of "
+                              f"{', '.join(ALGORITHMS)}")
+    if isinstance(policy, str):
+        policy = comm_policy(policy)
+    check_policy(policy)
+    classes = rank_classes(ranks, stragglers, expand=expand)
+    factor = _straggler_factors(ranks, stragglers)
+    with _gc_paused():
+        order = graph.topological_order() if order is None else _checked_order(graph, order)
+        gradients = graph_gradients(graph, order)
+        plan: tuple[Any, ...] = ()
+        if ranks > 1:
+            plan = tuple(policy.plan(gradients))
+            check_plan(gradients, plan, f"comm policy {type(policy).__name__}")
+        reps = [members[0] for members in classes]
+        low = _Lowering(cluster, reps)
+        lowered = _lower(low, graph, order, plan, gradients, policy, algorithm, ranks,
+                         [factor.get(r, 1.0) for r in reps], reps, [len(m) for m in classes])
+        schedule, issued, dispatched = _replay(low.tasks, lowered, policy)
+        for c, row in enumerate(lowered.parts):
+            for t in row:
+                low.tasks.args[t].update(issued_s=issued[c], dispatched_s=dispatched[c])
+        return build_result(low.tasks, schedule, devices=low.names,
+                            allocations=low.allocations,
+                            memory_capacity_bytes=cluster.device.memory_bytes,
+                            wall_s=time.perf_counter() - began)  # fmt: skip
+
+
+class _Lowered:
+    """What the replay needs beyond the task graph: per collective its task on each
+    representative, its size and queue priority, its pending count (member gradient tasks on
+    all representatives, plus one for the previous collective's issue when issue is ordered),
+    and per task the collectives it feeds."""
+
+    def __init__(self) -> None:
+        self.parts: list[list[int]] = []
+        self.sizes: list[int] = []
+        self.priorities: list[int] = []
+        self.pending: list[int] = []
+        self.feeds: list[tuple[int, ...]] = []
+
+
+def _lower(low: _Lowering, graph: Graph, order: Sequence[str], plan: Sequence[Any],
+           gradients: Sequence[Any], policy: CommPolicy, algorithm: str, ranks: int,
+           factors: Sequence[float], reps: Sequence[int], class_sizes: Sequence[int]) -> _Lowered:
+    tasks = low.tasks
+    ops = [graph.op(name) for name in order]
+    position = {name: k for k, name in enumerate(order)}
+    pairs = sorted({(position[e.src], position[e.dst]) for e in graph.edges})
+    users: list[list[int]] = [[] for _ in ops]
+    for a, b in pairs:
+        users[a].append(b)
+    channels = [tasks.add_resource(f"{name}/channel", device=k, kind="channel",
+                                   policy=policy.queue)
+                for k, name in enumerate(low.names)] if plan else []  # fmt: skip
+    base = []
+    for k, rank in enumerate(reps):
+        first = len(tasks)
+        f = factors[k]
+        for p, op in enumerate(ops):
+            low.compute(op.name, op.compute_s * f, k, priority=p, category=op.kind,
+                        args={"op": op.name, "bytes": op.output_bytes, "rank": rank,
+                              "represents": class_sizes[k]})  # fmt: skip
+        for a, b in pairs:
+            tasks.add_dependency(first + a, first + b)
+        base.append(first)
+        _allocate(low, ops, users, k, first)
+
+    # The k-th gradient comes from the k-th backward_weight op of the order.
+    weight_ops = [p for p, op in enumerate(ops) if op.kind == "backward_weight"]
+    grad_pos = {g.name: p for g, p in zip(gradients, weight_ops, strict=True)}
+    grad_of_op = {ops[p].name: name for name, p in grad_pos.items()}
+    holders: dict[str, list[int]] = {g.name: [] for g in gradients}  # gradient -> collectives
+    feeds: dict[int, list[int]] = {}
+    out = _Lowered()
+    for c, coll in enumerate(plan):
+        duration = collective_s(coll.size_bytes, ranks, low.cluster, algorithm)
+        row = []
+        for k, rank in enumerate(reps):
+            t = tasks.add_task(
+                coll.name, duration, (channels[k],), priority=len(ops) + c, category="comm",
+                device=k,
+                args={"collective": coll.name, "bytes": coll.size_bytes,
+                      "members": coll.members, "priority": coll.priority,
+                      "algorithm": algorithm, "ranks": ranks, "rank": rank},
+            )  # fmt: skip
+            for m in coll.members:
+                dw = base[k] + grad_pos[m]
+                tasks.add_dependency(dw, t)
+                feeds.setdefault(dw, []).append(c)
+            row.append(t)
+        for m in coll.members:
+            holders[m].append(c)
+        out.parts.append(row)
+        out.sizes.append(coll.size_bytes)
+        out.priorities.append(coll.priority)
+        out.pending.append(len(coll.members) * len(reps)
+                           + (1 if policy.ordered_issue and c > 0 else 0))
+
+    if plan:
+        optimizers = [p for p, op in enumerate(ops) if op.kind == "optimizer"]
+        for k, rank in enumerate(reps):
+            if policy.cross_barrier:
+                for p in optimizers:
+                    waits = sorted({c for pred in graph.predecessors(ops[p].name)
+                                    if pred in grad_of_op
+                                    for c in holders[grad_of_op[pred]]})  # fmt: skip
+                    for c in waits:
+                        tasks.add_dependency(out.parts[c][k], base[k] + p)
+            else:
+                barrier = tasks.add_task("barrier", 0.0, (), priority=len(ops) + len(plan),
+                                         category="barrier", device=k,
+                                         args={"rank": rank, "represents": class_sizes[k]})
+                for row in out.parts:
+                    tasks.add_dependency(row[k], barrier)
+                for p in optimizers:
+                    tasks.add_dependency(barrier, base[k] + p)
+    out.feeds = [()] * len(tasks)
+    for t, cs in feeds.items():
+        out.feeds[t] = tuple(cs)
+    return out
+
+
+def _allocate(low: _Lowering, ops: Sequence[Any], users: Sequence[Sequence[int]], k: int,
+              first: int) -> None:
+    """Memory of representative k, by the rules of the other executors: parameters, buffers,
+    optimizer state and gradients resident; outputs from their op's start to their last local
+    consumer's end; workspace while the op runs. Collectives reduce in place (no buffers)."""
+    resident = 0
+    allocations = low.allocations
+    for p, op in enumerate(ops):
+        t = first + p
+        resident += op.param_bytes + op.buffer_bytes + op.optimizer_state_bytes
+        if op.kind == "backward_weight":
+            resident += op.output_bytes
+        elif op.output_bytes:
+            allocations.append(Allocation(device=k, size_bytes=op.output_bytes, at_task=t,
+                                          until_tasks=tuple(first + u for u in users[p])))
+        if op.temp_bytes:
+            allocations.append(Allocation(device=k, size_bytes=op.temp_bytes, at_task=t,
+                                          until_tasks=(t,)))
+    allocations.append(Allocation(device=k, size_bytes=resident))
+
+
+def _replay(tasks: TaskGraph, lowered: _Lowered,
+            policy: CommPolicy) -> tuple[Schedule, list[float], list[float]]:
+    """Replay compute streams (priority queues, as the engine does) and the collectives'
+    issue -> queue -> credit -> wire pipeline; returns the schedule and, per collective, its
+    issue and dispatch times.
+
+    All representatives hold a collective's channel at once, so their channels act as one
+    wire: one dispatcher and one in-flight count serve them all.
+    """
+    n = len(tasks)
+    dur = tasks.duration_s
+    needs = tasks.needs
+    succ = tasks.successors
+    prio = tasks.priority
+    indeg = list(tasks.indegree)
+    nres = len(tasks.resources)
+    parts = lowered.parts
+    sizes = lowered.sizes
+    feeds = lowered.feeds
+    pending = list(lowered.pending)
+    ncoll = len(parts)
+    part_of = [-1] * n
+    for c, row in enumerate(parts):
+        for t in row:
+            part_of[t] = c
+    by_priority = policy.queue == "priority"
+    credit = policy.credit_bytes
+    mode = policy.credit_mode
+    ordered = policy.ordered_issue
+
+    start = [0.0] * n
+    end = [0.0] * n
+    ready = [0.0] * n
+    fixed = [-1] * n
+    via = [False] * n
+    started = bytearray(n)
+    busy = [0.0] * nres
+    free = [True] * nres
+    last_user = [-1] * nres
+    queues: list[list[tuple[Any, int, int]]] = [[] for _ in range(nres)]
+    dirty: list[int] = []
+    is_dirty = bytearray(nres)
+    heap: list[tuple[float, Any, int, int]] = []
+    counter = itertools.count()
+    push = heapq.heappush
+    pop = heapq.heappop
+
+    issue_s = [0.0] * ncoll
+    dispatch_s = [0.0] * ncoll
+    issuer = [-1] * ncoll
+    waiting: list[tuple[Any, int]] = []  # issued, not dispatched: (queue key, collective)
+    wire: deque[int] = deque()  # dispatched, not started, in dispatch order
+    wire_busy = False
+    wire_last = -1  # the collective that last ended on the wire
+    in_flight = 0
+    left = [len(row) for row in parts]
+    comm_dirty = False
+    now = 0.0
+
+    def make_ready(s: int, at: float) -> None:
+        rs = needs[s]
+        if rs:
+            x = rs[0]
+            push(queues[x], (prio[s], next(counter), s))
+            if not is_dirty[x]:
+                is_dirty[x] = 1
+                dirty.append(x)
+        else:  # a barrier: no resource, runs at once
+            started[s] = 1
+            start[s] = at
+            end[s] = at + dur[s]
+            push(heap, (end[s], prio[s], next(counter), s))
+
+    def issue(c: int, by: int, at: float) -> None:
+        while True:
+            issue_s[c] = at
+            issuer[c] = by
+            push(waiting, ((lowered.priorities[c] if by_priority else at), c))
+            if not ordered or c + 1 >= ncoll:
+                return
+            c += 1
+            pending[c] -= 1
+            if pending[c]:
+                return
+
+    for t in range(n):
+        if indeg[t] == 0 and part_of[t] < 0:
+            make_ready(t, 0.0)
+
+    while True:
+        if not (heap and heap[0][0] <= now):
+            if comm_dirty:
+                comm_dirty = False
+                while waiting and may_dispatch(in_flight, sizes[waiting[0][1]], credit, mode):
+                    c = pop(waiting)[1]
+                    in_flight += sizes[c]
+                    dispatch_s[c] = now
+                    wire.append(c)
+                if not wire_busy and wire:
+                    c = wire.popleft()
+                    wire_busy = True
+                    delayed = now > issue_s[c]
+                    assert not delayed or wire_last >= 0
+                    for k, t in enumerate(parts[c]):
+                        d = dur[t]
+                        started[t] = 1
+                        start[t] = now
+                        end[t] = now + d
+                        busy[needs[t][0]] += d
+                        if delayed:  # held back by the wire or the credit: freed just now
+                            fixed[t] = parts[wire_last][k]
+                            via[t] = True
+                        else:
+                            fixed[t] = issuer[c]
+                        push(heap, (end[t], prio[t], next(counter), t))
+            if dirty:
+                dirty.sort()
+                for x in dirty:
+                    is_dirty[x] = 0
+                    q = queues[x]
+                    if free[x] and q:
+                        t = pop(q)[2]
+                        free[x] = False
+                        d = dur[t]
+                        busy[x] += d
+                        started[t] = 1
+                        start[t] = now
+                        end[t] = now + d
+                        if now > ready[t]:  # waited for the stream
+                            fixed[t] = last_user[x]
+                            via[t] = True
+                        push(heap, (end[t], prio[t], next(counter), t))
+                dirty.clear()
+        if not heap:
+            break
+        now, _, _, t = pop(heap)
+        c = part_of[t]
+        if c >= 0:
+            left[c] -= 1
+            if not left[c]:
+                wire_busy = False
+                in_flight -= sizes[c]
+                wire_last = c
+                comm_dirty = True
+        elif needs[t]:
+            x = needs[t][0]
+            free[x] = True
+            last_user[x] = t
+            if queues[x] and not is_dirty[x]:
+                is_dirty[x] = 1
+                dirty.append(x)
+        for c in feeds[t]:
+            pending[c] -= 1
+            if not pending[c]:
+                issue(c, t, now)
+                comm_dirty = True
+        for s in succ[t]:
+            if part_of[s] >= 0:
+                continue
+            k = indeg[s] - 1
+            indeg[s] = k
+            if k == 0:
+                ready[s] = now
+                fixed[s] = t
+                make_ready(s, now)
+
+    left_over = started.count(0)
+    if left_over:
+        blocked = [tasks.label[t] for t in range(n) if not started[t]][:10]
+        raise TrainschedError(f"data-parallel simulation stuck at t={now!r} s: {left_over} "
+                              f"tasks never ran: {', '.join(blocked)}")
+    schedule = Schedule(start_s=tuple(start), end_s=tuple(end), fixed_by=tuple(fixed),
+                        by_resource=tuple(via), busy_s=tuple(busy),
+                        makespan_s=max(end, default=0.0), events=n)  # fmt: skip
+    return schedule, issue_s, dispatch_s

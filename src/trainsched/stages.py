@@ -1,0 +1,319 @@
+"""Pipeline stages: a model cut into contiguous stages, and what one micro-batch costs on each.
+
+:class:`StageCosts` is what the pipeline simulator (:func:`trainsched.sim.pipeline.
+simulate_pipeline`) reads: per stage, the time of its forward (``F``), input-gradient (``I``) and
+weight-gradient (``W``) work for one micro-batch, the bytes it sends downstream per micro-batch
+(the same bytes come back as the gradient), the activation bytes it keeps per micro-batch and
+the state it holds all step.
+
+:func:`stage_costs_from_graph` cuts a training graph's forward ops, in topological order, into
+contiguous stages balanced by compute (forward + dX + dW) or by parameter bytes, or at cut points
+the caller gives. **Linear scaling**: the graph is costed at the full batch, and a micro-batch of
+1/m of it is taken to cost exactly 1/m of every time and of every activation and saved byte
+(bytes rounded up to whole bytes). That overestimates the speed of small micro-batches, whose
+kernels are launch- or memory-bound; cost the graph at the micro-batch size to avoid it.
+:func:`uniform_stages` builds equal stages by hand (tests, closed forms).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainsched.errors import TrainschedError
+from trainsched.graph import Graph
+from trainsched.training import to_training
+
+__all__ = ["CUT_MODES", "StageCosts", "balanced_cuts", "stage_costs_from_graph", "uniform_stages"]
+
+CUT_MODES = ("compute", "params")
+
+_TIME_FIELDS = ("forward_s", "backward_input_s", "backward_weight_s")
+_BYTE_FIELDS = ("activation_bytes", "saved_bytes", "param_bytes", "grad_bytes",
+                "optimizer_state_bytes")  # fmt: skip
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageCosts:
+    """Per-stage costs of a pipeline; every field is a tuple with one entry per stage.
+
+    Per micro-batch: ``forward_s``, ``backward_input_s`` (dX, ``I``), ``backward_weight_s``
+    (dW, ``W``; a fused ``B`` costs I + W); ``activation_bytes[s]``, what stage ``s`` sends to
+    stage ``s + 1`` (and receives back as the gradient; the last stage sends nothing, so its
+    entry is 0); ``saved_bytes[s]``, the activations stage ``s`` keeps from its ``F`` until
+    its backward has used them. Resident all step: ``param_bytes`` (parameters and buffers),
+    ``grad_bytes`` and ``optimizer_state_bytes``. ``ops[s]`` names the forward ops of stage
+    ``s`` (empty for hand-made stages); ``num_microbatches`` is the count the graph's costs
+    were divided by (``None``: per-micro-batch costs given directly), which the simulator
+    checks against the schedule's.
+    """
+
+    forward_s: tuple[float, ...]
+    backward_input_s: tuple[float, ...]
+    backward_weight_s: tuple[float, ...]
+    activation_bytes: tuple[int, ...]
+    saved_bytes: tuple[int, ...]
+    param_bytes: tuple[int, ...]
+    grad_bytes: tuple[int, ...]
+    optimizer_state_bytes: tuple[int, ...]
+    ops: tuple[tuple[str, ...], ...] = field(default=())
+    num_microbatches: int | None = None
+
+    def __post_init__(self) -> None:
+        p = len(self.forward_s)
+        if p < 1:
+            raise TrainschedError("stage costs need at least one stage")
+        for name in (*_TIME_FIELDS, *_BYTE_FIELDS):
+            values = tuple(getattr(self, name))
+            if len(values) != p:
+                raise TrainschedError(f"stage costs: {name} has {len(values)} entries for {p} "
+                                      "stages; give one per stage")
+            for s, v in enumerate(values):
+                if name in _TIME_FIELDS:
+                    ok = isinstance(v, int | float) and not isinstance(v, bool) \
+                        and math.isfinite(v) and v >= 0
+                    kind = "a finite number of seconds >= 0"
+                else:
+                    ok = _is_int(v) and v >= 0
+                    kind = "an integer number of bytes >= 0"
+                if not ok:
+                    raise TrainschedError(f"stage costs: {name}[{s}] must be {kind}, got {v!r}")
+            if name in _TIME_FIELDS:
+                values = tuple(float(v) for v in values)
+            object.__setattr__(self, name, values)
+        if self.activation_bytes[-1] != 0:
+            raise TrainschedError(f"stage costs: the last stage ({p - 1}) sends nothing "
+                                  f"downstream; activation_bytes[{p - 1}] must be 0, "
+                                  f"got {self.activation_bytes[-1]}")
+        ops = tuple(tuple(names) for names in self.ops) if self.ops else ((),) * p
+        if len(ops) != p:
+            raise TrainschedError(f"stage costs: ops has {len(ops)} entries for {p} stages")
+        object.__setattr__(self, "ops", ops)
+        m = self.num_microbatches
+        if m is not None and not (_is_int(m) and m >= 1):
+            raise TrainschedError(f"stage costs: num_microbatches must be an integer >= 1 or "
+                                  f"None, got {m!r}")
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.forward_s)
+
+    @property
+    def backward_s(self) -> tuple[float, ...]:
+        """Per stage, a fused ``B``: ``backward_input_s + backward_weight_s``."""
+        return tuple(i + w for i, w in zip(self.backward_input_s, self.backward_weight_s,
+                                           strict=True))  # fmt: skip
+
+    @property
+    def resident_bytes(self) -> tuple[int, ...]:
+        """Per stage, the state held all step: parameters, gradients, optimizer state."""
+        return tuple(a + b + c for a, b, c in zip(self.param_bytes, self.grad_bytes,
+                                                  self.optimizer_state_bytes, strict=True))
+
+
+def uniform_stages(num_stages: int, forward_s: float, backward_input_s: float,
+                   backward_weight_s: float, activation_bytes: int = 0, *, saved_bytes: int = 0,
+                   param_bytes: int = 0) -> StageCosts:
+    """``num_stages`` equal stages (every stage but the last sends ``activation_bytes``)."""
+    if not (_is_int(num_stages) and num_stages >= 1):
+        raise TrainschedError(f"num_stages must be an integer >= 1, got {num_stages!r}")
+    p = num_stages
+    return StageCosts(forward_s=(forward_s,) * p, backward_input_s=(backward_input_s,) * p,
+                      backward_weight_s=(backward_weight_s,) * p,
+                      activation_bytes=(activation_bytes,) * (p - 1) + (0,),
+                      saved_bytes=(saved_bytes,) * p, param_bytes=(param_bytes,) * p,
+                      grad_bytes=(param_bytes,) * p, optimizer_state_bytes=(0,) * p)  # fmt: skip
+
+
+def balanced_cuts(weights: Sequence[float], num_parts: int) -> tuple[int, ...]:
+    """Cut ``weights`` into ``num_parts`` non-empty contiguous runs with the smallest largest
+    sum; return the start index of every run but the first (``num_parts - 1`` cut points).
+
+    The bottleneck is found by bisection on floats (to adjacent floats) with a greedy check;
+    the runs are then packed greedily from the front, so earlier runs are the fuller ones.
+    """
+    n = len(weights)
+    assert 1 <= num_parts <= n
+    total = math.fsum(weights)
+    lo = max(max(weights), total / num_parts)
+    hi = max(total, lo)
+    if _parts(weights, lo) <= num_parts:
+        hi = lo
+    for _ in range(200):  # at most ~64 halvings before lo and hi are adjacent floats
+        mid = (lo + hi) / 2
+        if mid <= lo or mid >= hi:
+            break
+        if _parts(weights, mid) <= num_parts:
+            hi = mid
+        else:
+            lo = mid
+    return _pack(weights, hi, num_parts)
+
+
+def _parts(weights: Sequence[float], limit: float) -> int:
+    """How many runs a greedy packing under ``limit`` makes."""
+    parts, current = 1, 0.0
+    for w in weights:
+        if current + w > limit and current > 0:
+            parts += 1
+            current = w
+        else:
+            current += w
+    return parts
+
+
+def _pack(weights: Sequence[float], limit: float, num_parts: int) -> tuple[int, ...]:
+    """Greedy packing under ``limit``, cutting early where the ops left just fill the runs left."""
+    n = len(weights)
+    cuts: list[int] = []
+    current = 0.0
+    for k, w in enumerate(weights):
+        if k > 0 and len(cuts) < num_parts - 1 and (
+                (current + w > limit and current > 0) or n - k == num_parts - 1 - len(cuts)):
+            cuts.append(k)
+            current = 0.0
+        current += w
+    assert len(cuts) == num_parts - 1
+    return tuple(cuts)
+
+
+def _check_cuts(cut: Sequence[Any], order: Sequence[str], num_stages: int) -> tuple[int, ...]:
+    where = {name: k for k, name in enumerate(order)}
+    points = []
+    for c in cut:
+        if isinstance(c, str):
+            if c not in where:
+                raise TrainschedError(f"cut point {c!r} is not a forward op of the graph; give "
+                                      "the name of a stage's first op or its index in forward "
+                                      "order")
+            points.append(where[c])
+        elif _is_int(c):
+            points.append(c)
+        else:
+            raise TrainschedError(f"cut point {c!r} must be an op name or an index into the "
+                                  "forward ops")
+    if len(points) != num_stages - 1:
+        raise TrainschedError(f"{len(points)} cut point(s) make {len(points) + 1} stages, not "
+                              f"{num_stages}; give num_stages - 1 = {num_stages - 1} cut points")
+    bounds = [0, *points, len(order)]
+    for k in range(1, len(bounds) - 1):
+        if not 0 < bounds[k] < len(order):
+            raise TrainschedError(f"cut point {cut[k - 1]!r} (index {bounds[k]}) must lie in "
+                                  f"1..{len(order) - 1}: every stage needs at least one op")
+        if bounds[k] <= bounds[k - 1]:
+            raise TrainschedError(f"cut points must be strictly increasing (every stage needs "
+                                  f"an op); {cut[k - 1]!r} (index {bounds[k]}) does not follow "
+                                  f"index {bounds[k - 1]}")
+    return tuple(points)
+
+
+def stage_costs_from_graph(graph: Graph, num_stages: int, num_microbatches: int, *,
+                           cut: str | Sequence[int | str] = "compute") -> StageCosts:
+    """Cut ``graph``'s forward ops into ``num_stages`` contiguous stages and cost them.
+
+    ``graph`` is a training graph (:func:`trainsched.training.to_training`); a forward-only
+    graph is transformed with the default SGD optimizer first. Its forward ops, in the graph's
+    topological order, are cut by ``cut``: ``"compute"`` balances the sum of each op's forward,
+    dX and dW time, ``"params"`` its parameter bytes (the smallest largest stage in both cases),
+    or a sequence of ``num_stages - 1`` cut points, each the first op of a stage (by name, or
+    by index in that order). The backward and optimizer ops of a forward op (their
+    ``forward_op``) go with it. Per micro-batch (``/ num_microbatches``, the linear-scaling
+    assumption of the module docstring): F, I and W are the summed ``compute_s`` of the
+    stage's forward, ``backward_input`` and ``backward_weight`` ops; ``saved_bytes`` the summed
+    ``saved_bytes`` of its forward ops; ``activation_bytes[s]`` the bytes of the forward edges
+    from stages ``<= s`` to stages ``> s`` (one tensor counted once, also when it skips a
+    stage, which forwards it). Resident: ``param_bytes`` (with buffers), the gradients its dW
+    ops produce and optimizer state. Optimizer compute is not part of a pipeline schedule and
+    is left out.
+    """
+    for name, value in (("num_stages", num_stages), ("num_microbatches", num_microbatches)):
+        if not (_is_int(value) and value >= 1):
+            raise TrainschedError(f"{name} must be an integer >= 1, got {value!r}")
+    if all(op.kind == "forward" for op in graph.ops):
+        graph = to_training(graph)
+    order = tuple(n for n in graph.topological_order() if graph.op(n).kind == "forward")
+    if num_stages > len(order):
+        raise TrainschedError(f"cannot cut {len(order)} forward op(s) into {num_stages} stages; "
+                              f"use at most {len(order)} stages, or a finer-grained graph")
+    forward = set(order)
+    phase = {n: [0.0, 0.0, 0.0] for n in order}  # forward, dX, dW of each forward op
+    resident = {n: [0, 0, 0] for n in order}  # params + buffers, grads, optimizer state
+    for op in graph.ops:
+        owner = op.forward_op or (op.name if op.kind == "forward" else op.name.rsplit(":", 1)[0])
+        if owner not in forward:
+            raise TrainschedError(f"op {op.name!r} ({op.kind}) belongs to no forward op of the "
+                                  "graph (set its forward_op); cannot assign it to a stage")
+        if op.kind == "forward":
+            phase[owner][0] += op.compute_s
+        elif op.kind == "backward_input":
+            phase[owner][1] += op.compute_s
+        elif op.kind == "backward_weight":
+            phase[owner][2] += op.compute_s
+            resident[owner][1] += op.output_bytes
+        resident[owner][0] += op.param_bytes + op.buffer_bytes
+        resident[owner][2] += op.optimizer_state_bytes
+
+    if isinstance(cut, str):
+        if cut not in CUT_MODES:
+            raise TrainschedError(f"unknown cut {cut!r}; use one of {', '.join(CUT_MODES)} or a "
+                                  "list of cut points")
+        if cut == "compute":
+            weights = [math.fsum(phase[n]) for n in order]
+        else:
+            weights = [float(graph.op(n).param_bytes) for n in order]
+        if num_stages > 1 and not any(weights):
+            what = "compute time" if cut == "compute" else "parameters"
+            raise TrainschedError(f"the graph's forward ops have no {what} to balance; give "
+                                  "explicit cut points or another cut")
+        points = balanced_cuts(weights, num_stages) if num_stages > 1 else ()
+    elif isinstance(cut, Sequence):
+        points = _check_cuts(list(cut), order, num_stages)
+    else:
+        raise TrainschedError(f"cut must be 'compute', 'params' or a list of cut points, "
+                              f"got {cut!r}")
+
+    bounds = [0, *points, len(order)]
+    stage_of = {}
+    for s in range(num_stages):
+        for n in order[bounds[s]:bounds[s + 1]]:
+            stage_of[n] = s
+    m = num_microbatches
+    # A tensor (producer, key) read in later stages crosses every cut up to its last reader's
+    # stage, once, at the largest size any edge gives it; a stage it skips forwards it.
+    last_reader: dict[tuple[str, str], list[int]] = {}  # -> [last stage, size]
+    for e in graph.edges:
+        if e.src in forward and e.dst in forward and stage_of[e.dst] > stage_of[e.src]:
+            entry = last_reader.setdefault((e.src, e.tensor), [0, 0])
+            entry[0] = max(entry[0], stage_of[e.dst])
+            entry[1] = max(entry[1], e.size_bytes)
+    crossing = [0] * num_stages
+    for (src, _), (last, size) in last_reader.items():
+        for s in range(stage_of[src], last):
+            crossing[s] += size
+
+    def per_mb_s(values: list[float]) -> float:
+        return math.fsum(values) / m
+
+    def per_mb_bytes(total: int) -> int:
+        return -(-total // m)
+
+    stages = [order[bounds[s]:bounds[s + 1]] for s in range(num_stages)]
+    return StageCosts(
+        forward_s=tuple(per_mb_s([phase[n][0] for n in names]) for names in stages),
+        backward_input_s=tuple(per_mb_s([phase[n][1] for n in names]) for names in stages),
+        backward_weight_s=tuple(per_mb_s([phase[n][2] for n in names]) for names in stages),
+        activation_bytes=tuple(per_mb_bytes(b) for b in crossing),
+        saved_bytes=tuple(per_mb_bytes(sum(graph.op(n).saved_bytes for n in names))
+                          for names in stages),
+        param_bytes=tuple(sum(resident[n][0] for n in names) for names in stages),
+        grad_bytes=tuple(sum(resident[n][1] for n in names) for names in stages),
+        optimizer_state_bytes=tuple(sum(resident[n][2] for n in names) for names in stages),
+        ops=tuple(stages),
+        num_microbatches=m,
+    )  # fmt: skip

@@ -1,0 +1,77 @@
+"""compare: every strategy on one graph and cluster, ranked by throughput."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trainsched.cli import main
+from trainsched.cluster import resolve_cluster
+from trainsched.compare import STRATEGIES, Options, compare, write_chart
+from trainsched.errors import TrainschedError
+from trainsched.graph import Edge, Graph, Op
+from trainsched.sim import simulate_single
+from trainsched.training import to_training
+
+
+def _chain(n: int = 6) -> Graph:
+    ops = [Op(name=f"l{i}", compute_s=1e-3 * (i + 1), flops=1e9, param_bytes=4_000_000,
+              output_bytes=1_000_000, saved_bytes=1_000_000) for i in range(n)]
+    edges = [Edge(src=f"l{i}", dst=f"l{i + 1}", size_bytes=1_000_000) for i in range(n - 1)]
+    return to_training(Graph(ops, edges, {"model": "chain", "batch_size": 16}))
+
+
+def test_every_strategy_is_ranked_by_throughput_against_one_device():
+    graph = _chain()
+    cluster = resolve_cluster("p3.16xlarge")
+    rows, results = compare(graph, cluster, Options(ranks=4, microbatches=8, batch_size=16))
+    assert {r.strategy for r in rows} == set(STRATEGIES)
+    rates = [r.samples_per_s for r in rows]
+    assert rates == sorted(rates, reverse=True)
+    single = next(r for r in rows if r.strategy == "single")
+    assert single.speedup == 1.0 and single.devices == 1
+    assert single.step_time_s == simulate_single(graph, cluster).step_time_s
+    data = next(r for r in rows if r.strategy == "data-ddp")
+    assert data.samples_per_step == 4 * 16
+    assert data.speedup == pytest.approx(
+        data.samples_per_s / (16 / single.step_time_s), rel=1e-12)
+    gpipe = next(r for r in rows if r.strategy == "pipeline-gpipe")
+    assert gpipe.samples_per_step == 16 and 0 < gpipe.idle_fraction < 1
+    assert set(results) == set(STRATEGIES)
+
+
+def test_compare_is_deterministic_and_checks_its_input():
+    graph = _chain()
+    cluster = resolve_cluster("p3.16xlarge")
+    options = Options(ranks=2, microbatches=4, batch_size=16)
+    a, _ = compare(graph, cluster, options)
+    b, _ = compare(graph, cluster, options)
+    assert [r.to_dict() for r in a] == [r.to_dict() for r in b]
+    with pytest.raises(TrainschedError, match="unknown strategy"):
+        compare(graph, cluster, options, ["teleport"])
+    with pytest.raises(TrainschedError, match="more than"):
+        compare(graph, cluster, Options(ranks=64, microbatches=4, batch_size=16))
+
+
+def test_chart_is_a_png(tmp_path):
+    rows, _ = compare(_chain(), resolve_cluster("p3.16xlarge"),
+                      Options(ranks=2, microbatches=4, batch_size=16))
+    path = tmp_path / "c.png"
+    write_chart(str(path), rows, "chain")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_compare_command_writes_table_traces_and_chart(tmp_path, capsys):
+    graph_path = tmp_path / "g.json"
+    _chain().save(graph_path)
+    out = tmp_path / "out"
+    assert main(["compare", str(graph_path), "--cluster", "p3.16xlarge", "--ranks", "2",
+                 "--out-dir", str(out), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["rows"][0]["strategy"] != "single"
+    assert json.loads((out / "compare.json").read_text()) == doc
+    assert (out / "compare.png").exists()
+    for name in STRATEGIES:
+        trace = json.loads((out / f"{name}.trace.json").read_text())
+        assert trace["traceEvents"]

@@ -1,0 +1,156 @@
+"""Stage cuts: balanced by compute or parameters, explicit cut points, costs per micro-batch."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import pytest
+
+from trainsched.errors import TrainschedError
+from trainsched.graph import Edge, Graph, Op
+from trainsched.stages import StageCosts, balanced_cuts, stage_costs_from_graph, uniform_stages
+from trainsched.training import to_training
+
+MS = 1e-3
+
+
+def close(actual: float, expected: float) -> bool:
+    return math.isclose(actual, expected, rel_tol=1e-9, abs_tol=1e-15)
+
+
+def forward_graph() -> Graph:
+    """a -> b -> c -> d, a's output also read by c (same tensor) and a skip a -> d.
+
+    Per op (ms): forward, dX, dW = a 1, -, 1 (first op: no dX); b 1, 1, 1; c 2, 2, 2; d 1, 1, 1.
+    Compute weights 2, 3, 6, 3. Parameters 100, 100, 100, 700 bytes; saved 10, 20, 30, 40.
+    """
+    spec = {"a": (1, 1, 100, 10), "b": (1, 1, 100, 20), "c": (2, 2, 100, 30),
+            "d": (1, 1, 700, 40)}
+    ops = [Op(name=n, compute_s=f * MS, backward_input_s=b * MS, backward_weight_s=b * MS,
+              param_bytes=p, saved_bytes=s, output_bytes=64)
+           for n, (f, b, p, s) in spec.items()]  # fmt: skip
+    edges = [Edge(src="a", dst="b", size_bytes=1000), Edge(src="a", dst="c", size_bytes=1000),
+             Edge(src="b", dst="c", size_bytes=2000), Edge(src="c", dst="d", size_bytes=3000),
+             Edge(src="a", dst="d", size_bytes=500, tensor="a.skip")]
+    return Graph(ops, edges)
+
+
+def training_graph() -> Graph:
+    return to_training(forward_graph(), optimizer="adam")
+
+
+def test_cut_by_compute_two_and_three_stages():
+    two = stage_costs_from_graph(training_graph(), 2, 2)
+    # [2, 3 | 6, 3] = 5 | 9 is the smallest largest stage (2 | 12, 11 | 3 are worse).
+    assert two.ops == (("a", "b"), ("c", "d"))
+    assert two.num_stages == 2 and two.num_microbatches == 2
+    # Per micro-batch (m = 2): F = (1 + 1) / 2, I = (0 + 1) / 2, W = (1 + 1) / 2 ms on stage 0.
+    assert all(map(close, two.forward_s, (1 * MS, 1.5 * MS)))
+    assert all(map(close, two.backward_input_s, (0.5 * MS, 1.5 * MS)))
+    assert all(map(close, two.backward_weight_s, (1 * MS, 1.5 * MS)))
+    assert all(map(close, two.backward_s, (1.5 * MS, 3 * MS)))
+    # Crossing the cut: b -> c 2000, tensor a (read by c) 1000, a.skip 500: 3500 / 2.
+    assert two.activation_bytes == (1750, 0)
+    assert two.saved_bytes == (15, 35)
+    # Adam: parameters, gradients of the same size, two state tensors per parameter.
+    assert two.param_bytes == (200, 800) and two.grad_bytes == (200, 800)
+    assert two.optimizer_state_bytes == (400, 1600)
+    assert two.resident_bytes == (800, 3200)
+
+    three = stage_costs_from_graph(training_graph(), 3, 4)
+    assert three.ops == (("a", "b"), ("c",), ("d",))  # 5 | 6 | 3
+    # Cut 0|1: b -> c, a -> c, a.skip; cut 1|2: c -> d and a.skip, which stage 1 forwards.
+    assert three.activation_bytes == (3500 // 4, 3500 // 4, 0)
+
+
+def test_cut_by_params_and_rounding_up():
+    stages = stage_costs_from_graph(training_graph(), 2, 3, cut="params")
+    assert stages.ops == (("a", "b", "c"), ("d",))  # 300 | 700
+    # c -> d 3000 and a.skip 500 cross: 3500 / 3 rounded up; saved 60 / 3 and 40 / 3 up.
+    assert stages.activation_bytes == (1167, 0)
+    assert stages.saved_bytes == (20, 14)
+
+
+def test_explicit_cut_points_by_index_or_name():
+    by_index = stage_costs_from_graph(training_graph(), 3, 1, cut=[1, 3])
+    by_name = stage_costs_from_graph(training_graph(), 3, 1, cut=["b", "d"])
+    assert by_index == by_name
+    assert by_index.ops == (("a",), ("b", "c"), ("d",))
+    # Cut 0|1: tensor a (to b and c) 1000, a.skip 500; cut 1|2: c -> d 3000, a.skip 500.
+    assert by_index.activation_bytes == (1500, 3500, 0)
+    assert stage_costs_from_graph(training_graph(), 1, 1).ops == (("a", "b", "c", "d"),)
+
+
+def test_a_forward_graph_is_transformed_first():
+    assert stage_costs_from_graph(forward_graph(), 2, 2) == stage_costs_from_graph(
+        to_training(forward_graph()), 2, 2)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"num_stages": 5, "num_microbatches": 1}, "cannot cut 4 forward op"),
+    ({"num_stages": 0, "num_microbatches": 1}, "num_stages must be an integer >= 1"),
+    ({"num_stages": 2, "num_microbatches": 0}, "num_microbatches must be an integer >= 1"),
+    ({"num_stages": 2, "num_microbatches": 1, "cut": "memory"}, "unknown cut 'memory'"),
+    ({"num_stages": 3, "num_microbatches": 1, "cut": [2]}, "1 cut point"),
+    ({"num_stages": 3, "num_microbatches": 1, "cut": [2, 2]}, "strictly increasing"),
+    ({"num_stages": 3, "num_microbatches": 1, "cut": [3, 2]}, "strictly increasing"),
+    ({"num_stages": 2, "num_microbatches": 1, "cut": [0]}, r"must lie in 1\.\.3"),
+    ({"num_stages": 2, "num_microbatches": 1, "cut": [4]}, r"must lie in 1\.\.3"),
+    ({"num_stages": 2, "num_microbatches": 1, "cut": ["zz"]}, "'zz' is not a forward op"),
+    ({"num_stages": 2, "num_microbatches": 1, "cut": [1.5]}, "op name or an index"),
+])
+def test_cut_errors(kwargs, message):
+    with pytest.raises(TrainschedError, match=message):
+        stage_costs_from_graph(training_graph(), **kwargs)
+
+
+def test_nothing_to_balance():
+    g = Graph([Op(name="a", compute_s=1.0), Op(name="b", compute_s=1.0)],
+              [Edge(src="a", dst="b", size_bytes=1)])
+    with pytest.raises(TrainschedError, match="no parameters to balance"):
+        stage_costs_from_graph(g, 2, 1, cut="params")
+    stages = stage_costs_from_graph(g, 2, 1)
+    assert stages.ops == (("a",), ("b",)) and stages.activation_bytes == (1, 0)
+    assert stages.backward_s == (0.0, 0.0)  # no parameters: no backward work at all
+
+
+def test_balanced_cuts_is_optimal_against_brute_force():
+    rng = random.Random(7)
+    for _ in range(300):
+        n = rng.randint(1, 8)
+        weights = [rng.choice([0.0, 0.5, 1.0, rng.uniform(0, 5)]) for _ in range(n)]
+        parts = rng.randint(1, n)
+        cuts = balanced_cuts(weights, parts)
+        assert len(cuts) == parts - 1 and list(cuts) == sorted(set(cuts))
+        assert all(0 < c < n for c in cuts)
+
+        def largest(points, weights=weights):
+            bounds = [0, *points, len(weights)]
+            return max(math.fsum(weights[a:b]) for a, b in itertools.pairwise(bounds))
+
+        best = min(largest(c) for c in itertools.combinations(range(1, n), parts - 1))
+        assert largest(cuts) <= best * (1 + 1e-12) + 1e-15
+
+
+def test_uniform_stages_and_validation():
+    s = uniform_stages(3, 1.0, 2.0, 3.0, activation_bytes=10, saved_bytes=5, param_bytes=7)
+    assert s.activation_bytes == (10, 10, 0) and s.backward_s == (5.0, 5.0, 5.0)
+    assert s.resident_bytes == (14, 14, 14) and s.ops == ((), (), ())
+    with pytest.raises(TrainschedError, match="num_stages must be"):
+        uniform_stages(0, 1.0, 1.0, 1.0)
+    fields = {"forward_s": (1.0,), "backward_input_s": (1.0,), "backward_weight_s": (1.0,),
+              "activation_bytes": (0,), "saved_bytes": (0,), "param_bytes": (0,),
+              "grad_bytes": (0,), "optimizer_state_bytes": (0,)}
+    assert StageCosts(**fields).num_stages == 1
+    with pytest.raises(TrainschedError, match="backward_input_s has 2 entries for 1"):
+        StageCosts(**{**fields, "backward_input_s": (1.0, 1.0)})
+    with pytest.raises(TrainschedError, match=r"forward_s\[0\] must be a finite number"):
+        StageCosts(**{**fields, "forward_s": (-1.0,)})
+    with pytest.raises(TrainschedError, match=r"saved_bytes\[0\] must be an integer"):
+        StageCosts(**{**fields, "saved_bytes": (1.5,)})
+    with pytest.raises(TrainschedError, match="the last stage"):
+        StageCosts(**{**fields, "activation_bytes": (3,)})
+    with pytest.raises(TrainschedError, match="at least one stage"):
+        StageCosts(**{k: () for k in fields})
