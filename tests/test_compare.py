@@ -70,7 +70,14 @@ def test_compare_command_writes_table_traces_and_chart(tmp_path, capsys):
                  "--out-dir", str(out), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["rows"][0]["strategy"] != "single"
-    assert json.loads((out / "compare.json").read_text()) == doc
+    written = (out / "compare.json").read_text()
+    assert json.loads(written) == {k: v for k, v in doc.items() if k != "out_dir"}
+    again = tmp_path / "again"
+    assert main(["compare", str(graph_path), "--cluster", "p3.16xlarge", "--ranks", "2",
+                 "--out-dir", str(again), "--json"]) == 0
+    capsys.readouterr()
+    for name in ("compare.json", "compare.png", "single.trace.json", "data-ddp.trace.json"):
+        assert (again / name).read_bytes() == (out / name).read_bytes()
     assert (out / "compare.png").exists()
     for name in STRATEGIES:
         trace = json.loads((out / f"{name}.trace.json").read_text())

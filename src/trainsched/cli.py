@@ -268,13 +268,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
     comparing.write_chart(str(out_dir / "compare.png"), rows, title)
     doc = {"model": model, "cluster": cluster.name, "ranks": ranks,
            "microbatches": options.microbatches, "batch_size": options.batch_size,
-           "tier": graph.meta.get("tier"), "rows": [r.to_dict() for r in rows],
-           "out_dir": str(out_dir)}
+           "tier": graph.meta.get("tier"), "rows": [r.to_dict() for r in rows]}
     from trainsched.graph import atomic_write_text
 
-    atomic_write_text(out_dir / "compare.json", _dump(doc) + "\n")
+    atomic_write_text(out_dir / "compare.json", _dump(doc) + "\n")  # same inputs, same bytes
     if args.json:
-        print(_dump(doc))
+        print(_dump({**doc, "out_dir": str(out_dir)}))
         return 0
     print(f"{title}; costs: {graph.meta.get('tier')} ({graph.meta.get('device', '?')})")
     header = (f"  {'strategy':<16}{'devices':>8}{'step':>11}{'samples/s':>11}{'speedup':>9}"
