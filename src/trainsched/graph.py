@@ -484,16 +484,20 @@ class Graph:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Graph:
         """Read a graph file written by :meth:`save` (or by hand, see docs/graph-format.md)."""
-        path = Path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise TrainschedError(f"{path}: no such graph file") from None
-        except UnicodeDecodeError as exc:
-            raise TrainschedError(f"{path}: not UTF-8 text (byte {exc.start})") from None
-        except OSError as exc:
-            raise TrainschedError(f"{path}: cannot read: {exc.strerror}") from None
-        return cls.from_json(text, source=str(path))
+        return cls.from_json(read_text_file(path, "graph"), source=str(path))
+
+
+def read_text_file(path: str | os.PathLike[str], what: str) -> str:
+    """A UTF-8 file's text; a missing, unreadable or non-UTF-8 file is a user error."""
+    path = Path(path)
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TrainschedError(f"{path}: no such {what} file") from None
+    except UnicodeDecodeError as exc:
+        raise TrainschedError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise TrainschedError(f"{path}: cannot read: {exc.strerror}") from None
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:

@@ -18,12 +18,19 @@ import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from trainsched.errors import TrainschedError
-from trainsched.graph import Graph, _check_keys, _dump, _kind_of, _show, atomic_write_text
+from trainsched.graph import (
+    Graph,
+    _check_keys,
+    _dump,
+    _kind_of,
+    _show,
+    atomic_write_text,
+    read_text_file,
+)
 
 if TYPE_CHECKING:
     from trainsched.cluster import Cluster
@@ -215,16 +222,7 @@ class Placement:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Placement:
         """Read a placement file written by :meth:`save` or by hand (docs/plans.md)."""
-        path = Path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise TrainschedError(f"{path}: no such placement file") from None
-        except UnicodeDecodeError as exc:
-            raise TrainschedError(f"{path}: not UTF-8 text (byte {exc.start})") from None
-        except OSError as exc:
-            raise TrainschedError(f"{path}: cannot read: {exc.strerror}") from None
-        return cls.from_json(text, source=str(path))
+        return cls.from_json(read_text_file(path, "placement"), source=str(path))
 
 
 def _read_json(text: str, source: str) -> Any:
