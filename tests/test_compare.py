@@ -82,3 +82,10 @@ def test_compare_command_writes_table_traces_and_chart(tmp_path, capsys):
     for name in STRATEGIES:
         trace = json.loads((out / f"{name}.trace.json").read_text())
         assert trace["traceEvents"]
+
+
+def test_compare_rejects_bad_widths_before_capturing(tmp_path, capsys):
+    assert main(["compare", "mlp", "--cluster", "cpu", "--ranks", "5",
+                 "--out-dir", str(tmp_path / "o")]) == 2
+    assert "--ranks 5" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

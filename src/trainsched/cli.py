@@ -234,6 +234,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from trainsched.units import format_duration, format_size
 
     cluster = resolve_cluster(args.cluster)
+    if args.ranks is not None and not 1 <= args.ranks <= cluster.num_devices:
+        raise TrainschedError(f"--ranks {args.ranks}: the cluster has {cluster.num_devices} "
+                              "devices; give 1 to that many")
+    if args.microbatches is not None and args.microbatches < 1:
+        raise TrainschedError(f"--microbatches {args.microbatches}: give at least 1")
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if args.model.endswith(".json"):
