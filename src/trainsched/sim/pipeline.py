@@ -40,6 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
 from trainsched.cluster import Cluster
+from trainsched.costs import p2p_s
 from trainsched.errors import TrainschedError
 from trainsched.plan import Schedule
 from trainsched.sim.executors import _check_device, _gc_paused, _Lowering
@@ -184,9 +185,23 @@ def _simulate(stages: StageCosts, schedule: Schedule, cluster: Cluster | None,
                                        (stage_dev[s + 1], stage_dev[s]))])  # fmt: skip
     alloc = low.allocations.append
     act = stages.activation_bytes
+    names = low.names
+
+    def transfer(tensor: str, size: int, src: int, dst: int, duration_s: float,
+                 priority: int) -> int:
+        # As _Lowering.transfer (same name, resources, args), with the cost computed once per
+        # boundary: the same link and size serve every micro-batch.
+        return tasks.add_task(f"{tensor}->{names[dst]}", duration_s, low.channels[src, dst],
+                              priority=priority, category="comm", device=dst,
+                              args={"tensor": tensor, "bytes": size, "src": names[src],
+                                    "dst": names[dst]})  # fmt: skip
+
     for s in range(p - 1):
         a, b = stage_dev[s], stage_dev[s + 1]
         size = act[s]
+        if cluster is not None and a != b:
+            down = p2p_s(size, cluster.link(used[a], used[b]))
+            up = p2p_s(size, cluster.link(used[b], used[a]))
         for mb in range(num_mb):
             f0, f1 = forward_task[s, mb], forward_task[s + 1, mb]
             g1, g0 = grad_task[s + 1, mb], grad_task[s, mb]
@@ -209,10 +224,10 @@ def _simulate(stages: StageCosts, schedule: Schedule, cluster: Cluster | None,
                         alloc(Allocation(device=a, size_bytes=size, at_task=g1,
                                          until_tasks=(g0,)))
                 continue
-            x = low.transfer(f"{s}SEND_F{mb}", size, a, b, priority=position[f1])
+            x = transfer(f"{s}SEND_F{mb}", size, a, b, down, position[f1])
             depend(f0, x)
             depend(x, f1)
-            y = low.transfer(f"{s + 1}SEND_B{mb}", size, b, a, priority=position[g0])
+            y = transfer(f"{s + 1}SEND_B{mb}", size, b, a, up, position[g0])
             depend(g1, y)
             depend(y, g0)
             if size:
