@@ -243,3 +243,21 @@ def test_simulate_user_errors(tmp_path, capsys):
     assert "--placement" in capsys.readouterr().err
     assert main(["simulate", str(path), "--cluster", "no-such-cluster"]) == 2
     assert "no-such-cluster" in capsys.readouterr().err
+
+
+@needs_torch
+@pytest.mark.timeout(240)
+def test_calibrate_writes_a_cluster_file_that_simulate_reads(tmp_path):
+    out = tmp_path / "local.json"
+    r = run_cli("calibrate", "--repeats", "2", "--timeout", "200", "-o", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    link = doc["cluster"]["intra_node"]
+    assert link["bandwidth"] > 0 and link["latency"] > 0
+    from trainsched.cluster import resolve_cluster
+
+    assert resolve_cluster(str(out)).num_devices == 2
+    r = run_cli("simulate", str(_graph(tmp_path)), "--cluster", str(out), "--parallelism",
+                "data", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["step_time_s"] > 0

@@ -294,6 +294,33 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- calibrate ----------------------------------------------------------------------------------
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from trainsched.runtime.calibrate import calibrate
+
+    if args.output:
+        parent = Path(args.output).resolve().parent
+        if not parent.is_dir():
+            raise TrainschedError(f"-o {args.output}: directory {parent} does not exist")
+    result = calibrate(world_size=args.ranks, repeats=args.repeats, backend=args.backend,
+                       timeout_s=args.timeout)
+    cluster = result.to_cluster(name=args.name)
+    if args.output:
+        from trainsched.graph import atomic_write_text
+
+        atomic_write_text(args.output, cluster.to_json())
+    if args.json:
+        print(_dump({"calibration": result.to_dict(), "cluster": cluster.to_dict(),
+                     "output": args.output}))
+        return 0
+    print(result.table())
+    print()
+    print(cluster.describe())
+    if args.output:
+        print(f"\nwrote {args.output} (use it as --cluster {args.output})")
+    return 0
+
+
 # -- cluster ------------------------------------------------------------------------------------
 def cmd_cluster(args: argparse.Namespace) -> int:
     from trainsched import cluster as clusters
@@ -446,6 +473,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-dir", default="compare-out", help="where traces, chart and table go")
     common(p)
     p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("calibrate", help="measure this host's communication (gloo, or NCCL "
+                       "where present) and write a cluster file")
+    p.add_argument("--ranks", type=int, default=2, help="processes to measure with")
+    p.add_argument("--repeats", type=int, default=10, help="timed repeats per size")
+    p.add_argument("--backend", default="gloo", help="gloo or nccl")
+    p.add_argument("--timeout", type=float, default=300, help="seconds before giving up")
+    p.add_argument("--name", default="calibrated", help="name of the cluster written")
+    p.add_argument("-o", "--output", default=None, help="write the cluster JSON here")
+    common(p)
+    p.set_defaults(func=cmd_calibrate)
 
     p = sub.add_parser("models", help="list the model zoo")
     common(p)

@@ -1,0 +1,384 @@
+"""Measure this host's communication with real ``torch.distributed`` processes.
+
+:func:`calibrate` starts ``world_size`` worker processes (fresh interpreters, ``OMP_NUM_THREADS=1``)
+on a free loopback port, times point-to-point send/recv round trips between ranks 0 and 1 and
+float32 all-reduce across all ranks for each message size, and fits α–β links to the medians:
+
+* p2p: α is the one-way time (half the round trip) of the smallest size; the bandwidth comes from
+  a least-squares line over the sizes >= 1 MiB (large messages set the bandwidth).
+* all-reduce: the ring formula ``2(n-1)·α + 2(n-1)/n · S/B`` is inverted on the same two
+  regimes to give a per-rank latency α and bandwidth B.
+
+The relative error of each fitted line at every measured size is kept, because one α–β line over
+4 B–64 MiB on gloo can be off by a large factor in the middle (simulator spec §1.2).
+
+The parent process never imports torch unless ``backend="nccl"`` (to check for CUDA); workers
+do. A rank that dies makes the whole run fail at once with :class:`TrainschedError`; the run as a
+whole is bounded by ``timeout_s``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from trainsched.cluster import Cluster, Link, cluster_preset
+from trainsched.errors import TrainschedError
+
+MiB = 2**20
+DEFAULT_SIZES: tuple[int, ...] = tuple(4**k for k in range(1, 14))  # 4 B .. 64 MiB
+LARGE_BYTES = MiB  # sizes at or above this set the bandwidth
+BACKENDS = ("gloo", "nccl")
+
+
+@dataclass(frozen=True)
+class Row:
+    """Median times for one message size (seconds); ``p2p_s`` is one-way (half a round trip)."""
+
+    size_bytes: int
+    p2p_s: float
+    allreduce_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"size_bytes": self.size_bytes, "p2p_s": self.p2p_s,
+                "allreduce_s": self.allreduce_s}
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What :func:`calibrate` measured and fitted."""
+
+    backend: str
+    world_size: int
+    host: Mapping[str, Any]
+    measured_at: str  # ISO 8601, UTC
+    repeats: int
+    warmup: int
+    rows: tuple[Row, ...]
+    p2p: Link
+    allreduce: Link
+    p2p_errors: tuple[float, ...]  # (fitted - measured) / measured, per row
+    allreduce_errors: tuple[float, ...]
+
+    def p2p_predict(self, size_bytes: float) -> float:
+        return self.p2p.latency_s + size_bytes / self.p2p.bandwidth_bytes_per_s
+
+    def allreduce_predict(self, size_bytes: float) -> float:
+        return _ring_allreduce(self.world_size, self.allreduce, size_bytes)
+
+    @property
+    def max_abs_error(self) -> float:
+        return max(abs(e) for e in (*self.p2p_errors, *self.allreduce_errors))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "world_size": self.world_size,
+            "host": dict(self.host),
+            "measured_at": self.measured_at,
+            "repeats": self.repeats,
+            "warmup": self.warmup,
+            "rows": [
+                {**row.to_dict(), "p2p_fit_error": pe, "allreduce_fit_error": ae}
+                for row, pe, ae in zip(self.rows, self.p2p_errors, self.allreduce_errors,
+                                       strict=True)
+            ],
+            "p2p": _link_dict(self.p2p),
+            "allreduce": _link_dict(self.allreduce),
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+    def table(self) -> str:
+        """A plain-text table of the measurements and the fit errors."""
+        lines = [f"{'size B':>10} {'p2p one-way':>12} {'fit err':>8} "
+                 f"{'all-reduce':>12} {'fit err':>8}"]
+        for row, pe, ae in zip(self.rows, self.p2p_errors, self.allreduce_errors, strict=True):
+            lines.append(f"{row.size_bytes:>10} {row.p2p_s * 1e3:>9.3f} ms {pe:>+8.0%} "
+                         f"{row.allreduce_s * 1e3:>9.3f} ms {ae:>+8.0%}")
+        return "\n".join(lines)
+
+    def to_cluster(self, name: str = "calibrated") -> Cluster:
+        """The ``cpu`` preset with ``world_size`` devices and the fitted p2p link intra-node."""
+        base = cluster_preset("cpu")
+        sizes = [r.size_bytes for r in self.rows]
+        description = (
+            f"measured {self.measured_at} on {self.host.get('hostname', '?')} by "
+            f"'trainsched calibrate': {self.backend}, {self.world_size} processes, "
+            f"{len(sizes)} sizes {min(sizes)}-{max(sizes)} B, median of {self.repeats}; "
+            f"p2p alpha-beta fit (alpha from the smallest size, bandwidth from sizes >= 1 MiB), "
+            f"worst fit error {self.max_abs_error:.0%}; inter-node link from the cpu preset")
+        return Cluster(name=name, description=description, device=base.device,
+                       devices_per_node=self.world_size, num_nodes=1, intra_node=self.p2p,
+                       inter_node=base.inter_node, comm=base.comm)
+
+
+def _link_dict(link: Link) -> dict[str, float]:
+    return {"bandwidth_bytes_per_s": link.bandwidth_bytes_per_s, "latency_s": link.latency_s}
+
+
+def _ring_allreduce(n: int, link: Link, size_bytes: float) -> float:
+    return 2 * (n - 1) * link.latency_s + 2 * (n - 1) / n * size_bytes / link.bandwidth_bytes_per_s
+
+
+# --- fitting ----------------------------------------------------------------------------------
+
+def _fit_line(sizes: Sequence[float], times: Sequence[float]) -> tuple[float, float]:
+    """(alpha, seconds per byte): alpha from the smallest size, slope from the large sizes."""
+    order = sorted(range(len(sizes)), key=lambda i: sizes[i])
+    s_min, t_min = sizes[order[0]], times[order[0]]
+    alpha = t_min
+    large = [i for i in order if sizes[i] >= LARGE_BYTES]
+    if len(large) < 2:  # not enough large sizes: use the two largest (or all) measured
+        large = order[-2:] if len(order) >= 2 else order
+    slope = float("nan")
+    if len(large) >= 2:
+        xs = [sizes[i] for i in large]
+        ys = [times[i] for i in large]
+        mx, my = statistics.fmean(xs), statistics.fmean(ys)
+        sxx = sum((x - mx) ** 2 for x in xs)
+        if sxx > 0:
+            slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+    if not (math.isfinite(slope) and slope > 0):
+        # Noise made the large-size line flat or falling: fall back to the largest size above α.
+        s_max, t_max = sizes[order[-1]], times[order[-1]]
+        extra = t_max - alpha if s_max > s_min else t_max
+        slope = (extra if extra > 0 else t_max) / max(s_max, 1.0)
+    return alpha, slope
+
+
+def _errors(predict: Any, rows: Sequence[Row], attr: str) -> tuple[float, ...]:
+    return tuple((predict(r.size_bytes) - getattr(r, attr)) / getattr(r, attr) for r in rows)
+
+
+def fit(rows: Sequence[Row], world_size: int) -> tuple[Link, Link]:
+    """The fitted (p2p, all-reduce per-rank) links for measured ``rows``."""
+    sizes = [float(r.size_bytes) for r in rows]
+    alpha, slope = _fit_line(sizes, [r.p2p_s for r in rows])
+    p2p = Link(bandwidth_bytes_per_s=1.0 / slope, latency_s=alpha)
+    n = world_size
+    a_ar, s_ar = _fit_line(sizes, [r.allreduce_s for r in rows])
+    allreduce = Link(bandwidth_bytes_per_s=2 * (n - 1) / (n * s_ar), latency_s=a_ar / (2 * (n - 1)))
+    return p2p, allreduce
+
+
+# --- the parent -------------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _check_args(world_size: Any, sizes: Any, repeats: Any, warmup: Any, backend: Any,
+                timeout_s: Any) -> list[int]:
+    def is_int(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    if not (is_int(world_size) and world_size >= 2):
+        raise TrainschedError(f"calibrate needs a world size of at least 2 processes, "
+                              f"got {world_size!r}")
+    if not (is_int(repeats) and repeats >= 1):
+        raise TrainschedError(f"repeats must be a positive integer, got {repeats!r}")
+    if not (is_int(warmup) and warmup >= 0):
+        raise TrainschedError(f"warm-up must be an integer >= 0, got {warmup!r}")
+    if backend not in BACKENDS:
+        raise TrainschedError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
+    if not (isinstance(timeout_s, (int, float)) and not isinstance(timeout_s, bool)
+            and math.isfinite(timeout_s) and timeout_s > 0):
+        raise TrainschedError(f"timeout must be a positive number of seconds, got {timeout_s!r}")
+    sizes = list(DEFAULT_SIZES if sizes is None else sizes)
+    if not sizes:
+        raise TrainschedError("calibrate needs at least one message size")
+    bad = [s for s in sizes if not (is_int(s) and s > 0)]
+    if bad:
+        raise TrainschedError(f"message sizes must be positive integers of bytes, got {bad[0]!r}")
+    return sorted(set(sizes))
+
+
+def _host_info(backend: str) -> dict[str, Any]:
+    return {"hostname": platform.node(), "platform": platform.platform(),
+            "machine": platform.machine(), "cpu_count": os.cpu_count(),
+            "python": platform.python_version(), "backend": backend}
+
+
+def _tail(path: Path, limit: int = 1500) -> str:
+    try:
+        text = path.read_text(errors="replace").strip()
+    except OSError:
+        return ""
+    return text[-limit:]
+
+
+def calibrate(*, world_size: int = 2, sizes_bytes: Sequence[int] | None = None, repeats: int = 10,
+              warmup: int = 3, backend: str = "gloo", timeout_s: float = 120,
+              _fail_rank: int | None = None) -> Calibration:
+    """Measure p2p and all-reduce on ``world_size`` real processes and fit α–β links.
+
+    ``_fail_rank`` (tests only) makes that rank exit at once with status 3.
+    """
+    sizes = _check_args(world_size, sizes_bytes, repeats, warmup, backend, timeout_s)
+    if backend == "nccl":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise TrainschedError("backend 'nccl' needs CUDA, which is not available here; "
+                                  "use --backend gloo")
+    measured_at = datetime.now(timezone.utc).replace(microsecond=0).isoformat()
+    port = _free_port()
+    src_root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src_root, env.get("PYTHONPATH")) if p)
+    if backend == "gloo":
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    deadline = time.monotonic() + timeout_s
+    config = {"world_size": world_size, "sizes": sizes, "repeats": repeats, "warmup": warmup,
+              "backend": backend, "port": port, "timeout_s": float(timeout_s),
+              "fail_rank": _fail_rank}
+    with tempfile.TemporaryDirectory(prefix="trainsched-calibrate-") as tmp:
+        tmpdir = Path(tmp)
+        result_path = tmpdir / "result.json"
+        procs: list[subprocess.Popen[bytes]] = []
+        logs: list[Path] = []
+        try:
+            for rank in range(world_size):
+                cfg = {**config, "rank": rank, "result": str(result_path)}
+                log = tmpdir / f"rank{rank}.log"
+                logs.append(log)
+                with log.open("wb") as fh:
+                    procs.append(subprocess.Popen(
+                        [sys.executable, "-c",
+                         "from trainsched.runtime.calibrate import _worker_main; _worker_main()",
+                         json.dumps(cfg)],
+                        env=env, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT))
+            while True:
+                codes = [p.poll() for p in procs]
+                failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+                if failed:
+                    rank, code = failed[0]
+                    detail = _tail(logs[rank])
+                    raise TrainschedError(
+                        f"calibration failed: rank {rank} of {world_size} exited with status "
+                        f"{code}" + (f"; its output ends:\n{detail}" if detail else ""))
+                if all(c == 0 for c in codes):
+                    break
+                if time.monotonic() > deadline:
+                    raise TrainschedError(
+                        f"calibration did not finish within {timeout_s:g} s "
+                        f"({world_size} {backend} processes, {len(sizes)} sizes up to "
+                        f"{max(sizes)} B, {warmup}+{repeats} repeats); raise the timeout or "
+                        "measure fewer or smaller sizes")
+                time.sleep(0.02)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+            for p in procs:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.wait(timeout=10)
+        try:
+            data = json.loads(result_path.read_text())
+        except (OSError, ValueError) as exc:
+            raise TrainschedError(f"calibration finished but rank 0 left no result: {exc}") \
+                from exc
+    rows = tuple(Row(size_bytes=int(s), p2p_s=float(p), allreduce_s=float(a))
+                 for s, p, a in data["rows"])
+    for row in rows:
+        if not (row.p2p_s > 0 and row.allreduce_s > 0):
+            raise TrainschedError(f"calibration measured a non-positive time at "
+                                  f"{row.size_bytes} B; the clock is too coarse here")
+    p2p, allreduce = fit(rows, world_size)
+    host = {**_host_info(backend), **data.get("host", {})}
+    cal = Calibration(backend=backend, world_size=world_size, host=host, measured_at=measured_at,
+                      repeats=repeats, warmup=warmup, rows=rows, p2p=p2p, allreduce=allreduce,
+                      p2p_errors=(), allreduce_errors=())
+    return Calibration(
+        backend=backend, world_size=world_size, host=host, measured_at=measured_at,
+        repeats=repeats, warmup=warmup, rows=rows, p2p=p2p, allreduce=allreduce,
+        p2p_errors=_errors(cal.p2p_predict, rows, "p2p_s"),
+        allreduce_errors=_errors(cal.allreduce_predict, rows, "allreduce_s"))
+
+
+# --- the workers ------------------------------------------------------------------------------
+
+def _worker_main() -> None:  # pragma: no cover - runs in the spawned processes
+    cfg = json.loads(sys.argv[1])
+    rank = int(cfg["rank"])
+    if cfg.get("fail_rank") == rank:
+        os._exit(3)
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    n = int(cfg["world_size"])
+    backend = cfg["backend"]
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{cfg['port']}", rank=rank,
+                            world_size=n, timeout=timedelta(seconds=cfg["timeout_s"]))
+    device = torch.device("cpu")
+    if backend == "nccl":
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    repeats, warmup = int(cfg["repeats"]), int(cfg["warmup"])
+    rows = []
+    for size in cfg["sizes"]:
+        buf = torch.zeros(size, dtype=torch.uint8, device=device)
+        round_trips = []
+        dist.barrier()
+        for i in range(warmup + repeats):
+            if rank == 0:
+                sync()
+                t0 = time.perf_counter()
+                dist.send(buf, 1)
+                dist.recv(buf, 1)
+                sync()
+                if i >= warmup:
+                    round_trips.append(time.perf_counter() - t0)
+            elif rank == 1:
+                dist.recv(buf, 0)
+                dist.send(buf, 0)
+        del buf
+        floats = torch.ones(max(1, math.ceil(size / 4)), dtype=torch.float32, device=device)
+        reduces = []
+        for i in range(warmup + repeats):
+            dist.barrier()
+            sync()
+            t0 = time.perf_counter()
+            dist.all_reduce(floats)
+            sync()
+            if i >= warmup:
+                reduces.append(time.perf_counter() - t0)
+        if rank == 0:
+            rows.append([size, statistics.median(round_trips) / 2, statistics.median(reduces)])
+    dist.barrier()
+    if rank == 0:
+        host = {"torch": torch.__version__, "torch_threads": torch.get_num_threads()}
+        if device.type == "cuda":
+            host["gpu"] = torch.cuda.get_device_name(device)
+        tmp = cfg["result"] + ".tmp"
+        with open(tmp, "w") as fh:
+            json.dump({"rows": rows, "host": host}, fh)
+        os.replace(tmp, cfg["result"])
+    dist.destroy_process_group()

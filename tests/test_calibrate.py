@@ -1,0 +1,94 @@
+"""``trainsched.runtime.calibrate``: real gloo processes on this host."""
+
+import time
+
+import pytest
+
+from trainsched.cluster import Cluster
+from trainsched.errors import TrainschedError
+from trainsched.runtime import Calibration, calibrate
+from trainsched.runtime.calibrate import Row, fit
+
+MiB = 2**20
+
+
+@pytest.mark.timeout(180)
+def test_real_calibration_on_two_gloo_ranks():
+    sizes = [4, 64 * 1024, 4 * MiB, 16 * MiB]
+    cal = calibrate(world_size=2, sizes_bytes=sizes, repeats=5, warmup=2, timeout_s=120)
+    assert isinstance(cal, Calibration)
+    assert cal.backend == "gloo" and cal.world_size == 2
+    assert [r.size_bytes for r in cal.rows] == sizes
+    for row in cal.rows:
+        assert row.p2p_s > 0 and row.allreduce_s > 0
+    by_size = {r.size_bytes: r for r in cal.rows}
+    # 16 MiB rather than 4 MiB: on a busy 2-core host a 4 B all-reduce can take milliseconds.
+    assert by_size[16 * MiB].allreduce_s > by_size[4].allreduce_s
+    assert by_size[16 * MiB].p2p_s > by_size[4].p2p_s
+    for link in (cal.p2p, cal.allreduce):
+        assert 1e7 < link.bandwidth_bytes_per_s < 1e11
+        assert 1e-6 < link.latency_s < 0.1
+    assert len(cal.p2p_errors) == len(cal.allreduce_errors) == len(sizes)
+    assert cal.p2p_errors[0] == pytest.approx(0.0, abs=1e-2)  # alpha is the smallest size's time
+
+    data = cal.to_dict()
+    assert data["p2p"]["latency_s"] == cal.p2p.latency_s
+    assert [r["size_bytes"] for r in data["rows"]] == sizes
+    assert "p2p_fit_error" in data["rows"][0]
+    assert "4194304" in cal.table()
+
+    cluster = cal.to_cluster()
+    assert cluster.name == "calibrated"
+    assert cluster.devices_per_node == 2 and cluster.num_devices == 2
+    assert cluster.intra_node == cal.p2p
+    assert "gloo" in cluster.description and cal.measured_at in cluster.description
+    assert Cluster.from_dict(cluster.to_dict()) == cluster
+    assert cal.to_cluster(name="here").name == "here"
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("fail_rank", [0, 1])
+def test_a_dead_rank_fails_fast_instead_of_hanging(fail_rank):
+    start = time.monotonic()
+    with pytest.raises(TrainschedError, match=f"rank {fail_rank} of 2 exited with status 3"):
+        calibrate(world_size=2, sizes_bytes=[4], repeats=1, warmup=0, timeout_s=60,
+                  _fail_rank=fail_rank)
+    assert time.monotonic() - start < 30
+
+
+@pytest.mark.timeout(180)
+def test_the_overall_timeout_is_enforced():
+    start = time.monotonic()
+    with pytest.raises(TrainschedError, match="did not finish within"):
+        calibrate(world_size=2, sizes_bytes=[4], repeats=1000000, warmup=0, timeout_s=4)
+    assert time.monotonic() - start < 30
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"world_size": 1}, "at least 2"),
+    ({"world_size": 0}, "at least 2"),
+    ({"world_size": 2.0}, "at least 2"),
+    ({"sizes_bytes": []}, "at least one message size"),
+    ({"sizes_bytes": [4, -8]}, "positive integers"),
+    ({"sizes_bytes": [0]}, "positive integers"),
+    ({"repeats": 0}, "repeats"),
+    ({"warmup": -1}, "warm-up"),
+    ({"backend": "mpi"}, "unknown backend"),
+    ({"timeout_s": 0}, "timeout"),
+])
+def test_bad_arguments_raise_before_spawning(kwargs, message):
+    with pytest.raises(TrainschedError, match=message):
+        calibrate(**kwargs)
+
+
+def test_fit_inverts_exact_alpha_beta_and_ring_data():
+    n, alpha, bw = 4, 1e-4, 2e9
+    sizes = [4, 1024, MiB, 4 * MiB, 16 * MiB]
+    rows = [Row(size_bytes=s, p2p_s=alpha + s / bw,
+                allreduce_s=2 * (n - 1) * alpha + 2 * (n - 1) / n * s / bw) for s in sizes]
+    p2p, allreduce = fit(rows, n)
+    assert p2p.bandwidth_bytes_per_s == pytest.approx(bw, rel=1e-6)
+    assert allreduce.bandwidth_bytes_per_s == pytest.approx(bw, rel=1e-6)
+    # alpha is the smallest size's time, which includes its 4 B of transfer
+    assert p2p.latency_s == pytest.approx(alpha, rel=1e-4)
+    assert allreduce.latency_s == pytest.approx(alpha, rel=1e-4)
