@@ -21,15 +21,14 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import platform
 import random
 import statistics
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
+from _common import cpu_model, write_results
 from trainsched.cluster import cluster_from_flags
 from trainsched.graph import Edge, Graph, Op
 from trainsched.sim import TaskGraph, run_tasks, simulate_placed
@@ -119,13 +118,6 @@ def replay(tasks: TaskGraph) -> Callable[[], int]:
     return lambda: run_tasks(tasks).events
 
 
-def cpu_model() -> str:
-    cpuinfo = Path("/proc/cpuinfo")
-    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
-    return next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")),
-                platform.processor())
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
@@ -150,10 +142,7 @@ def main() -> int:
         "target_events_per_s": TARGET_EVENTS_PER_S,
         "cases": rows,
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_results(args.out, results)
     return 0
 
 

@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import platform
 import statistics
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
+from _common import cpu_model, write_results
 from trainsched.backprop.schedules import gpipe, one_f_one_b
 from trainsched.cluster import cluster_from_flags
 from trainsched.plan import Schedule
@@ -72,13 +71,6 @@ def measure(spec: dict, repeats: int) -> dict:
             "peak_memory_gpu0_bytes": result.peak_memory_bytes[result.devices[0]]}
 
 
-def cpu_model() -> str:
-    cpuinfo = Path("/proc/cpuinfo")
-    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
-    return next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")),
-                platform.processor())
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
@@ -107,11 +99,9 @@ def main() -> int:
         "target_s": {"1f1b_64x256": TARGET_S},
         "cases": rows,
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
     met = rows["1f1b_64x256"]["median_s"] <= TARGET_S
-    print(f"1f1b_64x256 target <= {TARGET_S} s: {'met' if met else 'MISSED'}; wrote {out}")
+    print(f"1f1b_64x256 target <= {TARGET_S} s: {'met' if met else 'MISSED'}")
+    write_results(args.out, results)
     return 0
 
 

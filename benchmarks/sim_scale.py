@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import platform
 import statistics
 import sys
 import time
-from pathlib import Path
 
+from _common import cpu_model, write_results
 from trainsched.cluster import cluster_preset
 from trainsched.graph import Edge, Graph, Op
 from trainsched.sim import simulate_data_parallel
@@ -125,13 +124,6 @@ def resnet50_forward(batch: int = 32) -> Graph:
     return graph
 
 
-def cpu_model() -> str:
-    cpuinfo = Path("/proc/cpuinfo")
-    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
-    return next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")),
-                platform.processor())
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
@@ -179,10 +171,7 @@ def main() -> int:
         "target_1024_collapsed_s": TARGET_1024_S,
         "cases": rows,
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_results(args.out, results)
     return 0
 
 
