@@ -104,3 +104,27 @@ def test_training_graph_builds(captured: Captured):
 def test_module_capture_is_the_coarsened_op_capture(name: str):
     zoo = _small(name)
     assert _capture(zoo, "module") == coarsen_by_module(_capture(zoo))
+
+
+def test_image_size_shrinks_a_vision_model_input_not_its_parameters():
+    pytest.importorskip("torchvision")
+    full = build("vgg16", batch_size=1)
+    small = build("vgg16", batch_size=2, image_size=32)
+    assert tuple(small.args[0].shape) == (2, 3, 32, 32)
+    assert tuple(full.args[0].shape) == (1, 3, 224, 224)
+    n_full = sum(p.numel() for p in full.model.parameters())
+    n_small = sum(p.numel() for p in small.model.parameters())
+    assert n_full == n_small
+    with torch.no_grad():
+        assert tuple(small.model(*small.args).shape) == (2, 1000)
+
+
+@pytest.mark.parametrize(("name", "size", "message"), [
+    ("mlp", 64, "vision models only"),
+    ("resnet50", 16, "at least 32"),
+])
+def test_image_size_rejects_what_it_cannot_mean(name: str, size: int, message: str):
+    from trainsched.errors import TrainschedError
+
+    with pytest.raises(TrainschedError, match=message):
+        build(name, batch_size=1, image_size=size)

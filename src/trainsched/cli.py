@@ -34,10 +34,13 @@ def cmd_profile(args: argparse.Namespace) -> int:
         if not parent.is_dir():
             raise TrainschedError(f"-o {args.output}: directory {parent} does not exist")
     started = time.perf_counter()
-    zoo = build(args.model, batch_size=args.batch_size, seq_len=args.seq_len, seed=args.seed)
+    zoo = build(args.model, batch_size=args.batch_size, seq_len=args.seq_len,
+                image_size=args.image_size, seed=args.seed)
     meta = {"batch_size": zoo.batch_size}
     if zoo.seq_len is not None:
         meta["seq_len"] = zoo.seq_len
+    if args.image_size is not None:
+        meta["image_size"] = args.image_size
     with ProgressBar(f"profiling {zoo.name}", enabled=not args.json and not args.quiet) as bar, \
             _context(zoo.name):
         graph = capture(zoo.model, zoo.args, example_kwargs=zoo.kwargs,
@@ -246,13 +249,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
     else:
         from trainsched.capture import build, capture
 
-        zoo = build(args.model, batch_size=args.batch_size, seq_len=args.seq_len)
+        zoo = build(args.model, batch_size=args.batch_size, seq_len=args.seq_len,
+                    image_size=args.image_size)
         costs = args.costs
         if costs == "auto":
             costs = "measured" if cluster.device.kind.startswith("cpu") else "roofline"
         meta = {"batch_size": zoo.batch_size}
         if zoo.seq_len is not None:
             meta["seq_len"] = zoo.seq_len
+        if args.image_size is not None:
+            meta["image_size"] = args.image_size
         with ProgressBar(f"capturing {zoo.name}", enabled=not args.json) as bar, \
                 _context(zoo.name):
             graph = capture(zoo.model, zoo.args, example_kwargs=zoo.kwargs, costs=costs,
@@ -389,6 +395,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="a zoo model name (trainsched models lists them)")
     p.add_argument("--batch-size", type=int, default=None, help="examples per batch")
     p.add_argument("--seq-len", type=int, default=None, help="tokens per example (text models)")
+    p.add_argument("--image-size", type=int, default=None,
+                   help="image side of vision models (default 224; >= 32)")
     p.add_argument("--granularity", choices=("op", "module"), default="op")
     p.add_argument("--module-depth", type=int, default=None,
                    help="with --granularity module: group by module path truncated to this "
@@ -463,6 +471,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cluster", required=True, help="preset, NAME:NODES, or a cluster file")
     p.add_argument("--batch-size", type=int, default=None, help="examples per batch (per rank)")
     p.add_argument("--seq-len", type=int, default=None, help="tokens per example")
+    p.add_argument("--image-size", type=int, default=None,
+                   help="image side of vision models (default 224; >= 32)")
     p.add_argument("--costs", choices=("auto", "measured", "roofline", "static"), default="auto",
                    help="auto: measured on a cpu cluster, else roofline for its device")
     p.add_argument("--ranks", type=int, default=None,

@@ -38,15 +38,17 @@ class Entry:
     builder: Callable[[int, int], tuple[nn.Module, tuple, dict]]
 
 
-def _vision(fn_name: str, size: int = 224, **kw: Any) -> Callable[[int, int], Any]:
-    def build(batch_size: int, _seq_len: int) -> tuple[nn.Module, tuple, dict]:
+def _vision(fn_name: str, size: int = 224, **kw: Any) -> Callable[..., Any]:
+    def build(batch_size: int, _seq_len: int,
+              image_size: int | None = None) -> tuple[nn.Module, tuple, dict]:
         try:
             import torchvision
         except Exception as exc:  # pragma: no cover - depends on the install
             raise TrainschedError(f"model needs torchvision, which did not import: {exc}") \
                 from exc
         model = getattr(torchvision.models, fn_name)(weights=None, **kw)
-        return model, (torch.randn(batch_size, 3, size, size),), {}
+        side = size if image_size is None else image_size
+        return model, (torch.randn(batch_size, 3, side, side),), {}
     return build
 
 
@@ -149,8 +151,12 @@ def names() -> list[str]:
 
 
 def build(name: str, *, batch_size: int | None = None, seq_len: int | None = None,
-          seed: int = 0) -> ZooModel:
+          image_size: int | None = None, seed: int = 0) -> ZooModel:
     """Build zoo model ``name`` with random weights drawn from ``seed``.
+
+    ``image_size`` replaces the input side of a torchvision model (224, Inception 299): every
+    zoo vision model ends in adaptive pooling, so smaller images such as 32 work and make
+    CPU runs cheap; the model's parameters do not change.
 
     ``name`` may also be ``path/to/file.py:function``: the function (given ``batch_size`` and
     ``seq_len`` when it takes them) returns ``(model, args)`` or ``(model, args, kwargs)``.
@@ -168,8 +174,18 @@ def build(name: str, *, batch_size: int | None = None, seq_len: int | None = Non
         raise TrainschedError(f"--batch-size must be at least 1, got {batch}")
     if seq < 1:
         raise TrainschedError(f"--seq-len must be at least 1, got {seq}")
+    if image_size is not None:
+        if entry.family != "vision":
+            raise TrainschedError(f"--image-size applies to the vision models only, not "
+                                  f"{name!r}")
+        if not (isinstance(image_size, int) and image_size >= 32):
+            raise TrainschedError(f"--image-size must be an integer of at least 32, got "
+                                  f"{image_size!r}")
     torch.manual_seed(seed)
-    model, args, kwargs = entry.builder(batch, seq)
+    if image_size is not None:
+        model, args, kwargs = entry.builder(batch, seq, image_size=image_size)
+    else:
+        model, args, kwargs = entry.builder(batch, seq)
     uses_seq = entry.family != "vision" and name not in ("mlp", "small-cnn")
     return ZooModel(name=name, model=model, args=args, kwargs=kwargs,
                     description=entry.description, batch_size=batch,
