@@ -1,0 +1,342 @@
+"""The dispatch core: a policy's collectives through ready → queue → credit → transport.
+
+One :class:`Dispatcher` per rank and step holds the state of ``specs/comm.md`` §3 for the plan of
+a :class:`~trainsched.comm.policy.CommPolicy` (its :class:`~trainsched.comm.policy.Collective`
+list; a partition is a contiguous byte range of one gradient, :func:`partition_spans`):
+
+- **pending**: a collective waits until each of its member gradients is ready (and, with the
+  policy's ``ordered_issue``, until the collective before it in the plan was queued);
+- **queued**: it waits in the queue, ordered by ``(priority, plan position)`` for a
+  ``"priority"`` queue, by ``(queue stamp, plan position)`` for ``"fifo"`` (one stamp per
+  :meth:`Dispatcher.ready` call: gradients reported together arrived together);
+- **in flight**: :meth:`Dispatcher.pump` hands the head of the queue to the
+  :class:`Transport` while :func:`~trainsched.comm.policy.may_dispatch` allows it (always when
+  nothing is in flight; ``strict``: in flight + size ≤ credit; ``overdraft``: in flight <
+  credit), adding its bytes to the bytes in flight;
+- **done**: the transport reports completion with :meth:`Dispatcher.done`, which returns the
+  bytes and says which gradients are now fully reduced.
+
+So bytes in flight never exceed the credit in ``strict`` mode (or one collective larger than the
+credit, alone), and stay below credit + the largest collective in ``overdraft`` mode; unlimited
+credit (``math.inf``) hands each collective to the transport as soon as it is queued, so a FIFO
+transport sees queue order.
+
+**Following.** With ``follow=True`` the dispatcher does not choose: it issues the collectives a
+leader decided (:meth:`Dispatcher.decide`), in the leader's order, each once it is queued locally
+and passes the same credit gate. The gate can delay a decision, never reorder it. This is the
+follower side of the runtime's leader-decides ordering (every rank must issue collectives in one
+order, ``specs/comm.md`` §6).
+
+The simulator (:mod:`trainsched.sim.data_parallel`) replays the same rules inside its event loop;
+:func:`replay_fifo_wire` drives this core on a fake FIFO wire (α + bytes/β per collective) and
+gives the same dispatch order and times, which the tests check against the simulator.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from trainsched.comm.policy import (
+    QUEUES,
+    Collective,
+    CommPolicy,
+    Gradient,
+    check_plan,
+    check_policy,
+    may_dispatch,
+)
+from trainsched.errors import TrainschedError
+
+__all__ = [
+    "Dispatcher",
+    "Transport",
+    "WireRecord",
+    "check_sizes",
+    "partition_spans",
+    "replay_fifo_wire",
+]
+
+
+class Transport(Protocol):
+    """Where dispatched collectives go: ``issue(index)`` starts the collective at that plan
+    position (it must not block); the owner reports its end with :meth:`Dispatcher.done`."""
+
+    def issue(self, index: int) -> None: ...
+
+
+def check_sizes(policy: CommPolicy) -> None:
+    """Reject partition and credit sizes that cannot work together: in ``strict`` mode a credit
+    smaller than a partition could never admit a second partition, so it is almost surely a
+    mistake (the spec calls it a configuration error)."""
+    check_policy(policy)
+    partition = getattr(policy, "partition_bytes", None)
+    credit = policy.credit_bytes
+    if (policy.credit_mode == "strict" and partition is not None and credit is not None
+            and credit < partition):
+        raise TrainschedError(
+            f"credit {credit} B is smaller than the partition size {partition} B in strict "
+            f"mode, so at most one partition could ever be in flight; use a credit of at least "
+            f"one partition (ByteScheduler: about 4 partitions) or credit mode 'overdraft'")
+
+
+def partition_spans(gradients: Sequence[Gradient],
+                    plan: Sequence[Collective]) -> dict[str, dict[str, tuple[int, int]]]:
+    """Collective name -> {member gradient -> (first byte, end byte)} of the part of that
+    gradient the collective reduces. A member reduced by one collective is reduced whole; a
+    gradient split over several collectives (``name/0``, ``name/1``, ...) is cut into
+    contiguous ranges in plan order, each as long as its collective."""
+    size = {g.name: g.size_bytes for g in gradients}
+    holders: dict[str, list[Collective]] = {}
+    for c in plan:
+        for m in c.members:
+            holders.setdefault(m, []).append(c)
+    spans: dict[str, dict[str, tuple[int, int]]] = {c.name: {} for c in plan}
+    for name, cs in holders.items():
+        if len(cs) == 1:
+            spans[cs[0].name][name] = (0, size[name])
+            continue
+        offset = 0
+        for c in cs:
+            if len(c.members) != 1:
+                raise TrainschedError(f"collective {c.name!r} holds part of gradient {name!r} "
+                                      f"together with other gradients; a split gradient's "
+                                      f"parts must each be their own collective")
+            spans[c.name][name] = (offset, offset + c.size_bytes)
+            offset += c.size_bytes
+        if offset != size[name]:
+            raise TrainschedError(f"the collectives holding gradient {name!r} add up to "
+                                  f"{offset} B, but it has {size[name]} B")
+    return spans
+
+
+class Dispatcher:
+    """The ready → queue → credit → transport state machine of one rank for one step (module
+    docstring). Not thread-safe: one thread (the runtime's dispatcher thread, or a simulation
+    loop) calls every method. Call :meth:`new_step` before reusing it for the next step."""
+
+    def __init__(self, plan: Sequence[Collective], *, queue: str, credit_bytes: float | None,
+                 credit_mode: str, ordered_issue: bool, transport: Transport,
+                 follow: bool = False) -> None:
+        if queue not in QUEUES:
+            raise TrainschedError(f"queue must be one of {', '.join(QUEUES)}, got {queue!r}")
+        self.plan = tuple(plan)
+        self.queue = queue
+        self.credit_bytes = credit_bytes
+        self.credit_mode = credit_mode
+        self.ordered_issue = ordered_issue
+        self.follow = follow
+        self.transport = transport
+        self.sizes = [c.size_bytes for c in self.plan]
+        self.index = {c.name: k for k, c in enumerate(self.plan)}
+        self._holders: dict[str, list[int]] = {}
+        for k, c in enumerate(self.plan):
+            for m in c.members:
+                self._holders.setdefault(m, []).append(k)
+        self.max_in_flight_bytes = 0.0
+        self.new_step()
+
+    @classmethod
+    def for_policy(cls, policy: CommPolicy, gradients: Sequence[Gradient], transport: Transport,
+                   *, follow: bool = False) -> Dispatcher:
+        """A dispatcher for ``policy``'s plan of ``gradients``."""
+        check_policy(policy)
+        plan = tuple(policy.plan(gradients))
+        check_plan(gradients, plan, f"comm policy {type(policy).__name__}")
+        return cls(plan, queue=policy.queue, credit_bytes=policy.credit_bytes,
+                   credit_mode=policy.credit_mode, ordered_issue=policy.ordered_issue,
+                   transport=transport, follow=follow)
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def new_step(self) -> None:
+        """Forget the last step (which must be finished) and wait for fresh gradients."""
+        assert not getattr(self, "_in_flight", None), "new step with collectives in flight"
+        self._pending = [len(c.members) + (1 if self.ordered_issue and k else 0)
+                         for k, c in enumerate(self.plan)]  # fmt: skip
+        self._left = {m: len(hs) for m, hs in self._holders.items()}
+        self._ready_seen: set[str] = set()
+        self._waiting: list[tuple[float, int]] = []  # leader: (key, plan position)
+        self._queued: set[int] = set()  # follower: queued, not yet issued
+        self._decisions: deque[int] = deque()
+        self._in_flight: set[int] = set()
+        self.in_flight_bytes = 0.0
+        self._stamp = 0
+        self.issued: list[int] = []  # plan positions, in issue order
+        self.done_count = 0
+
+    @property
+    def finished(self) -> bool:
+        """Every collective of the step is done."""
+        return self.done_count == len(self.plan)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing in flight and nothing queued that could be issued."""
+        return not self._in_flight and not self._waiting and not (
+            self._decisions and self._decisions[0] in self._queued)
+
+    # -- events --------------------------------------------------------------------------------
+
+    def ready(self, names: Iterable[str]) -> None:
+        """Gradients ``names`` are ready (together: they share one FIFO queue stamp)."""
+        self._stamp += 1
+        for name in names:
+            if name not in self._holders:
+                raise TrainschedError(f"gradient {name!r} is not in the plan")
+            if name in self._ready_seen:
+                raise TrainschedError(f"gradient {name!r} became ready twice in one step")
+            self._ready_seen.add(name)
+            for k in self._holders[name]:
+                self._pending[k] -= 1
+                if not self._pending[k]:
+                    self._queue(k)
+
+    def _queue(self, k: int) -> None:
+        while True:
+            if self.follow:
+                self._queued.add(k)
+            else:
+                key = self.plan[k].priority if self.queue == "priority" else self._stamp
+                heapq.heappush(self._waiting, (key, k))
+            if not self.ordered_issue or k + 1 >= len(self.plan):
+                return
+            k += 1
+            self._pending[k] -= 1
+            if self._pending[k]:
+                return
+
+    def decide(self, index: int) -> None:
+        """Follower: the leader issued plan position ``index`` next."""
+        assert self.follow, "decide() is for a following dispatcher"
+        if not 0 <= index < len(self.plan):
+            raise TrainschedError(f"the leader decided collective {index}, but the plan has "
+                                  f"{len(self.plan)}: the ranks' plans differ")
+        self._decisions.append(index)
+
+    def done(self, index: int) -> tuple[str, ...]:
+        """Collective ``index`` completed: return its bytes; the gradients now fully reduced."""
+        if index not in self._in_flight:
+            raise TrainschedError(f"collective {self.plan[index].name!r} reported done but "
+                                  f"was not in flight")
+        self._in_flight.remove(index)
+        self.in_flight_bytes -= self.sizes[index]
+        if not self._in_flight:
+            self.in_flight_bytes = 0.0  # no float drift
+        self.done_count += 1
+        reduced = []
+        for m in self.plan[index].members:
+            self._left[m] -= 1
+            if not self._left[m]:
+                reduced.append(m)
+        return tuple(reduced)
+
+    def pump(self) -> list[int]:
+        """Issue what the queue (or the leader's decisions) and the credit allow now; return
+        the plan positions issued, in order."""
+        out = []
+        while True:
+            if self.follow:
+                if not (self._decisions and self._decisions[0] in self._queued):
+                    break
+                k = self._decisions[0]
+            else:
+                if not self._waiting:
+                    break
+                k = self._waiting[0][1]
+            if not may_dispatch(self.in_flight_bytes, self.sizes[k], self.credit_bytes,
+                                self.credit_mode):
+                break
+            if self.follow:
+                self._decisions.popleft()
+                self._queued.remove(k)
+            else:
+                heapq.heappop(self._waiting)
+            self._in_flight.add(k)
+            self.in_flight_bytes += self.sizes[k]
+            self.max_in_flight_bytes = max(self.max_in_flight_bytes, self.in_flight_bytes)
+            self.issued.append(k)
+            out.append(k)
+            self.transport.issue(k)
+        return out
+
+
+# --- a fake FIFO wire -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WireRecord:
+    """One collective on the fake wire: when it was queued, handed to the wire (dispatched),
+    started and ended (seconds)."""
+
+    name: str
+    queued_s: float
+    dispatched_s: float
+    start_s: float
+    end_s: float
+
+
+def replay_fifo_wire(dispatcher_factory: Callable[[Transport], Dispatcher],
+                     ready_s: Mapping[str, float],
+                     cost_s: Callable[[int], float]) -> tuple[list[WireRecord], float]:
+    """Run a dispatcher against a FIFO wire: one collective at a time in dispatch order, each
+    taking ``cost_s(size_bytes)``. Gradient ``name`` becomes ready at ``ready_s[name]``; the
+    events of one instant are handled together and the dispatcher is pumped after them, as
+    the simulator does. Returns the records in dispatch order and the most bytes ever in
+    flight."""
+
+    class Wire:
+        def __init__(self) -> None:
+            self.fifo: deque[int] = deque()
+            self.dispatched: dict[int, float] = {}
+            self.now = 0.0
+
+        def issue(self, index: int) -> None:
+            self.fifo.append(index)
+            self.dispatched[index] = self.now
+
+    wire = Wire()
+    d = dispatcher_factory(wire)
+    missing = set(d._holders) - set(ready_s)
+    if missing:
+        raise TrainschedError(f"no ready time for gradient(s) {', '.join(sorted(missing))}")
+    queued: dict[int, float] = {}
+    times = sorted(set(ready_s.values()))
+    by_time: dict[float, list[str]] = {}
+    for name in sorted(ready_s, key=lambda n: (ready_s[n], n)):
+        by_time.setdefault(ready_s[name], []).append(name)
+    running: tuple[int, float, float] | None = None  # (index, start, end)
+    records: dict[int, WireRecord] = {}
+    t_i = 0
+    while True:
+        next_ready = times[t_i] if t_i < len(times) else math.inf
+        next_end = running[2] if running else math.inf
+        now = min(next_ready, next_end)
+        if now == math.inf:
+            break
+        wire.now = now
+        if running and running[2] == now:
+            k, start, end = running
+            records[k] = WireRecord(d.plan[k].name, queued[k], wire.dispatched[k], start, end)
+            d.done(k)
+            running = None
+        if next_ready == now:
+            before = set(d._queued) | {k for _, k in d._waiting}
+            d.ready(by_time[now])
+            after = set(d._queued) | {k for _, k in d._waiting}
+            for k in after - before:
+                queued[k] = now
+            t_i += 1
+        d.pump()
+        if running is None and wire.fifo:
+            k = wire.fifo.popleft()
+            running = (k, now, now + cost_s(d.sizes[k]))
+    if not d.finished:
+        stuck = [c.name for k, c in enumerate(d.plan) if k not in records][:10]
+        raise TrainschedError(f"fake wire stuck: collective(s) {', '.join(stuck)} never ran")
+    order = sorted(records, key=lambda k: (records[k].start_s, k))
+    return [records[k] for k in order], d.max_in_flight_bytes
