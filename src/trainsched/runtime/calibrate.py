@@ -19,14 +19,11 @@ whole is bounded by ``timeout_s``.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
 import platform
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,6 +35,7 @@ from typing import Any
 
 from trainsched.cluster import Cluster, Link, cluster_preset
 from trainsched.errors import TrainschedError
+from trainsched.runtime.launch import WorkerFailure, free_port, run_workers
 
 MiB = 2**20
 DEFAULT_SIZES: tuple[int, ...] = tuple(4**k for k in range(1, 14))  # 4 B .. 64 MiB
@@ -179,12 +177,6 @@ def fit(rows: Sequence[Row], world_size: int) -> tuple[Link, Link]:
 
 # --- the parent -------------------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _check_args(world_size: Any, sizes: Any, repeats: Any, warmup: Any, backend: Any,
                 timeout_s: Any) -> list[int]:
     def is_int(v: Any) -> bool:
@@ -217,14 +209,6 @@ def _host_info(backend: str) -> dict[str, Any]:
             "python": platform.python_version(), "backend": backend}
 
 
-def _tail(path: Path, limit: int = 1500) -> str:
-    try:
-        text = path.read_text(errors="replace").strip()
-    except OSError:
-        return ""
-    return text[-limit:]
-
-
 def calibrate(*, world_size: int = 2, sizes_bytes: Sequence[int] | None = None, repeats: int = 10,
               warmup: int = 3, backend: str = "gloo", timeout_s: float = 120,
               _fail_rank: int | None = None) -> Calibration:
@@ -240,58 +224,29 @@ def calibrate(*, world_size: int = 2, sizes_bytes: Sequence[int] | None = None, 
             raise TrainschedError("backend 'nccl' needs CUDA, which is not available here; "
                                   "use --backend gloo")
     measured_at = datetime.now(timezone.utc).replace(microsecond=0).isoformat()
-    port = _free_port()
-    src_root = str(Path(__file__).resolve().parents[2])
-    env = dict(os.environ)
-    env["OMP_NUM_THREADS"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (src_root, env.get("PYTHONPATH")) if p)
-    if backend == "gloo":
-        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    deadline = time.monotonic() + timeout_s
     config = {"world_size": world_size, "sizes": sizes, "repeats": repeats, "warmup": warmup,
-              "backend": backend, "port": port, "timeout_s": float(timeout_s),
+              "backend": backend, "port": free_port(), "timeout_s": float(timeout_s),
               "fail_rank": _fail_rank}
     with tempfile.TemporaryDirectory(prefix="trainsched-calibrate-") as tmp:
         tmpdir = Path(tmp)
         result_path = tmpdir / "result.json"
-        procs: list[subprocess.Popen[bytes]] = []
-        logs: list[Path] = []
+        configs = [{**config, "rank": rank, "result": str(result_path)}
+                   for rank in range(world_size)]  # fmt: skip
         try:
-            for rank in range(world_size):
-                cfg = {**config, "rank": rank, "result": str(result_path)}
-                log = tmpdir / f"rank{rank}.log"
-                logs.append(log)
-                with log.open("wb") as fh:
-                    procs.append(subprocess.Popen(
-                        [sys.executable, "-c",
-                         "from trainsched.runtime.calibrate import _worker_main; _worker_main()",
-                         json.dumps(cfg)],
-                        env=env, stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT))
-            while True:
-                codes = [p.poll() for p in procs]
-                failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
-                if failed:
-                    rank, code = failed[0]
-                    detail = _tail(logs[rank])
-                    raise TrainschedError(
-                        f"calibration failed: rank {rank} of {world_size} exited with status "
-                        f"{code}" + (f"; its output ends:\n{detail}" if detail else ""))
-                if all(c == 0 for c in codes):
-                    break
-                if time.monotonic() > deadline:
-                    raise TrainschedError(
-                        f"calibration did not finish within {timeout_s:g} s "
-                        f"({world_size} {backend} processes, {len(sizes)} sizes up to "
-                        f"{max(sizes)} B, {warmup}+{repeats} repeats); raise the timeout or "
-                        "measure fewer or smaller sizes")
-                time.sleep(0.02)
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-            for p in procs:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    p.wait(timeout=10)
+            run_workers("trainsched.runtime.calibrate:_worker_main", configs, workdir=tmpdir,
+                        timeout_s=timeout_s, backend=backend)
+        except WorkerFailure as failure:
+            if failure.rank is None:
+                raise TrainschedError(
+                    f"calibration did not finish within {timeout_s:g} s "
+                    f"({world_size} {backend} processes, {len(sizes)} sizes up to "
+                    f"{max(sizes)} B, {warmup}+{repeats} repeats); raise the timeout or "
+                    "measure fewer or smaller sizes") from None
+            detail = failure.log_tail
+            raise TrainschedError(
+                f"calibration failed: rank {failure.rank} of {world_size} exited with status "
+                f"{failure.status}" + (f"; its output ends:\n{detail}" if detail else "")) \
+                from None
         try:
             data = json.loads(result_path.read_text())
         except (OSError, ValueError) as exc:

@@ -1,0 +1,131 @@
+"""Start real ``torch.distributed`` worker processes on this host and watch them.
+
+Shared by :mod:`~trainsched.runtime.calibrate` and :mod:`~trainsched.runtime.train`: each worker
+is a fresh interpreter (``OMP_NUM_THREADS=1``, this source tree on ``PYTHONPATH``, gloo on the
+loopback interface) that runs ``python -c "from MODULE import FUNCTION; FUNCTION()" CONFIG`` with
+its own JSON config (``rank``, ``port``, ...) as ``sys.argv[1]``, or a script file with that
+argument. Output goes to one log file per rank. :func:`run_workers` polls them: a rank that exits
+with a non-zero status or an overall deadline fails the run with :class:`WorkerFailure`, and
+every worker still running is killed, so nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SRC_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback interface right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def worker_env(backend: str = "gloo", extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a worker: one OpenMP thread, this source tree importable, gloo on
+    the loopback interface."""
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (SRC_ROOT, env.get("PYTHONPATH")) if p)
+    if backend == "gloo":
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    env.update(extra or {})
+    return env
+
+
+def tail(path: Path, limit: int = 1500) -> str:
+    """The end of a log file (empty if unreadable)."""
+    try:
+        text = path.read_text(errors="replace").strip()
+    except OSError:
+        return ""
+    return text[-limit:]
+
+
+@dataclass
+class WorkerFailure(Exception):
+    """A worker exited with ``status`` (``None``: the deadline passed first)."""
+
+    rank: int | None
+    status: int | None
+    log_tail: str
+
+    def __str__(self) -> str:
+        if self.rank is None:
+            return "workers did not finish in time"
+        return f"rank {self.rank} exited with status {self.status}"
+
+
+@dataclass(frozen=True)
+class Exit:
+    """How one worker ended: its status (``None``: killed at the deadline) and its log."""
+
+    rank: int
+    status: int | None
+    log: Path
+
+
+def run_workers(target: str, configs: Sequence[dict[str, Any]], *, workdir: Path,
+                timeout_s: float, backend: str = "gloo", wait_all: bool = False,
+                env: Mapping[str, str] | None = None) -> list[Exit]:
+    """Run one worker per config (rank ``k`` gets ``configs[k]``) and wait for them.
+
+    ``target`` is ``"package.module:function"`` or a path to a Python script. Without
+    ``wait_all`` the first non-zero exit raises :class:`WorkerFailure` (the others are killed);
+    with it every worker runs until it exits or the deadline passes, and the caller reads the
+    statuses (used to check how survivors react to a dead rank). Passing the deadline raises
+    :class:`WorkerFailure` with ``rank=None`` unless ``wait_all``.
+    """
+    if ":" in target and not target.endswith(".py"):
+        module, function = target.rsplit(":", 1)
+        command = [sys.executable, "-c", f"from {module} import {function}; {function}()"]
+    else:
+        command = [sys.executable, str(target)]
+    environment = worker_env(backend, env)
+    deadline = time.monotonic() + timeout_s
+    procs: list[subprocess.Popen[bytes]] = []
+    logs: list[Path] = []
+    try:
+        for rank, cfg in enumerate(configs):
+            log = workdir / f"rank{rank}.log"
+            logs.append(log)
+            with log.open("wb") as fh:
+                procs.append(subprocess.Popen([*command, json.dumps(cfg)], env=environment,
+                                              stdin=subprocess.DEVNULL, stdout=fh,
+                                              stderr=subprocess.STDOUT))
+        while True:
+            codes = [p.poll() for p in procs]
+            failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+            if failed and not wait_all:
+                rank, code = failed[0]
+                raise WorkerFailure(rank, code, tail(logs[rank]))
+            if all(c is not None for c in codes):
+                break
+            if time.monotonic() > deadline:
+                if wait_all:
+                    break
+                raise WorkerFailure(None, None, "")
+            time.sleep(0.02)
+    finally:
+        killed = set()
+        for rank, p in enumerate(procs):
+            if p.poll() is None:
+                p.kill()
+                killed.add(rank)
+        for p in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=10)
+    return [Exit(rank=r, status=None if r in killed else p.returncode, log=logs[r])
+            for r, p in enumerate(procs)]  # fmt: skip
