@@ -1,0 +1,798 @@
+"""Scheduled data parallelism on ``torch.distributed``: priority, partitions, credit, and each
+layer's update as soon as its gradients are reduced.
+
+:class:`ScheduledDataParallel` wraps any ``nn.Module`` (``specs/comm.md`` §3–§6):
+
+- **Readiness.** ``Tensor.register_post_accumulate_grad_hook`` on every trainable parameter
+  reports its gradient ready to a dispatcher thread. The first backward pass fixes the task
+  table: a parameter's layer index is the position of its module in forward order, its ready
+  index the position of its gradient in backward; rank 0's observation is published and every
+  rank builds the policy's plan from it (so all ranks hold the same collectives).
+- **Dispatch.** The dispatcher thread runs :class:`trainsched.comm.dispatch.Dispatcher` (ready →
+  queue → credit) and issues each collective as ``dist.all_reduce(view, async_op=True)`` on a
+  zero-copy view of ``grad.view(-1)`` (a partition: a contiguous slice; a bucket of several
+  gradients is packed into one buffer and unpacked after). Completion comes back through the
+  work's future and returns the credit.
+- **Order.** Every rank must issue collectives in one order, or gradients are silently summed
+  with the wrong partners. ``order="leader"`` (default): rank 0 decides, publishing its k-th
+  decision of step s as the store key ``<s>/<k>``; the other ranks issue exactly that sequence,
+  each collective once its gradients are ready locally and the same credit gate lets it pass
+  (it may delay, never reorder). ``order="local"`` lets every rank decide alone; it exists to
+  show the hazard and is caught by ``verify_order_every=N``, which compares a digest of every
+  rank's issue sequence through the store before every N-th issue and raises naming both
+  ranks' collectives.
+- **Crossing the barrier** (the policy's ``cross_barrier``). Each parameter has its own
+  optimizer (the user's class and options); when its last collective is done the dispatcher
+  divides the gradient by the world size, steps that optimizer and drops the gradient. A
+  forward pre-hook on every module owning parameters waits only for those parameters' updates,
+  so layer l's next forward starts as soon as layer l is updated. Without ``cross_barrier`` the
+  updates wait for every collective of the step (the baselines' barrier).
+- **Faults.** Every wait has a timeout (``timeout_s``) and every failure (a collective that
+  fails because a peer died, a leader that publishes nothing, a wrong order) is raised in the
+  training thread as :class:`~trainsched.errors.TrainschedError`. Models that differ between
+  ranks (parameter names, shapes, dtypes) are rejected at construction.
+
+Call :meth:`ScheduledDataParallel.drain` before evaluation, checkpoints and learning-rate
+changes, and :meth:`ScheduledDataParallel.close` at the end (also run at exit).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import hashlib
+import heapq
+import json
+import math
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from trainsched.comm.dispatch import Dispatcher, check_sizes, partition_spans
+from trainsched.comm.policy import CommPolicy, Gradient, check_plan, comm_policy
+from trainsched.comm.timeline import Span, write_timeline
+from trainsched.errors import TrainschedError
+
+__all__ = ["ORDERS", "ScheduledDataParallel"]
+
+ORDERS = ("leader", "local")
+_INSTANCES: dict[tuple[int, ...], int] = {}  # process group ranks -> wrappers built so far
+
+
+def _now() -> float:
+    return time.perf_counter()
+
+
+class ScheduledDataParallel(nn.Module):
+    """Data-parallel training of ``module`` with gradients reduced as ``policy`` says.
+
+    ``policy``: a :class:`~trainsched.comm.policy.CommPolicy` or a registered name
+    (``"fifo"``, ``"ddp"``, ``"priority"``). ``optimizer``: an optimizer class, built once per
+    parameter with ``optimizer_kwargs`` (e.g. ``torch.optim.SGD, {"lr": 0.1, "momentum":
+    0.9}``), or a callable taking a one-parameter list and returning an optimizer. The
+    training loop is ``loss_fn(model(x)).backward()``; there is no optimizer step to call.
+    ``timeline``: a directory where ``close()`` writes ``rank<r>.trace.json`` covering steps
+    ``timeline_steps`` (first, last; step 0 is the first backward pass). Construction is
+    collective: every rank of the group must build its wrapper, in the same order.
+    """
+
+    def __init__(self, module: nn.Module, policy: CommPolicy | str = "priority", *,
+                 process_group: Any = None,
+                 optimizer: Any = torch.optim.SGD, optimizer_kwargs: dict | None = None,
+                 order: str = "leader", verify_order_every: int = 0, timeout_s: float = 300.0,
+                 timeline: str | Path | None = None,
+                 timeline_steps: tuple[int, int] = (1, 3), store: Any = None) -> None:
+        super().__init__()
+        if not dist.is_initialized():
+            raise TrainschedError("ScheduledDataParallel needs torch.distributed: call "
+                                  "torch.distributed.init_process_group first")
+        if not isinstance(module, nn.Module):
+            raise TrainschedError(f"ScheduledDataParallel wraps an nn.Module, got "
+                                  f"{type(module).__name__}")
+        self.module = module
+        self.policy = comm_policy(policy) if isinstance(policy, str) else policy
+        check_sizes(self.policy)
+        if order not in ORDERS:
+            raise TrainschedError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
+        if not (isinstance(verify_order_every, int) and verify_order_every >= 0):
+            raise TrainschedError(f"verify_order_every must be an integer >= 0, got "
+                                  f"{verify_order_every!r}")
+        if not (isinstance(timeout_s, int | float) and math.isfinite(timeout_s)
+                and timeout_s > 0):
+            raise TrainschedError(f"timeout_s must be a positive number, got {timeout_s!r}")
+        self.order = order
+        self.verify_order_every = verify_order_every
+        self.timeout_s = float(timeout_s)
+        self._group = process_group if process_group is not None else dist.group.WORLD
+        self.rank = dist.get_rank(self._group)
+        self.world_size = dist.get_world_size(self._group)
+        self._group_ranks = tuple(dist.get_process_group_ranks(self._group))
+        self._follow = order == "leader" and self.rank != 0
+        self._publish = order == "leader" and self.rank == 0 and self.world_size > 1
+
+        self._names: list[str] = []
+        self._params: list[nn.Parameter] = []
+        for name, p in module.named_parameters():
+            if p.requires_grad:
+                self._names.append(name)
+                self._params.append(p)
+        if not self._params:
+            raise TrainschedError("the module has no parameter that requires a gradient")
+        self._check_partition_alignment()
+
+        self._store_prefix = self._agree_prefix()
+        self._store = self._make_store(store)
+        self._check_same_model()
+        self._broadcast_state()
+        self._optimizers = [self._make_optimizer(optimizer, optimizer_kwargs, p, n)
+                            for n, p in zip(self._names, self._params, strict=True)]
+
+        # State shared by the training thread and the dispatcher thread (under _cv).
+        self._cv = threading.Condition()
+        self._posted = [0] * len(self._params)  # gradients handed to the dispatcher
+        self._applied = [0] * len(self._params)  # updates done
+        self._grads: list[torch.Tensor | None] = [None] * len(self._params)
+        self._error: TrainschedError | None = None
+        self._closed = False
+
+        # Training-thread state.
+        self._t0 = _now()
+        self._backwards = 0  # completed backward passes (= the next forward's step)
+        self._in_backward = False
+        self._seen: set[int] = set()
+        self._forward_order: list[int] = []  # parameters by first use in forward 0
+        self._ready_log: list[int] = []  # parameters in gradient order in backward 0
+        self._last_ready_s = 0.0
+        self._fwd_start: dict[int, float] = {}
+        self._timeline_dir = Path(timeline) if timeline is not None else None
+        if self._timeline_dir is not None and not self._timeline_dir.is_dir():
+            raise TrainschedError(f"timeline directory {self._timeline_dir} does not exist")
+        self._timeline_steps = timeline_steps
+        self._spans: list[Span] = []  # the training thread's (FWD, BWD, WAIT)
+        self._comm_spans: list[Span] = []  # the dispatcher thread's (QUEUE, COMM, UPDATE)
+        self._owner: list[str] = [""] * len(self._params)
+        self._layer_of: dict[int, int] = {}
+        self._hooks: list[Any] = []
+        self._install_hooks()
+
+        # The dispatcher side.
+        self._inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._reader_inbox: queue.SimpleQueue[tuple[int, int] | None] = queue.SimpleQueue()
+        self._dispatcher = threading.Thread(target=self._run, name="trainsched-dispatcher",
+                                            daemon=True)
+        self._dispatcher.start()
+        self._reader: threading.Thread | None = None
+        if self._follow:
+            self._reader = threading.Thread(target=self._read_decisions, daemon=True,
+                                            name="trainsched-decisions")
+            self._reader.start()
+        self_ref = weakref.ref(self)
+        atexit.register(_close_at_exit, self_ref)
+
+    # -- construction helpers ---------------------------------------------------------------
+
+    def _check_partition_alignment(self) -> None:
+        partition = getattr(self.policy, "partition_bytes", None)
+        if partition is None:
+            return
+        for name, p in zip(self._names, self._params, strict=True):
+            size = p.element_size()
+            if partition % size:
+                raise TrainschedError(
+                    f"partition size {partition} B is not a multiple of the element size of "
+                    f"parameter {name!r} ({size} B, {p.dtype}); use a multiple such as "
+                    f"{max(1, partition // size) * size} B")
+
+    def _agree_prefix(self) -> str:
+        key = self._group_ranks
+        count = _INSTANCES.get(key, 0)
+        _INSTANCES[key] = count + 1
+        return f"trainsched/sdp/{'-'.join(map(str, key))}/{count}/"
+
+    def _make_store(self, store: Any) -> Any:
+        base = store if store is not None else dist.distributed_c10d._get_default_store()
+        self._base_store = base
+        return self._client()
+
+    def _client(self) -> Any:
+        """A store client of our own (its own connection where the store can clone one), so
+        that threads never share a connection and our timeout stays ours."""
+        base = self._base_store
+        with contextlib.suppress(AttributeError, RuntimeError, NotImplementedError):
+            base = base.clone()
+        client = dist.PrefixStore(self._store_prefix, base)
+        client.set_timeout(timedelta(seconds=self.timeout_s))
+        return client
+
+    def _store_get(self, store: Any, key: str, what: str) -> bytes:
+        try:
+            return store.get(key)
+        except Exception as exc:  # DistStoreError, RuntimeError: timeout or a closed socket
+            raise TrainschedError(f"{what}: nothing within {self.timeout_s:g} s "
+                                  f"({type(exc).__name__}: {str(exc).splitlines()[0]}); the "
+                                  f"rank that should publish it died or hung") from None
+
+    def _check_same_model(self) -> None:
+        described = [[n, list(p.shape), str(p.dtype)]
+                     for n, p in zip(self._names, self._params, strict=True)]  # fmt: skip
+        text = json.dumps(described)
+        self._store.set(f"model/{self.rank}", text)
+        for r in range(self.world_size):
+            if r == self.rank:
+                continue
+            other = json.loads(self._store_get(self._store, f"model/{r}",
+                                               f"the model description of rank {r}"))
+            if other != described:
+                first = next((f"{a} vs {b}" for a, b in zip(described, other, strict=False)
+                              if a != b), f"{len(described)} vs {len(other)} parameters")
+                raise TrainschedError(
+                    f"the models differ between rank {self.rank} and rank {r} (parameter "
+                    f"name, shape, dtype: {first}); every rank must wrap the same model")
+
+    def _broadcast_state(self) -> None:
+        if self.world_size == 1:
+            return
+        source = self._group_ranks[0]
+        with torch.no_grad():
+            for t in [*self.module.parameters(), *self.module.buffers()]:
+                dist.broadcast(t.data, src=source, group=self._group)
+
+    @staticmethod
+    def _make_optimizer(optimizer: Any, kwargs: dict | None, p: nn.Parameter,
+                        name: str) -> torch.optim.Optimizer:
+        if isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer):
+            if issubclass(optimizer, torch.optim.LBFGS):
+                raise TrainschedError("optimizers that need a closure (LBFGS) cannot step one "
+                                      "parameter at a time; use SGD, Adam or similar")
+            try:
+                opt = optimizer([p], **(kwargs or {}))
+            except (TypeError, ValueError) as exc:
+                raise TrainschedError(f"optimizer {optimizer.__name__}: {exc}") from None
+        elif callable(optimizer):
+            if kwargs:
+                raise TrainschedError("optimizer_kwargs go with an optimizer class, not with "
+                                      "a factory function")
+            opt = optimizer([p])
+        else:
+            raise TrainschedError(f"optimizer must be an optimizer class or a factory, got "
+                                  f"{optimizer!r}")
+        if not isinstance(opt, torch.optim.Optimizer):
+            raise TrainschedError(f"the optimizer factory returned {type(opt).__name__} for "
+                                  f"parameter {name!r}, not a torch.optim.Optimizer")
+        return opt
+
+    def _install_hooks(self) -> None:
+        index = {id(p): k for k, p in enumerate(self._params)}
+        for k, p in enumerate(self._params):
+            self._hooks.append(p.register_post_accumulate_grad_hook(
+                lambda param, k=k: self._on_grad(k)))
+        self._gates: list[list[int]] = []
+        for path, m in self.module.named_modules(remove_duplicate=False):
+            own = [index[id(p)] for p in m._parameters.values()
+                   if p is not None and id(p) in index]  # fmt: skip
+            if not own:
+                continue
+            g = len(self._gates)
+            self._gates.append(own)
+            label = path or "<root>"
+            for k in own:
+                self._owner[k] = self._owner[k] or label
+            self._hooks.append(m.register_forward_pre_hook(
+                lambda mod, args, g=g, label=label: self._gate(g, label)))
+            if self._timeline_dir is not None:
+                self._hooks.append(m.register_forward_hook(
+                    lambda mod, args, out, g=g, label=label: self._forward_done(g, label)))
+        self._hooks.append(self.module.register_forward_pre_hook(
+            lambda mod, args: self._before_forward()))
+        self._hooks.append(self.module.register_forward_hook(
+            lambda mod, args, out: self._after_forward()))
+
+    # -- public --------------------------------------------------------------------------------
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+    @property
+    def optimizers(self) -> tuple[torch.optim.Optimizer, ...]:
+        """The per-parameter optimizers, in parameter order."""
+        return tuple(self._optimizers)
+
+    @property
+    def steps(self) -> int:
+        """Backward passes completed so far."""
+        return self._backwards
+
+    def drain(self, timeout_s: float | None = None) -> None:
+        """Wait until every gradient handed over so far is reduced and applied (before
+        evaluation, checkpoints, learning-rate changes and exit)."""
+        deadline = _now() + (self.timeout_s if timeout_s is None else timeout_s)
+        with self._cv:
+            while True:
+                self._raise_error()
+                behind = [k for k in range(len(self._params))
+                          if self._applied[k] < self._posted[k]]  # fmt: skip
+                if not behind:
+                    return
+                left = deadline - _now()
+                if left <= 0:
+                    raise TrainschedError(
+                        f"drain: {len(behind)} parameter(s) still not updated after "
+                        f"{self.timeout_s if timeout_s is None else timeout_s:g} s (first: "
+                        f"{self._names[behind[0]]!r}); a rank died or hung")
+                self._cv.wait(min(left, 0.5))
+
+    def set_lr(self, lr: float) -> None:
+        """Drain, then set the learning rate of every per-parameter optimizer."""
+        self.drain()
+        for opt in self._optimizers:
+            for group in opt.param_groups:
+                group["lr"] = lr
+
+    def close(self, timeout_s: float | None = None) -> None:
+        """Drain, stop the threads, remove the hooks and write the timeline. Safe to call
+        twice; a failure found while draining is raised after cleaning up."""
+        if self._closed:
+            return
+        failure = None
+        try:
+            if self._error is None:
+                self.drain(timeout_s)
+        except TrainschedError as exc:
+            failure = exc
+        self._closed = True
+        self._inbox.put(("stop",))
+        self._reader_inbox.put(None)
+        wait = 5.0 if timeout_s is None else max(0.1, timeout_s)
+        self._dispatcher.join(wait)
+        if self._reader is not None:
+            self._reader.join(0.1)  # may sit in a store read; it is a daemon thread
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+        if self._timeline_dir is not None:
+            write_timeline(self._timeline_dir / f"rank{self.rank}.trace.json",
+                           [*self._spans, *self._comm_spans],
+                           rank=self.rank, title="trainsched run",
+                           meta={"policy": repr(self.policy), "world_size": self.world_size,
+                                 "steps": list(self._timeline_steps)})
+        if failure is not None:
+            raise failure
+
+    def __enter__(self) -> ScheduledDataParallel:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- training thread -------------------------------------------------------------------------
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            raise TrainschedError(str(self._error))
+
+    def _in_window(self, step: int) -> bool:
+        first, last = self._timeline_steps
+        return self._timeline_dir is not None and first <= step <= last
+
+    def _before_forward(self) -> None:
+        self._raise_error()
+        if self._closed:
+            raise TrainschedError("this ScheduledDataParallel was closed")
+
+    def _after_forward(self) -> None:
+        self._last_ready_s = _now() - self._t0  # where the first BWD slice starts
+
+    def _gate(self, g: int, label: str) -> None:
+        """Forward pre-hook of a module owning parameters: wait for their updates."""
+        own = self._gates[g]
+        if self._backwards == 0:
+            for k in own:
+                if k not in self._layer_of:
+                    self._layer_of[k] = len(self._forward_order)
+                    self._forward_order.append(k)
+        start = _now()
+        deadline = start + self.timeout_s
+        with self._cv:
+            while any(self._applied[k] < self._posted[k] for k in own):
+                self._raise_error()
+                left = deadline - _now()
+                if left <= 0:
+                    late = next(k for k in own if self._applied[k] < self._posted[k])
+                    raise TrainschedError(
+                        f"layer {label}: parameter {self._names[late]!r} was not updated "
+                        f"within {self.timeout_s:g} s after step {self._backwards - 1}; a "
+                        f"rank died or hung, or its all-reduce is stuck")
+                self._cv.wait(min(left, 0.5))
+            self._raise_error()
+        end = _now()
+        if self._in_window(self._backwards):
+            if end - start > 1e-4:
+                self._spans.append(Span(track="compute", phase="WAIT", label=label,
+                                        start_s=start - self._t0, end_s=end - self._t0,
+                                        step=self._backwards, args={"layer": label}))
+            self._fwd_start[g] = end - self._t0
+
+    def _forward_done(self, g: int, label: str) -> None:
+        start = self._fwd_start.pop(g, None)
+        if start is not None and self._in_window(self._backwards):
+            self._spans.append(Span(track="compute", phase="FWD", label=label, start_s=start,
+                                    end_s=_now() - self._t0, step=self._backwards,
+                                    args={"layer": label}))
+
+    def _on_grad(self, k: int) -> None:
+        """Post-accumulate-grad hook: hand the gradient to the dispatcher."""
+        self._raise_error()
+        t = _now() - self._t0
+        if not self._in_backward:
+            self._in_backward = True
+            self._seen = set()
+            torch.autograd.Variable._execution_engine.queue_callback(self._backward_end)
+        name = self._names[k]
+        if k in self._seen:
+            raise TrainschedError(
+                f"parameter {name!r} received a gradient twice in one backward pass; "
+                f"accumulating gradients over several backward passes is not supported")
+        p = self._params[k]
+        with self._cv:
+            if self._applied[k] < self._posted[k]:
+                raise TrainschedError(
+                    f"parameter {name!r} got a new gradient before its last update was applied: "
+                    f"it is used outside the module that owns it (the forward gate never ran "
+                    f"for it), which ScheduledDataParallel cannot schedule")
+            grad = p.grad
+            assert grad is not None
+            if not grad.is_contiguous():
+                grad = grad.contiguous()
+                p.grad = grad
+            self._grads[k] = grad
+            self._posted[k] += 1
+        self._seen.add(k)
+        if self._backwards == 0:
+            self._ready_log.append(k)
+        self._inbox.put(("ready", k, t))
+        if self._in_window(self._backwards):
+            label = self._owner[k]
+            last = self._spans[-1] if self._spans else None
+            if (last is not None and last.phase == "BWD" and last.label == label
+                    and last.step == self._backwards):
+                self._spans[-1] = Span(track="compute", phase="BWD", label=label,
+                                       start_s=last.start_s, end_s=t, step=self._backwards,
+                                       args=last.args)
+            else:
+                self._spans.append(Span(track="compute", phase="BWD", label=label,
+                                        start_s=self._last_ready_s, end_s=t,
+                                        step=self._backwards, args={"layer": label}))
+        self._last_ready_s = t
+
+    def _backward_end(self) -> None:
+        """Runs once at the end of each backward pass (an autograd final callback)."""
+        self._in_backward = False
+        missing = [self._names[k] for k in range(len(self._params)) if k not in self._seen]
+        if missing:
+            more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+            error = TrainschedError(
+                f"parameter(s) {', '.join(map(repr, missing[:3]))}{more} got no gradient in "
+                f"step {self._backwards}: every trainable parameter must take part in every "
+                f"step (a static used set); freeze unused ones with requires_grad_(False)")
+            self._fail(error)
+            raise error
+        if self._backwards == 0:
+            self._inbox.put(("plan", self._task_table()))
+        self._backwards += 1
+
+    def _task_table(self) -> tuple[Gradient, ...]:
+        """Rank 0's layer and ready order (published; the others read it)."""
+        key = "plan"
+        if self.rank == 0:
+            ready = {k: n for n, k in enumerate(self._ready_log)}
+            late = len(self._forward_order)
+            table = [[self._names[k], self._layer_of.get(k, late + k), ready[k]]
+                     for k in range(len(self._params))]  # fmt: skip
+            self._store.set(key, json.dumps(table))
+        else:
+            table = json.loads(self._store_get(self._store, key, "the task table of rank 0"))
+        sizes = [p.numel() * p.element_size() for p in self._params]
+        if [row[0] for row in table] != self._names:
+            raise TrainschedError("rank 0's parameters differ from this rank's")
+        return tuple(Gradient(name=name, size_bytes=sizes[k], layer_index=layer,
+                              ready_index=ready)
+                     for k, (name, layer, ready) in enumerate(table))  # fmt: skip
+
+    def _fail(self, error: TrainschedError) -> None:
+        with self._cv:
+            if self._error is None:
+                self._error = error
+            self._cv.notify_all()
+
+    # -- dispatcher thread ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            _Dispatch(self).loop()
+        except TrainschedError as exc:
+            self._fail(exc)
+        except Exception as exc:  # a bug or a torch error: still reach the training thread
+            self._fail(TrainschedError(f"the dispatcher thread of rank {self.rank} failed: "
+                                       f"{type(exc).__name__}: {exc}"))
+
+    def _read_decisions(self) -> None:
+        """Follower: read rank 0's decisions of each step the dispatcher asks for."""
+        store = self._client()
+        try:
+            while True:
+                item = self._reader_inbox.get()
+                if item is None:
+                    return
+                step, count = item
+                for k in range(count):
+                    value = self._store_get(store, f"{step}/{k}",
+                                            f"rank 0's decision {k} of step {step}")
+                    self._inbox.put(("decision", int(value)))
+        except TrainschedError as exc:
+            if not self._closed:
+                self._inbox.put(("error", exc))
+
+
+def _close_at_exit(ref: weakref.ref) -> None:
+    sdp = ref()
+    if sdp is not None and not sdp._closed:
+        with contextlib.suppress(TrainschedError):
+            sdp.close(timeout_s=5.0)
+
+
+class _Transport:
+    """Issues collectives with torch.distributed for the dispatcher thread."""
+
+    def __init__(self, owner: _Dispatch) -> None:
+        self.owner = owner
+
+    def issue(self, index: int) -> None:
+        self.owner.issue(index)
+
+
+class _Dispatch:
+    """The dispatcher thread's state: one :class:`Dispatcher` core per step, the collectives'
+    tensors, the leader's publishing, order checks and the updates."""
+
+    def __init__(self, sdp: ScheduledDataParallel) -> None:
+        self.sdp = sdp
+        self.store = sdp._client()
+        self.core: Dispatcher | None = None
+        self.step = -1
+        self.position = 0  # issues so far in this step
+        self.readies = 0  # gradients ready so far in this step
+        self.early: list[tuple[int, float]] = []  # ready before the task table exists
+        self.updates: list[tuple[int, int]] = []  # (layer, parameter) waiting for an update
+        self.deferred: list[int] = []  # without cross_barrier: reduced, waiting for the rest
+        self.works: dict[int, Any] = {}
+        self.buffers: dict[int, torch.Tensor] = {}
+        self.issued_s: dict[int, float] = {}
+        self.queued_s: dict[int, float] = {}
+        self.missing: list[int] = []  # per collective: members not ready yet in this step
+        self.sequence = 0  # issues since the start, for the order check
+        self.digest = hashlib.sha1(b"trainsched")
+        self.checks = 0
+
+    # -- setup ---------------------------------------------------------------------------------
+
+    def build(self, gradients: Sequence[Gradient]) -> None:
+        sdp = self.sdp
+        policy = sdp.policy
+        plan = tuple(policy.plan(gradients))
+        check_plan(gradients, plan, f"comm policy {type(policy).__name__}")
+        self.core = Dispatcher(plan, queue=policy.queue, credit_bytes=policy.credit_bytes,
+                               credit_mode=policy.credit_mode,
+                               ordered_issue=policy.ordered_issue, transport=_Transport(self),
+                               follow=sdp._follow)
+        spans = partition_spans(gradients, plan)
+        index = {n: k for k, n in enumerate(sdp._names)}
+        self.layer = {index[g.name]: g.layer_index for g in gradients}
+        self.parts: list[list[tuple[int, int, int]]] = []  # per collective: (param, lo, hi)
+        self.holders: dict[int, list[int]] = {}
+        for c, coll in enumerate(plan):
+            row = []
+            for name, (a, b) in spans[coll.name].items():
+                k = index[name]
+                size = sdp._params[k].element_size()
+                row.append((k, a // size, b // size))
+                self.holders.setdefault(k, []).append(c)
+            if len(row) > 1 and len({sdp._params[k].dtype for k, _, _ in row}) > 1:
+                raise TrainschedError(f"collective {coll.name!r} mixes gradient dtypes; "
+                                      f"use a policy that reduces them separately")
+            self.parts.append(row)
+        self.names = [c.name for c in plan]
+        self.tracks = [f"comm/{sdp._names[row[0][0]]}" if len(row) == 1 else f"comm/{name}"
+                       for row, name in zip(self.parts, self.names, strict=True)]
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def loop(self) -> None:
+        inbox = self.sdp._inbox
+        while True:
+            events = [] if self.updates else [inbox.get()]
+            while True:
+                try:
+                    events.append(inbox.get_nowait())
+                except queue.Empty:
+                    break
+            for event in events:
+                if event[0] == "stop":
+                    return
+                self.handle(event)
+            if self.core is not None:
+                self.core.pump()
+            if self.updates:
+                _, k = heapq.heappop(self.updates)
+                self.update(k)
+
+    def handle(self, event: tuple[Any, ...]) -> None:
+        kind = event[0]
+        if kind == "ready":
+            _, k, t = event
+            if self.core is None:
+                self.early.append((k, t))
+                return
+            self.ready(k, t)
+        elif kind == "plan":
+            self.build(event[1])
+            for k, t in self.early:
+                self.ready(k, t)
+            self.early.clear()
+        elif kind == "decision":
+            assert self.core is not None
+            self.core.decide(event[1])
+        elif kind == "done":
+            self.done(event[1], event[2], event[3])
+        elif kind == "error":
+            raise event[1]
+
+    def ready(self, k: int, t: float) -> None:
+        core = self.core
+        assert core is not None
+        sdp = self.sdp
+        if self.readies == 0:
+            if self.step >= 0 and not core.finished:
+                raise TrainschedError("a new step began before the last one was reduced")
+            core.new_step()
+            self.step += 1
+            self.position = 0
+            self.missing = [len(row) for row in self.parts]
+            if sdp._follow:
+                sdp._reader_inbox.put((self.step, len(core.plan)))
+        self.readies = (self.readies + 1) % len(sdp._params)
+        core.ready([sdp._names[k]])
+        for c in self.holders[k]:
+            self.missing[c] -= 1
+            if not self.missing[c]:
+                self.queued_s[c] = t
+
+    # -- issuing -------------------------------------------------------------------------------
+
+    def issue(self, c: int) -> None:
+        sdp = self.sdp
+        if sdp._publish:
+            self.store.set(f"{self.step}/{self.position}", str(c))
+            if self.step >= 2:
+                self.store.delete_key(f"{self.step - 2}/{self.position}")
+        self.position += 1
+        if sdp.verify_order_every:
+            self.check_order(c)
+        row = self.parts[c]
+        if len(row) == 1:
+            k, lo, hi = row[0]
+            grad = sdp._grads[k]
+            assert grad is not None
+            tensor = grad.view(-1)[lo:hi]
+        else:
+            tensor = torch.cat([sdp._grads[k].view(-1)[lo:hi] for k, lo, hi in row])
+            self.buffers[c] = tensor
+        t = _now() - sdp._t0
+        self.issued_s[c] = t
+        work = dist.all_reduce(tensor, group=sdp._group, async_op=True)
+        self.works[c] = work
+        inbox = sdp._inbox
+        work.get_future().add_done_callback(
+            lambda fut, c=c: inbox.put(("done", c, fut, _now() - sdp._t0)))
+
+    def check_order(self, c: int) -> None:
+        """Compare a digest of every rank's issue sequence, every N-th issue."""
+        sdp = self.sdp
+        name = self.names[c]
+        self.digest.update(name.encode() + b"\0")
+        self.sequence += 1
+        if self.sequence % sdp.verify_order_every:
+            return
+        mine = [self.digest.hexdigest(), name]
+        key = f"order/{self.checks}"
+        self.store.set(f"{key}/{sdp.rank}", json.dumps(mine))
+        for r in range(sdp.world_size):
+            if r == sdp.rank:
+                continue
+            theirs = json.loads(self.sdp._store_get(self.store, f"{key}/{r}",
+                                                    f"rank {r}'s order check {self.checks}"))
+            if theirs != mine:
+                raise TrainschedError(
+                    f"collective order differs between ranks at issue {self.sequence} (step "
+                    f"{self.step}): rank {sdp.rank} issues {name!r}, rank {r} issues "
+                    f"{theirs[1]!r} (or an earlier issue differed); the ranks would sum "
+                    f"unrelated gradients. Use order='leader'")
+        if self.checks >= 2:
+            self.store.delete_key(f"order/{self.checks - 2}/{sdp.rank}")
+        self.checks += 1
+
+    # -- completion and updates ----------------------------------------------------------------
+
+    def done(self, c: int, fut: Any, t: float) -> None:
+        sdp = self.sdp
+        core = self.core
+        assert core is not None
+        try:
+            fut.wait()
+        except Exception as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise TrainschedError(
+                f"the all-reduce of {self.names[c]!r} failed on rank {sdp.rank} "
+                f"({type(exc).__name__}: {first}); another rank probably died or timed "
+                f"out") from None
+        self.works.pop(c, None)
+        buffer = self.buffers.pop(c, None)
+        if buffer is not None:
+            offset = 0
+            for k, lo, hi in self.parts[c]:
+                grad = sdp._grads[k]
+                assert grad is not None
+                grad.view(-1)[lo:hi].copy_(buffer[offset:offset + hi - lo])
+                offset += hi - lo
+        if sdp._in_window(self.step):
+            track = self.tracks[c]
+            args = {"task": self.names[c], "bytes": core.sizes[c]}
+            if c in self.queued_s:
+                sdp._comm_spans.append(Span(track=track, phase="QUEUE", label=self.names[c],
+                                       start_s=self.queued_s.pop(c), end_s=self.issued_s[c],
+                                       step=self.step, args=args))
+            sdp._comm_spans.append(Span(track=track, phase="COMM", label=self.names[c],
+                                   start_s=self.issued_s[c], end_s=t, step=self.step,
+                                   args=args))
+        reduced = core.done(c)
+        index = {n: k for k, n in enumerate(sdp._names)} if reduced else {}
+        for name in reduced:
+            k = index[name]
+            if sdp.policy.cross_barrier:
+                heapq.heappush(self.updates, (self.layer[k], k))
+            else:
+                self.deferred.append(k)
+        if core.finished and self.deferred:
+            for k in self.deferred:
+                heapq.heappush(self.updates, (self.layer[k], k))
+            self.deferred.clear()
+
+    def update(self, k: int) -> None:
+        sdp = self.sdp
+        p = sdp._params[k]
+        grad = sdp._grads[k]
+        assert grad is not None
+        start = _now()
+        if sdp.world_size > 1:
+            grad.div_(sdp.world_size)
+        p.grad = grad
+        sdp._optimizers[k].step()
+        p.grad = None
+        sdp._grads[k] = None
+        end = _now()
+        if sdp._in_window(self.step):
+            sdp._comm_spans.append(Span(track="update", phase="UPDATE", label=sdp._owner[k],
+                                   start_s=start - sdp._t0, end_s=end - sdp._t0,
+                                   step=self.step,
+                                   args={"layer": sdp._owner[k], "param": sdp._names[k]}))
+        with sdp._cv:
+            sdp._applied[k] += 1
+            sdp._cv.notify_all()

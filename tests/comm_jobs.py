@@ -1,0 +1,268 @@
+"""Distributed jobs for ``tests/test_comm_runtime.py``: ``python tests/comm_jobs.py CONFIG``.
+
+Each job runs in every rank of a real gloo group (spawned by
+:func:`trainsched.runtime.launch.run_workers`), runs several checks in that one group and
+writes ``<out>/rank<r>.json`` with what it measured; the test asserts on those numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import sys
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from trainsched.comm import DdpBucketPolicy, FifoPolicy, PriorityPolicy
+from trainsched.errors import TrainschedError
+from trainsched.runtime.data_parallel import ScheduledDataParallel
+
+KiB = 1024
+STEPS = 3
+OPTIMIZERS = {
+    "sgd": (torch.optim.SGD, {"lr": 0.05}),
+    "momentum": (torch.optim.SGD, {"lr": 0.05, "momentum": 0.9}),
+    "adam": (torch.optim.Adam, {"lr": 1e-3}),
+}
+POLICIES = {
+    "fifo": FifoPolicy(),
+    "fifo-crossing": FifoPolicy(cross_barrier=True),
+    "ddp-buckets": DdpBucketPolicy(first_bucket_bytes=KiB, bucket_bytes=8 * KiB),
+    "priority-strict": PriorityPolicy(partition_bytes=KiB, credit_bytes=4 * KiB,
+                                      cross_barrier=True),
+    "priority-overdraft": PriorityPolicy(partition_bytes=KiB, credit_bytes=2 * KiB,
+                                         credit_mode="overdraft", cross_barrier=True),
+    "priority-unlimited": PriorityPolicy(partition_bytes=2 * KiB, credit_bytes=math.inf,
+                                         cross_barrier=True),
+    "priority-whole": PriorityPolicy(cross_barrier=True),
+}
+
+
+class Net(nn.Module):
+    """Two convolutions and two linear layers: parameters from 32 B to 32 KiB."""
+
+    def __init__(self, extra: bool = False) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3)
+        self.conv2 = nn.Conv2d(8, 8, 3)
+        self.fc1 = nn.Linear(128, 64)
+        self.fc2 = nn.Linear(64, 10)
+        if extra:
+            self.fc3 = nn.Linear(10, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.conv2(torch.relu(self.conv1(x))))
+        return self.fc2(torch.relu(self.fc1(y.flatten(1))))
+
+
+def net(seed: int = 0, **kw) -> Net:
+    torch.manual_seed(seed)
+    return Net(**kw)
+
+
+def batch(step: int, rank: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(4, 3, 8, 8, generator=g)
+
+
+def loss_of(out: torch.Tensor) -> torch.Tensor:
+    return out.square().mean()
+
+
+def params(m: nn.Module) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in m.parameters()]
+
+
+def max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    return max((x - y).abs().max().item() for x, y in zip(a, b, strict=True))
+
+
+def train_ddp(rank: int, optimizer: str, steps: int = STEPS) -> list[torch.Tensor]:
+    m = net()
+    ddp = nn.parallel.DistributedDataParallel(m)
+    cls, kwargs = OPTIMIZERS[optimizer]
+    opt = cls(m.parameters(), **kwargs)
+    for s in range(steps):
+        opt.zero_grad()
+        loss_of(ddp(batch(s, rank))).backward()
+        opt.step()
+    return params(m)
+
+
+def train_plain(rank: int, world: int, optimizer: str) -> list[torch.Tensor]:
+    """Whole-tensor all-reduce after backward, divide, one optimizer over all parameters."""
+    m = net()
+    with torch.no_grad():
+        for p in m.parameters():
+            dist.broadcast(p, 0)
+    cls, kwargs = OPTIMIZERS[optimizer]
+    opt = cls(m.parameters(), **kwargs)
+    for s in range(STEPS):
+        opt.zero_grad()
+        loss_of(m(batch(s, rank))).backward()
+        for p in m.parameters():
+            dist.all_reduce(p.grad)
+            p.grad.div_(world)
+        opt.step()
+    return params(m)
+
+
+def train_sdp(rank: int, policy, optimizer: str, steps: int = STEPS, sleeps: random.Random |
+              None = None, model: nn.Module | None = None, **kw) -> list[torch.Tensor]:
+    m = net() if model is None else model
+    cls, kwargs = OPTIMIZERS[optimizer]
+    sdp = ScheduledDataParallel(m, policy, optimizer=cls, optimizer_kwargs=kwargs,
+                                timeout_s=60, **kw)
+    if sleeps is not None:  # random delays in every gradient hook and module forward
+        for p in m.parameters():
+            p.register_post_accumulate_grad_hook(
+                lambda _p: time.sleep(sleeps.choice([0, 0, 0.001, 0.003])))
+        for mod in (m.conv1, m.conv2, m.fc1, m.fc2):
+            mod.register_forward_pre_hook(
+                lambda *_: time.sleep(sleeps.choice([0, 0, 0.001, 0.002])))
+    try:
+        for s in range(steps):
+            loss_of(sdp(batch(s, rank))).backward()
+        sdp.drain()
+    finally:
+        sdp.close()
+    return params(m)
+
+
+def error_of(fn) -> str:
+    try:
+        fn()
+    except TrainschedError as exc:
+        return f"TrainschedError: {exc}"
+    return "no error"
+
+
+# --- jobs --------------------------------------------------------------------------------------
+
+
+def job_equality(cfg: dict) -> dict:
+    rank, world = cfg["rank"], cfg["world_size"]
+    out: dict = {"vs_ddp": {}, "bitwise": {}}
+    refs = {opt: train_ddp(rank, opt) for opt in OPTIMIZERS}
+    runs = {}
+    for name, policy in POLICIES.items():
+        for opt in OPTIMIZERS:
+            runs[name, opt] = train_sdp(rank, policy, opt)
+            out["vs_ddp"][f"{name}/{opt}"] = max_diff(runs[name, opt], refs[opt])
+    for opt in OPTIMIZERS:
+        plain = train_plain(rank, world, opt)
+        out["bitwise"][f"plain-vs-priority-whole/{opt}"] = all(
+            torch.equal(a, b) for a, b in zip(plain, runs["priority-whole", opt], strict=True))
+        for name in ("priority-strict", "priority-overdraft", "priority-unlimited", "fifo"):
+            out["bitwise"][f"{name}-vs-whole/{opt}"] = all(
+                torch.equal(a, b)
+                for a, b in zip(runs[name, opt], runs["priority-whole", opt], strict=True))
+    # Every rank ends with rank 0's parameters, bit for bit.
+    mine = torch.cat([p.flatten() for p in runs["priority-strict", "adam"]])
+    gathered = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(gathered, mine)
+    out["ranks_identical"] = all(torch.equal(g, gathered[0]) for g in gathered)
+    return out
+
+
+def job_fuzz(cfg: dict) -> dict:
+    """Random per-rank delays; the order check runs before every issue and must stay quiet;
+    then the local-only order mode must trip it."""
+    rank, steps = cfg["rank"], cfg["steps"]
+    out: dict = {}
+    policy = PriorityPolicy(partition_bytes=KiB, credit_bytes=3 * KiB, cross_barrier=True)
+    timeline = Path(cfg["out"]) / "timeline"
+    timeline.mkdir(exist_ok=True)
+    ref = train_ddp(rank, "momentum", steps=steps)
+    got = train_sdp(rank, policy, "momentum", steps=steps, sleeps=random.Random(rank + 7),
+                    verify_order_every=1, timeline=timeline, timeline_steps=(1, steps - 1))
+    out["fuzz_vs_ddp"] = max_diff(got, ref)
+
+    # Bad input, rejected at construction on every rank (no collective is issued).
+    out["mismatch"] = error_of(lambda: ScheduledDataParallel(net(extra=rank == 1), "fifo"))
+    out["bad_partition"] = error_of(lambda: ScheduledDataParallel(
+        net(), PriorityPolicy(partition_bytes=6, credit_bytes=64)))
+    out["strict_credit"] = error_of(lambda: ScheduledDataParallel(
+        net(), PriorityPolicy(partition_bytes=KiB, credit_bytes=KiB // 2)))
+    unused = net(extra=True)  # fc3 is never used in forward
+    out["unused"] = error_of(lambda: train_sdp(rank, "fifo", "sgd", model=unused))
+
+    # Local-only order: rank 1 is slow to report gradients, so with one collective in flight
+    # rank 0 picks the most urgent of several ready gradients while rank 1 has only one.
+    torch.manual_seed(0)
+    equal = nn.Sequential(*[nn.Linear(32, 32, bias=False) for _ in range(4)])
+
+    def local() -> None:
+        delay = 0.03 if rank == 1 else 0.0
+        sdp = ScheduledDataParallel(equal, PriorityPolicy(cross_barrier=True), order="local",
+                                    verify_order_every=1, timeout_s=30)
+        for p in equal.parameters():
+            p.register_post_accumulate_grad_hook(lambda _p: time.sleep(delay))
+        try:
+            for _ in range(3):
+                sdp(torch.randn(2, 32)).square().mean().backward()
+            sdp.drain()
+        finally:
+            sdp.close()
+    out["local_order"] = error_of(local)
+    return out
+
+
+def job_fault(cfg: dict) -> dict:
+    """Rank ``victim`` dies (or hangs) in the middle of step 2's backward."""
+    rank, victim, mode = cfg["rank"], cfg["victim"], cfg["mode"]
+    m = net()
+    sdp = ScheduledDataParallel(m, PriorityPolicy(partition_bytes=KiB, credit_bytes=4 * KiB,
+                                                  cross_barrier=True),
+                                timeout_s=cfg["timeout_s"])
+    step = [0]
+    if rank == victim:
+        def fault(_p) -> None:
+            if step[0] == 2:
+                if mode == "die":
+                    os._exit(3)
+                time.sleep(3600)
+        m.fc1.weight.register_post_accumulate_grad_hook(fault)
+    start = time.monotonic()
+    try:
+        for s in range(6):
+            step[0] = s
+            loss_of(sdp(batch(s, rank))).backward()
+        sdp.drain()
+    except TrainschedError as exc:
+        return {"error": str(exc), "seconds": time.monotonic() - start}
+    return {"error": None, "seconds": time.monotonic() - start}
+
+
+JOBS = {"equality": job_equality, "fuzz": job_fuzz, "fault": job_fault}
+
+
+def main() -> None:
+    cfg = json.loads(sys.argv[1])
+    rank = cfg["rank"]
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{cfg['port']}", rank=rank,
+                            world_size=cfg["world_size"],
+                            timeout=timedelta(seconds=cfg.get("timeout_s", 60)))
+    path = Path(cfg["out"]) / f"rank{rank}.json"
+    try:
+        result = JOBS[cfg["job"]](cfg)
+    except Exception:
+        result = {"crash": traceback.format_exc()}
+    path.write_text(json.dumps(result))
+    if cfg["job"] != "fault":
+        dist.barrier()  # rank 0 hosts the store: keep it until every rank is done with it
+    sys.stdout.flush()
+    os._exit(0)  # a survivor of a dead peer must not wait for the group's teardown
+
+
+if __name__ == "__main__":
+    main()
