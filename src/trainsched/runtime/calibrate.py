@@ -4,10 +4,10 @@
 on a free loopback port, times point-to-point send/recv round trips between ranks 0 and 1 and
 float32 all-reduce across all ranks for each message size, and fits α–β links to the medians:
 
-* p2p: α is the one-way time (half the round trip) of the smallest size; the bandwidth comes from
-  a least-squares line over the sizes >= 1 MiB (large messages set the bandwidth).
-* all-reduce: the ring formula ``2(n-1)·α + 2(n-1)/n · S/B`` is inverted on the same two
-  regimes to give a per-rank latency α and bandwidth B.
+* p2p: the line α + S/B through the one-way times (half the round trip), fitted over all sizes
+  to the log of the times with a robust loss (one noisy size does not bend it);
+* all-reduce: the same fit of the measured times, read as the ring formula
+  ``2(n-1)·α + 2(n-1)/n · S/B`` to give a per-rank latency α and bandwidth B.
 
 The relative error of each fitted line at every measured size is kept, because one α–β line over
 4 B–64 MiB on gloo can be off by a large factor in the middle (simulator spec §1.2).
@@ -39,7 +39,6 @@ from trainsched.runtime.launch import WorkerFailure, free_port, run_workers
 
 MiB = 2**20
 DEFAULT_SIZES: tuple[int, ...] = tuple(4**k for k in range(1, 14))  # 4 B .. 64 MiB
-LARGE_BYTES = MiB  # sizes at or above this set the bandwidth
 BACKENDS = ("gloo", "nccl")
 
 
@@ -137,27 +136,32 @@ def _ring_allreduce(n: int, link: Link, size_bytes: float) -> float:
 # --- fitting ----------------------------------------------------------------------------------
 
 def _fit_line(sizes: Sequence[float], times: Sequence[float]) -> tuple[float, float]:
-    """(alpha, seconds per byte): alpha from the smallest size, slope from the large sizes."""
-    order = sorted(range(len(sizes)), key=lambda i: sizes[i])
-    s_min, t_min = sizes[order[0]], times[order[0]]
-    alpha = t_min
-    large = [i for i in order if sizes[i] >= LARGE_BYTES]
-    if len(large) < 2:  # not enough large sizes: use the two largest (or all) measured
-        large = order[-2:] if len(order) >= 2 else order
-    slope = float("nan")
-    if len(large) >= 2:
-        xs = [sizes[i] for i in large]
-        ys = [times[i] for i in large]
-        mx, my = statistics.fmean(xs), statistics.fmean(ys)
-        sxx = sum((x - mx) ** 2 for x in xs)
-        if sxx > 0:
-            slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
-    if not (math.isfinite(slope) and slope > 0):
-        # Noise made the large-size line flat or falling: fall back to the largest size above α.
-        s_max, t_max = sizes[order[-1]], times[order[-1]]
-        extra = t_max - alpha if s_max > s_min else t_max
-        slope = (extra if extra > 0 else t_max) / max(s_max, 1.0)
-    return alpha, slope
+    """(alpha, seconds per byte) of the line ``alpha + size * slope`` fitted to every measured
+    size in log space (the error of a size is ``log(predicted / measured)``) with a robust loss.
+
+    Log errors weigh a 4 KiB message as much as a 64 MiB one (a plain least-squares line is set
+    by the largest sizes alone), and the robust loss keeps one odd size from bending the line:
+    gloo's small messages are noisy and non-monotone in size.
+    """
+    import numpy as np
+    from scipy.optimize import least_squares
+
+    x = np.asarray(sizes, dtype=float)
+    t = np.asarray(times, dtype=float)
+    keep = t > 0
+    if not keep.any():
+        raise TrainschedError("calibration measured no positive times; nothing to fit")
+    x, t = x[keep], t[keep]
+    # start: alpha the median of the smaller half, slope from the largest size beyond it
+    alpha0 = float(np.median(t[x <= np.median(x)]))
+    slope0 = max(float(t[np.argmax(x)]) - alpha0, float(t.max()) * 1e-3) / max(x.max(), 1.0)
+
+    def residuals(p: Any) -> Any:
+        return np.log(np.exp(p[0]) + x * np.exp(p[1])) - np.log(t)
+
+    fitted = least_squares(residuals, [math.log(alpha0), math.log(slope0)], loss="soft_l1",
+                           f_scale=0.1, method="trf")
+    return float(math.exp(fitted.x[0])), float(math.exp(fitted.x[1]))
 
 
 def _errors(predict: Any, rows: Sequence[Row], attr: str) -> tuple[float, ...]:

@@ -1,0 +1,399 @@
+"""Validation: the simulator's predicted step times against real gloo training on this machine.
+
+Two sweeps, each run for real with 2 processes and predicted by the simulator from costs
+captured on the same machine:
+
+* **DDP**: ``torch.nn.parallel.DistributedDataParallel`` on gloo, 2 ranks, for several zoo
+  models and bucket caps (DDP's default 25 MiB with its 1 MiB first bucket, and explicit
+  caps). Predicted by ``simulate_data_parallel`` with the matching ``DdpBucketPolicy``.
+* **Pipeline**: a model cut into 2 stages run by ``torch.distributed.pipelining``
+  (``ScheduleGPipe``, ``Schedule1F1B``) at several micro-batch counts. Predicted by
+  ``simulate_pipeline`` on ``build_schedule(...)`` with each stage captured at the micro-batch
+  size.
+
+Communication comes from ``trainsched.runtime.calibrate`` (real gloo processes, alpha-beta fits)
+run first in the same invocation; compute from ``capture(..., costs="measured", threads=1)``
+(each op timed alone). Every process runs one intra-op thread (2 ranks on 2 cores).
+
+Measurement: configurations of a sweep are interleaved (A B C A B C ...), ``--rounds`` rounds of
+``--steps`` timed steps after ``--warmup`` untimed ones; the measured step time of a
+configuration is the median over all its timed steps (IQR reported). Error is
+``(predicted - measured) / measured``; ranking agreement is Kendall's tau-b over each sweep.
+
+    python benchmarks/validate_sim.py            # full run, about 10 minutes on 2 cores
+    python benchmarks/validate_sim.py --quick    # smoke run: small models, few steps
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from _common import cpu_model, write_results
+
+MiB = 1 << 20
+HERE = Path(__file__).resolve().parent
+
+# name, zoo model, batch per rank, image size (None: the model's own input)
+DDP_MODELS = {
+    "full": [("resnet50", 8, 32), ("mobilenet_v3_large", 8, 64)],
+    "quick": [("small-cnn", 8, None), ("mlp", 64, None)],
+}
+# DDP bucket caps in MiB; None is DDP's default (25 MiB, first bucket 1 MiB)
+BUCKETS = [None, 5, 1]
+# the pipeline: a model, its global batch, image size, and where stage 1 starts
+PIPE_MODEL = {
+    "full": ("resnet50", 16, 32, "layer3"),
+    "quick": ("small-cnn", 8, None, "conv2"),
+}
+MICROBATCHES = {"full": [2, 4, 8], "quick": [2, 4]}
+SCHEDULES = ["gpipe", "1f1b"]
+
+
+# --------------------------------------------------------------------------- models and stages
+
+def _zoo(name: str, batch: int, image: int | None) -> Any:
+    from trainsched.capture import build
+
+    return build(name, batch_size=batch, image_size=image, seed=0)
+
+
+def _stage_modules(name: str, split: str) -> tuple[Any, Any]:
+    """The model cut at child module ``split``: (stage 0, stage 1) as nn.Sequential."""
+    import torch
+    from torch import nn
+
+    model = _zoo(name, 1, None).model
+    children = list(model.named_children())
+    names = [n for n, _ in children]
+    if split not in names:
+        raise SystemExit(f"{name} has no child module {split!r}; children: {names}")
+    cut = names.index(split)
+    head = [m for _, m in children[:cut]]
+    tail: list[nn.Module] = []
+    for n, m in children[cut:]:
+        if n in ("fc", "classifier", "head"):  # torchvision's forward flattens before these
+            tail.append(nn.Flatten(1))
+        tail.append(m)
+    if name == "small-cnn":  # its forward is not a chain of children: rebuild it as one
+        return _small_cnn_stages(model)
+    torch.manual_seed(0)
+    return nn.Sequential(*head), nn.Sequential(*tail)
+
+
+def _small_cnn_stages(model: Any) -> tuple[Any, Any]:
+    from torch import nn
+
+    class Head(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv1, self.bn1, self.relu = model.conv1, model.bn1, nn.ReLU()
+
+        def forward(self, x: Any) -> Any:
+            return self.relu(self.bn1(self.conv1(x)))
+
+    class Tail(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv2, self.bn2, self.relu = model.conv2, model.bn2, nn.ReLU()
+            self.pool, self.fc = model.pool, model.fc
+
+        def forward(self, y: Any) -> Any:
+            y = self.relu(self.bn2(self.conv2(y)) + y)
+            return self.fc(self.pool(y).flatten(1))
+
+    return Head(), Tail()
+
+
+# --------------------------------------------------------------------------- real runs
+
+def run_pair(job: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """Run ``job`` on 2 worker processes (this file, given its JSON config); rank 0's results."""
+    from trainsched.runtime.launch import WorkerFailure, free_port, run_workers
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out_path = Path(tmp, "out.json")
+        port = free_port()
+        configs = [dict(job, rank=r, world_size=2, port=port, out=str(out_path))
+                   for r in range(2)]
+        try:
+            run_workers(__file__, configs, workdir=Path(tmp), timeout_s=timeout_s)
+        except WorkerFailure as exc:
+            raise SystemExit(f"{job['kind']} sweep failed: {exc}\n{exc.log_tail}") from None
+        return json.loads(out_path.read_text())
+
+
+def _worker(cfg: dict[str, Any]) -> None:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{cfg['port']}",
+                            rank=cfg["rank"], world_size=cfg["world_size"],
+                            timeout=datetime.timedelta(seconds=300))
+    work = _ddp_worker if cfg["kind"] == "ddp" else _pipeline_worker
+    times = work(cfg)
+    dist.destroy_process_group()
+    if cfg["rank"] == 0:
+        Path(cfg["out"]).write_text(json.dumps(times))
+
+
+def _ddp_worker(job: dict[str, Any]) -> dict[str, list[float]]:
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    runs = {}
+    for cfg in job["configs"]:
+        zoo = _zoo(cfg["model"], cfg["batch"], cfg["image"])
+        cap = cfg["bucket_mib"]
+        ddp = DDP(zoo.model) if cap is None else DDP(zoo.model, bucket_cap_mb=cap)
+        opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+
+        def step(ddp: Any = ddp, opt: Any = opt, zoo: Any = zoo) -> None:
+            out = ddp(*zoo.args, **zoo.kwargs)
+            out.float().sum().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        runs[cfg["name"]] = step
+    return _interleave(runs, job)
+
+
+def _pipeline_worker(job: dict[str, Any]) -> dict[str, list[float]]:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    rank = job["rank"]
+    model, batch, image, split = job["model"]
+    modules = _stage_modules(model, split)
+    zoo = _zoo(model, batch, image)
+    x = zoo.args[0]
+    with torch.no_grad():
+        y = modules[1](modules[0](x))
+    target = torch.zeros_like(y)
+
+    def loss_fn(out: Any, tgt: Any) -> Any:
+        return torch.nn.functional.mse_loss(out, tgt)
+
+    runs = {}
+    for cfg in job["configs"]:
+        stage = PipelineStage(modules[rank], rank, 2, torch.device("cpu"))
+        kind = ScheduleGPipe if cfg["schedule"] == "gpipe" else Schedule1F1B
+        schedule = kind(stage, n_microbatches=cfg["microbatches"], loss_fn=loss_fn)
+
+        def step(schedule: Any = schedule) -> None:
+            if rank == 0:
+                schedule.step(x)
+            else:
+                schedule.step(target=target)
+
+        runs[cfg["name"]] = step
+
+    def timed(fn: Any) -> Any:
+        def run() -> float:
+            dist.barrier()
+            start = time.perf_counter()
+            fn()
+            took = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+            dist.all_reduce(took, op=dist.ReduceOp.MAX)  # the step ends on its last rank
+            for m in modules:
+                m.zero_grad(set_to_none=True)
+            return float(took)
+        return run
+
+    return _interleave({k: timed(v) for k, v in runs.items()}, job, returns_time=True)
+
+
+def _interleave(runs: dict[str, Any], job: dict[str, Any], *,
+                returns_time: bool = False) -> dict[str, list[float]]:
+    """``rounds`` x (each config: ``warmup`` untimed steps, ``steps`` timed steps)."""
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(job["rounds"]):
+        for name, step in runs.items():
+            for _ in range(job["warmup"]):
+                step()
+            for _ in range(job["steps"]):
+                if returns_time:
+                    times[name].append(step())
+                else:
+                    start = time.perf_counter()
+                    step()
+                    times[name].append(time.perf_counter() - start)
+    return times
+
+
+# --------------------------------------------------------------------------- predictions
+
+def _captured(model: Any, args: tuple, kwargs: dict | None = None) -> Any:
+    from trainsched.capture import capture
+    from trainsched.training import to_training
+
+    graph = capture(model, args, example_kwargs=kwargs or {}, costs="measured", threads=1)
+    return to_training(graph, optimizer="sgd")
+
+
+def predict_ddp(cfg: dict[str, Any], cluster: Any, graphs: dict[str, Any]) -> float:
+    from trainsched.comm import DdpBucketPolicy
+    from trainsched.sim import simulate_data_parallel
+
+    key = cfg["model"]
+    if key not in graphs:
+        zoo = _zoo(cfg["model"], cfg["batch"], cfg["image"])
+        graphs[key] = _captured(zoo.model, zoo.args, zoo.kwargs)
+    cap = cfg["bucket_mib"]
+    policy = (DdpBucketPolicy() if cap is None
+              else DdpBucketPolicy(bucket_bytes=cap * MiB, first_bucket_bytes=cap * MiB))
+    return simulate_data_parallel(graphs[key], cluster, ranks=2, policy=policy).step_time_s
+
+
+def predict_pipeline(job: dict[str, Any], cfg: dict[str, Any], cluster: Any,
+                     stage_graphs: dict[int, Any]) -> float:
+    import torch
+
+    from trainsched.backprop.schedules import build_schedule
+    from trainsched.sim import simulate_pipeline
+    from trainsched.stages import StageCosts, stage_costs_from_graph
+
+    model, batch, image, split = job["model"]
+    m = cfg["microbatches"]
+    if m not in stage_graphs:
+        modules = _stage_modules(model, split)
+        x = _zoo(model, batch // m, image).args[0]
+        with torch.no_grad():
+            mid = modules[0](x)
+        stage_graphs[m] = (_captured(modules[0], (x,)), _captured(modules[1], (mid,)),
+                           mid.numel() * mid.element_size())
+    g0, g1, act_bytes = stage_graphs[m]
+    per = [stage_costs_from_graph(g, 1, 1) for g in (g0, g1)]
+
+    def both(field: str) -> tuple:
+        return tuple(getattr(p, field)[0] for p in per)
+
+    stages = StageCosts(
+        forward_s=both("forward_s"), backward_input_s=both("backward_input_s"),
+        backward_weight_s=both("backward_weight_s"), activation_bytes=(act_bytes, 0),
+        saved_bytes=both("saved_bytes"), param_bytes=both("param_bytes"),
+        grad_bytes=both("grad_bytes"), optimizer_state_bytes=both("optimizer_state_bytes"))
+    schedule = build_schedule(cfg["schedule"], 2, m)
+    return simulate_pipeline(stages, schedule, cluster).step_time_s
+
+
+# --------------------------------------------------------------------------- report
+
+def kendall_tau(a: list[float], b: list[float]) -> float:
+    from scipy.stats import kendalltau
+
+    if len(a) < 2:
+        return float("nan")
+    return float(kendalltau(a, b).statistic)
+
+
+def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    errors = [abs(r["error"]) for r in rows]
+    return {"configs": len(rows), "median_abs_error": statistics.median(errors),
+            "max_abs_error": max(errors),
+            "kendall_tau": kendall_tau([r["measured_s"] for r in rows],
+                                       [r["predicted_s"] for r in rows])}
+
+
+def _row(name: str, times: list[float], predicted: float) -> dict[str, Any]:
+    q = statistics.quantiles(times, n=4)
+    measured = statistics.median(times)
+    return {"config": name, "measured_s": measured, "iqr_s": [q[0], q[2]], "steps": len(times),
+            "predicted_s": predicted, "error": (predicted - measured) / measured}
+
+
+def print_table(title: str, rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
+    print(f"\n{title}")
+    print(f"{'config':<34} {'measured ms':>12} {'IQR ms':>15} {'predicted ms':>13} {'error':>8}")
+    for r in rows:
+        lo, hi = r["iqr_s"]
+        print(f"{r['config']:<34} {r['measured_s'] * 1e3:>12.1f} "
+              f"{lo * 1e3:>7.1f}-{hi * 1e3:<7.1f} {r['predicted_s'] * 1e3:>13.1f} "
+              f"{r['error']:>+8.1%}")
+    print(f"median |error| {summary['median_abs_error']:.1%}, max {summary['max_abs_error']:.1%}, "
+          f"Kendall tau {summary['kendall_tau']:.2f} over {summary['configs']} configurations")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small models, few steps (smoke run)")
+    ap.add_argument("--steps", type=int, default=None, help="timed steps per config and round")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed steps before each round")
+    ap.add_argument("--out", default=str(HERE / "results" / "validate_sim.json"))
+    args = ap.parse_args()
+    size = "quick" if args.quick else "full"
+    steps = args.steps or (5 if args.quick else 15)
+    common = {"steps": steps, "rounds": args.rounds, "warmup": args.warmup}
+    os.environ["OMP_NUM_THREADS"] = "1"
+
+    import torch
+
+    from trainsched.runtime.calibrate import calibrate
+
+    torch.set_num_threads(1)
+    began = time.perf_counter()
+    print("calibrating gloo (2 processes) ...", flush=True)
+    cal = calibrate(world_size=2, repeats=10 if not args.quick else 5)
+    print(cal.table())
+    p2p_cluster = cal.to_cluster("calibrated-p2p")
+    ar_cluster = dataclasses.replace(p2p_cluster, name="calibrated-allreduce",
+                                     intra_node=cal.allreduce)
+
+    ddp_configs = [{"name": f"{m} b{b}{f' {i}px' if i else ''} "
+                            f"{'default buckets' if c is None else f'{c} MiB buckets'}",
+                    "model": m, "batch": b, "image": i, "bucket_mib": c}
+                   for m, b, i in DDP_MODELS[size] for c in BUCKETS]
+    print(f"\nDDP sweep: {len(ddp_configs)} configurations, real runs ...", flush=True)
+    ddp_times = run_pair({"kind": "ddp", "configs": ddp_configs, **common}, timeout_s=1800)
+    graphs: dict[str, Any] = {}
+    print("capturing and simulating ...", flush=True)
+    ddp_rows = [_row(c["name"], ddp_times[c["name"]], predict_ddp(c, ar_cluster, graphs))
+                for c in ddp_configs]
+
+    pipe_job = {"kind": "pipeline", "model": list(PIPE_MODEL[size]), **common}
+    pipe_job["configs"] = [{"name": f"{PIPE_MODEL[size][0]} 2 stages {s} m={m}",
+                            "schedule": s, "microbatches": m}
+                           for m in MICROBATCHES[size] for s in SCHEDULES]
+    print(f"\npipeline sweep: {len(pipe_job['configs'])} configurations, real runs ...",
+          flush=True)
+    pipe_times = run_pair(pipe_job, timeout_s=1800)
+    stage_graphs: dict[int, Any] = {}
+    print("capturing and simulating ...", flush=True)
+    pipe_rows = [_row(c["name"], pipe_times[c["name"]],
+                      predict_pipeline(pipe_job, c, p2p_cluster, stage_graphs))
+                 for c in pipe_job["configs"]]
+
+    sweeps = {"ddp": ddp_rows, "pipeline": pipe_rows}
+    summaries = {k: summarise(v) for k, v in sweeps.items()}
+    summaries["all"] = summarise(ddp_rows + pipe_rows)
+    for key, rows in sweeps.items():
+        print_table(f"{key} sweep (2 gloo ranks)", rows, summaries[key])
+    s = summaries["all"]
+    print(f"\nall: median |error| {s['median_abs_error']:.1%}, max {s['max_abs_error']:.1%}")
+    write_results(args.out, {
+        "benchmark": "validate_sim", "size": size, "machine": cpu_model(),
+        "cores": os.cpu_count(), "python": platform.python_version(),
+        "torch": torch.__version__, "threads_per_rank": 1, **common,
+        "calibration": cal.to_dict(), "sweeps": sweeps, "summary": summaries,
+        "wall_s": time.perf_counter() - began})
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 2 and sys.argv[1].startswith("{"):  # a worker started by run_pair
+        _worker(json.loads(sys.argv[1]))
+    else:
+        main()
