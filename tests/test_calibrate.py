@@ -29,7 +29,8 @@ def test_real_calibration_on_two_gloo_ranks():
         assert 1e7 < link.bandwidth_bytes_per_s < 1e11
         assert 1e-6 < link.latency_s < 0.1
     assert len(cal.p2p_errors) == len(cal.allreduce_errors) == len(sizes)
-    assert cal.p2p_errors[0] == pytest.approx(0.0, abs=1e-2)  # alpha is the smallest size's time
+    for row, error in zip(cal.rows, cal.p2p_errors, strict=True):
+        assert error == pytest.approx((cal.p2p_predict(row.size_bytes) - row.p2p_s) / row.p2p_s)
 
     data = cal.to_dict()
     assert data["p2p"]["latency_s"] == cal.p2p.latency_s
@@ -97,10 +98,10 @@ def test_fit_bounds_the_relative_error_where_one_small_size_is_an_outlier():
     # gloo-like data: ~2 ms at every small size except one fast outlier, ~1 GB/s beyond 1 MiB
     sizes = [4, 256, 4096, 65536, MiB, 4 * MiB, 16 * MiB, 64 * MiB]
     times = [2.0e-3, 0.1e-3, 2.1e-3, 2.2e-3, 3.0e-3, 6.0e-3, 18e-3, 66e-3]
-    rows = [Row(size_bytes=s, p2p_s=t, allreduce_s=t) for s, t in zip(sizes, times)]
+    rows = [Row(size_bytes=s, p2p_s=t, allreduce_s=t) for s, t in zip(sizes, times, strict=True)]
     p2p, _ = fit(rows, 2)
     errors = [abs(p2p.latency_s + s / p2p.bandwidth_bytes_per_s - t) / t
-              for s, t in zip(sizes, times) if s != 256]
+              for s, t in zip(sizes, times, strict=True) if s != 256]
     assert max(errors) < 0.35
     assert 1.5e-3 < p2p.latency_s < 2.5e-3
     assert 0.9e9 < p2p.bandwidth_bytes_per_s < 1.3e9

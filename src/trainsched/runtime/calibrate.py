@@ -118,7 +118,7 @@ class Calibration:
             f"measured {self.measured_at} on {self.host.get('hostname', '?')} by "
             f"'trainsched calibrate': {self.backend}, {self.world_size} processes, "
             f"{len(sizes)} sizes {min(sizes)}-{max(sizes)} B, median of {self.repeats}; "
-            f"p2p alpha-beta fit (alpha from the smallest size, bandwidth from sizes >= 1 MiB), "
+            f"p2p alpha-beta line fitted to all sizes (log errors, robust loss), "
             f"worst fit error {self.max_abs_error:.0%}; inter-node link from the cpu preset")
         return Cluster(name=name, description=description, device=base.device,
                        devices_per_node=self.world_size, num_nodes=1, intra_node=self.p2p,
