@@ -32,10 +32,17 @@ def run_job(tmp_path: Path, job: str, world_size: int = 2, limit_s: float = 120,
     return results
 
 
-@pytest.mark.timeout(240)
-def test_every_policy_and_optimizer_equals_ddp_and_plain_all_reduce(tmp_path):
-    results = run_job(tmp_path, "equality")
-    for rank, r in enumerate(results):
+@pytest.fixture(scope="module")
+def main_job(tmp_path_factory) -> tuple[Path, list[dict]]:
+    """One 2-rank job for the equality and the fuzz tests (spawning is the slow part)."""
+    tmp = tmp_path_factory.mktemp("comm_main")
+    return tmp, run_job(tmp, "main", steps=30, limit_s=300)
+
+
+@pytest.mark.timeout(400)
+def test_every_policy_and_optimizer_equals_ddp_and_plain_all_reduce(main_job):
+    _, results = main_job
+    for rank, r in enumerate(r["equality"] for r in results):
         assert len(r["vs_ddp"]) == 7 * 3
         worst = max(r["vs_ddp"].items(), key=lambda item: item[1])
         assert worst[1] <= 1e-6, (rank, worst)
@@ -68,9 +75,7 @@ def crossing_violations(trace: dict) -> tuple[int, list[str]]:
     return checked, bad
 
 
-@pytest.mark.timeout(240)
-def test_order_fuzz_crossing_bad_input_and_the_local_order_hazard(tmp_path):
-    results = run_job(tmp_path, "fuzz", steps=30)
+def check_fuzz(tmp_path: Path, results: list[dict], steps: int) -> None:
     for rank, r in enumerate(results):
         # 30 steps with random delays per rank, the order checked before every issue.
         assert r["fuzz_vs_ddp"] <= 1e-5, (rank, r["fuzz_vs_ddp"])
@@ -83,13 +88,27 @@ def test_order_fuzz_crossing_bad_input_and_the_local_order_hazard(tmp_path):
         phases = {e["args"]["phase"] for e in trace["traceEvents"] if e["ph"] == "X"}
         assert phases >= {"FWD", "BWD", "UPDATE", "QUEUE", "COMM"}
         checked, bad = crossing_violations(trace)
-        assert checked == 4 * 28 and not bad, bad  # 4 layers, steps 2..29 after 1..28
-        steps = {e["args"]["step"] for e in trace["traceEvents"] if e["ph"] == "X"}
-        assert steps == set(range(1, 30))
+        # 4 layers; FWD of steps 2..steps-1 after UPDATE of 1..steps-2.
+        assert checked == 4 * (steps - 2) and not bad, bad
+        seen = {e["args"]["step"] for e in trace["traceEvents"] if e["ph"] == "X"}
+        assert seen == set(range(1, steps))
+
+
+@pytest.mark.timeout(400)
+def test_order_fuzz_crossing_bad_input_and_the_local_order_hazard(main_job):
+    tmp, results = main_job
+    check_fuzz(tmp, [r["fuzz"] for r in results], steps=30)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_order_fuzz_on_four_ranks_for_a_hundred_steps(tmp_path):
+    results = run_job(tmp_path, "fuzz", world_size=4, steps=100, limit_s=800)
+    check_fuzz(tmp_path, results, steps=100)
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("victim", [0, 1])
+@pytest.mark.parametrize("victim", [1, pytest.param(0, marks=pytest.mark.slow)])
 def test_a_dead_rank_makes_the_survivor_fail_clearly(tmp_path, victim):
     start = time.monotonic()
     results = run_job(tmp_path, "fault", victim=victim, mode="die", timeout_s=20,
@@ -109,3 +128,62 @@ def test_a_hung_rank_makes_the_survivor_fail_within_the_timeout(tmp_path):
                       limit_s=30)
     survivor = results[0]
     assert survivor["error"] and survivor["seconds"] < 30, survivor
+
+
+# --- timed training (runtime.train and the CLI) ----------------------------------------------
+
+
+@pytest.mark.timeout(180)
+def test_run_segments_times_every_kind_in_one_job():
+    from trainsched.runtime.train import Segment, run_segments
+
+    kinds = [Segment(label="fifo", kind="sdp", policy="fifo", cross_barrier=False),
+             Segment(label="ddp", kind="ddp", bucket_mb=1.0),
+             Segment(label="priority", kind="sdp", partition_bytes=64 * 1024,
+                     credit_bytes=256 * 1024, credit_mode="strict"),
+             Segment(label="flat", kind="flat"), Segment(label="compute", kind="compute"),
+             Segment(label="allreduce", kind="allreduce")]
+    segments = [s.__class__(**{**s.__dict__, "steps": 3, "warmup": 1}) for s in kinds]
+    result = run_segments("mlp", segments, nproc=2, batch_size=8, optimizer="momentum")
+    assert [s.label for s in result.segments] == [s.label for s in kinds]
+    for s in result.segments:
+        assert len(s.step_times_s) == 3 and all(t > 0 for t in s.step_times_s)
+        assert s.quantile_s(0.1) <= s.median_s <= s.quantile_s(0.9)
+    assert result.batch_size == 8 and result.throughput() == 16 / result.first.median_s
+    assert result.to_dict()["segments"][2]["label"] == "priority"
+
+
+@pytest.mark.timeout(180)
+def test_cli_train_prints_json_and_writes_a_timeline(tmp_path, capsys):
+    from trainsched.cli import main
+
+    code = main(["train", "mlp", "--nproc", "2", "--comm", "priority", "--partition", "16KiB",
+                 "--credit", "64KiB", "--steps", "3", "--warmup", "1", "--batch-size", "4",
+                 "--timeline", str(tmp_path), "--json"])
+    assert code == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["comm"] == "priority" and doc["partition_bytes"] == 16 * 1024
+    assert len(doc["segments"][0]["step_times_s"]) == 3 and doc["median_s"] > 0
+    assert doc["throughput_samples_per_s"] == pytest.approx(8 / doc["median_s"])
+    for rank in range(2):
+        trace = json.loads((tmp_path / f"rank{rank}.trace.json").read_text())
+        steps = {e["args"]["step"] for e in trace["traceEvents"] if e["ph"] == "X"}
+        assert steps == {1, 2, 3}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--partition", "4MiB", "--credit", "1MiB", "--credit-mode", "strict"],
+     "smaller than the partition size"),
+    (["--comm", "ddp", "--timeline", "."], "--timeline records the scheduled runtime"),
+    (["--steps", "0"], "--steps must be at least 1"),
+    (["--nproc", "0"], "--nproc must be a positive integer"),
+    (["--partition", "0"], "partition_bytes must be a positive integer"),
+])
+def test_cli_train_rejects_bad_input_before_spawning(capsys, argv, message):
+    from trainsched.cli import main
+
+    start = time.monotonic()
+    assert main(["train", "mlp", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+    assert time.monotonic() - start < 5

@@ -327,6 +327,45 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- train --------------------------------------------------------------------------------------
+def cmd_train(args: argparse.Namespace) -> int:
+    from trainsched.runtime.train import train
+    from trainsched.units import format_duration, format_size, parse_size
+
+    partition = parse_size(args.partition)
+    credit = (float("inf") if args.credit.strip().lower() in ("inf", "unlimited")
+              else parse_size(args.credit))
+    result = train(args.model, args.comm, nproc=args.nproc, steps=args.steps,
+                   warmup=args.warmup, partition_bytes=partition, credit_bytes=credit,
+                   credit_mode=args.credit_mode, timeline_dir=args.timeline,
+                   batch_size=args.batch_size, image_size=args.image_size,
+                   seq_len=args.seq_len, optimizer=args.optimizer, lr=args.lr,
+                   timeout_s=args.timeout)
+    seg = result.first
+    if args.json:
+        print(_dump({"comm": args.comm, "partition_bytes": partition,
+                     "credit_bytes": None if credit == float("inf") else credit,
+                     "credit_mode": args.credit_mode, "warmup": args.warmup,
+                     "steps": args.steps, "median_s": seg.median_s,
+                     "p10_s": seg.quantile_s(0.1), "p90_s": seg.quantile_s(0.9),
+                     "throughput_samples_per_s": result.throughput(), **result.to_dict()}))
+        return 0
+    how = {"fifo": "whole tensors in ready order, barrier",
+           "ddp": "torch DistributedDataParallel, 25 MiB buckets",
+           "priority": f"partition {format_size(partition)}, credit "
+                       f"{'unlimited' if credit == float('inf') else format_size(credit)} "
+                       f"{args.credit_mode}, crossing the barrier"}[args.comm]
+    print(f"{result.model}: {args.nproc} gloo ranks x batch {result.batch_size}, --comm "
+          f"{args.comm} ({how}), {args.optimizer}")
+    print(f"  step time  median {format_duration(seg.median_s)}  p10 "
+          f"{format_duration(seg.quantile_s(0.1))}  p90 {format_duration(seg.quantile_s(0.9))}"
+          f"  ({len(seg.step_times_s)} steps after {args.warmup} warm-up)")
+    print(f"  throughput {result.throughput():.2f} samples/s")
+    if args.timeline:
+        print(f"  wrote {args.timeline}/rank<r>.trace.json (open in ui.perfetto.dev)")
+    return 0
+
+
 # -- cluster ------------------------------------------------------------------------------------
 def cmd_cluster(args: argparse.Namespace) -> int:
     from trainsched import cluster as clusters
@@ -494,6 +533,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", default=None, help="write the cluster JSON here")
     common(p)
     p.set_defaults(func=cmd_calibrate)
+
+    p = sub.add_parser("train", help="train a zoo model on N real gloo ranks with scheduled "
+                       "communication and print the measured step time")
+    p.add_argument("model", help="a zoo model name or file.py:function")
+    p.add_argument("--nproc", type=int, default=2, help="worker processes (ranks)")
+    p.add_argument("--comm", choices=("fifo", "ddp", "priority"), default="priority",
+                   help="fifo: whole tensors, barrier; ddp: torch DDP; priority: partitions, "
+                   "credit, crossing the barrier")
+    p.add_argument("--partition", default="4MiB", help="priority: partition size")
+    p.add_argument("--credit", default="16MiB", help="priority: bytes in flight (or inf)")
+    p.add_argument("--credit-mode", choices=("overdraft", "strict"), default="overdraft")
+    p.add_argument("--steps", type=int, default=20, help="timed steps after the warm-up")
+    p.add_argument("--warmup", type=int, default=3, help="untimed first steps")
+    p.add_argument("--batch-size", type=int, default=None, help="examples per rank")
+    p.add_argument("--image-size", type=int, default=None, help="vision models: input side")
+    p.add_argument("--seq-len", type=int, default=None, help="text models: tokens")
+    p.add_argument("--optimizer", choices=("sgd", "momentum", "adam"), default="sgd")
+    p.add_argument("--lr", type=float, default=0.01, help="learning rate")
+    p.add_argument("--timeline", default=None,
+                   help="directory for one Chrome trace per rank (first 3 timed steps)")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds before giving up")
+    common(p)
+    p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("models", help="list the model zoo")
     common(p)

@@ -1,0 +1,415 @@
+"""Real data-parallel training on this host, timed: ``trainsched train`` and the benchmarks.
+
+:func:`train` starts ``nproc`` gloo worker processes (:mod:`trainsched.runtime.launch`); each
+builds the zoo model (same seed), trains it on a synthetic batch and times every step. Workers
+run a list of **segments**, one configuration each, in one process group, so a benchmark can
+interleave configurations (A B A B ...) without rebuilding the model:
+
+- ``sdp``: :class:`~trainsched.runtime.data_parallel.ScheduledDataParallel` with a policy
+  (``fifo``: whole tensors in ready order with the barrier; ``priority``: partitions, credit,
+  crossing the barrier);
+- ``ddp``: ``torch.nn.parallel.DistributedDataParallel`` (``bucket_mb``), the stock baseline;
+- ``flat``: backward, then one all-reduce of every gradient packed flat, then the step (no
+  overlap at all);
+- ``compute``: forward, backward and step with no communication;
+- ``allreduce``: one flat all-reduce of the size of all gradients, alone.
+
+A step's time is the interval between the starts of consecutive steps (with crossing, a step's
+communication tail overlaps the next step's forward); the last one ends after a drain. Rank 0's
+times after ``warmup`` steps are reported: median, p10, p90, and the throughput ``nproc x batch /
+median``. The parent process never imports torch.
+
+:func:`run_trial` is the hook for a tuner: one (partition, credit) point, its median step time.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainsched.comm.dispatch import check_sizes
+from trainsched.comm.policy import CREDIT_MODES, PriorityPolicy
+from trainsched.errors import TrainschedError
+from trainsched.runtime.launch import WorkerFailure, free_port, run_workers
+
+__all__ = [
+    "COMMS",
+    "KINDS",
+    "OPTIMIZERS",
+    "Segment",
+    "TrainResult",
+    "run_segments",
+    "run_trial",
+    "segment_for",
+    "train",
+]
+
+MiB = 1 << 20
+COMMS = ("fifo", "ddp", "priority")
+KINDS = ("sdp", "ddp", "flat", "compute", "allreduce")
+OPTIMIZERS = ("sgd", "momentum", "adam")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Segment:
+    """One configuration to time: ``kind`` (module docstring); for ``sdp`` the policy
+    (``policy`` ``fifo`` or ``priority`` with ``partition_bytes``, ``credit_bytes``,
+    ``credit_mode``, ``cross_barrier``); for ``ddp`` the bucket cap in MB."""
+
+    label: str
+    kind: str
+    policy: str = "priority"
+    partition_bytes: int | None = 4 * MiB
+    credit_bytes: float | None = 16 * MiB
+    credit_mode: str = "overdraft"
+    cross_barrier: bool = True
+    bucket_mb: float = 25.0
+    steps: int = 20
+    warmup: int = 3
+    timeline_dir: str | None = None
+
+    def check(self) -> None:
+        if self.kind not in KINDS:
+            raise TrainschedError(f"segment kind must be one of {', '.join(KINDS)}, got "
+                                  f"{self.kind!r}")
+        if not (isinstance(self.steps, int) and self.steps >= 1):
+            raise TrainschedError(f"--steps must be at least 1, got {self.steps!r}")
+        if not (isinstance(self.warmup, int) and self.warmup >= 0):
+            raise TrainschedError(f"--warmup must be at least 0, got {self.warmup!r}")
+        if self.kind == "ddp" and not (self.bucket_mb > 0):
+            raise TrainschedError(f"the DDP bucket size must be positive, got {self.bucket_mb}")
+        if self.kind == "sdp":
+            if self.policy not in ("fifo", "priority"):
+                raise TrainschedError(f"sdp policy must be fifo or priority, got "
+                                      f"{self.policy!r}")
+            if self.credit_mode not in CREDIT_MODES:
+                raise TrainschedError(f"--credit-mode must be one of "
+                                      f"{', '.join(CREDIT_MODES)}, got {self.credit_mode!r}")
+            if self.policy == "priority":
+                check_sizes(self.priority_policy())
+        if self.timeline_dir is not None and self.kind != "sdp":
+            raise TrainschedError("--timeline records the scheduled runtime: use --comm fifo "
+                                  "or --comm priority")
+
+    def priority_policy(self) -> PriorityPolicy:
+        return PriorityPolicy(partition_bytes=self.partition_bytes,
+                              credit_bytes=self.credit_bytes, credit_mode=self.credit_mode,
+                              cross_barrier=self.cross_barrier)
+
+
+def segment_for(comm: str, *, partition_bytes: int | None = 4 * MiB,
+                credit_bytes: float | None = 16 * MiB, credit_mode: str = "overdraft",
+                steps: int = 20, warmup: int = 3, timeline_dir: str | None = None,
+                bucket_mb: float = 25.0) -> Segment:
+    """The segment ``trainsched train --comm COMM`` runs: ``fifo`` (whole tensors in ready
+    order, the barrier), ``ddp`` (stock DDP) or ``priority`` (partitions, credit, crossing)."""
+    if comm not in COMMS:
+        raise TrainschedError(f"--comm must be one of {', '.join(COMMS)}, got {comm!r}")
+    kind = "ddp" if comm == "ddp" else "sdp"
+    return Segment(label=comm, kind=kind, policy=comm if kind == "sdp" else "priority",
+                   partition_bytes=partition_bytes, credit_bytes=credit_bytes,
+                   credit_mode=credit_mode, cross_barrier=comm == "priority",
+                   bucket_mb=bucket_mb, steps=steps, warmup=warmup, timeline_dir=timeline_dir)
+
+
+@dataclass(frozen=True)
+class SegmentResult:
+    """Rank 0's step times (seconds) of one segment, warm-up excluded."""
+
+    label: str
+    kind: str
+    step_times_s: tuple[float, ...]
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.step_times_s)
+
+    def quantile_s(self, q: float) -> float:
+        times = sorted(self.step_times_s)
+        if len(times) == 1:
+            return times[0]
+        pos = q * (len(times) - 1)
+        lo = math.floor(pos)
+        hi = min(lo + 1, len(times) - 1)
+        return times[lo] + (times[hi] - times[lo]) * (pos - lo)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "kind": self.kind, "median_s": self.median_s,
+                "p10_s": self.quantile_s(0.1), "p90_s": self.quantile_s(0.9),
+                "step_times_s": list(self.step_times_s)}
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What :func:`train` measured."""
+
+    model: str
+    nproc: int
+    batch_size: int
+    optimizer: str
+    segments: tuple[SegmentResult, ...]
+    host: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def first(self) -> SegmentResult:
+        return self.segments[0]
+
+    def throughput(self, segment: SegmentResult | None = None) -> float:
+        """Samples per second: all ranks' batches over the median step time."""
+        seg = segment or self.first
+        return self.nproc * self.batch_size / seg.median_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "nproc": self.nproc, "batch_size": self.batch_size,
+                "optimizer": self.optimizer, "host": dict(self.host),
+                "segments": [{**s.to_dict(), "throughput_samples_per_s": self.throughput(s)}
+                             for s in self.segments]}
+
+
+def run_segments(model: str, segments: Sequence[Segment], *, nproc: int = 2,
+                 batch_size: int | None = None, image_size: int | None = None,
+                 seq_len: int | None = None, optimizer: str = "sgd", lr: float = 0.01,
+                 seed: int = 0, timeout_s: float = 1800.0) -> TrainResult:
+    """Run ``segments`` in order in one job of ``nproc`` gloo processes (module docstring)."""
+    if not (isinstance(nproc, int) and not isinstance(nproc, bool) and nproc >= 1):
+        raise TrainschedError(f"--nproc must be a positive integer, got {nproc!r}")
+    if optimizer not in OPTIMIZERS:
+        raise TrainschedError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got "
+                              f"{optimizer!r}")
+    if not segments:
+        raise TrainschedError("nothing to run: no segments")
+    if batch_size is not None and batch_size < 1:
+        raise TrainschedError(f"--batch-size must be at least 1, got {batch_size}")
+    for seg in segments:
+        seg.check()
+        if seg.timeline_dir is not None:
+            Path(seg.timeline_dir).mkdir(parents=True, exist_ok=True)
+    config = {"model": model, "nproc": nproc, "batch_size": batch_size,
+              "image_size": image_size, "seq_len": seq_len, "optimizer": optimizer, "lr": lr,
+              "seed": seed, "port": free_port(), "timeout_s": float(timeout_s),
+              "segments": [asdict(s) for s in segments]}
+    with tempfile.TemporaryDirectory(prefix="trainsched-train-") as tmp:
+        tmpdir = Path(tmp)
+        configs = [{**config, "rank": r, "out": str(tmpdir)} for r in range(nproc)]
+        try:
+            run_workers("trainsched.runtime.train:_worker_main", configs, workdir=tmpdir,
+                        timeout_s=timeout_s)
+        except WorkerFailure as failure:
+            if failure.rank is None:
+                raise TrainschedError(f"training did not finish within {timeout_s:g} s; "
+                                      f"use fewer steps or a larger timeout") from None
+            raise TrainschedError(_failure_line(tmpdir, failure)) from None
+        data = json.loads((tmpdir / "rank0.json").read_text())
+    return TrainResult(model=data["model"], nproc=nproc, batch_size=data["batch_size"],
+                       optimizer=optimizer, host=data["host"],
+                       segments=tuple(SegmentResult(label=s["label"], kind=s["kind"],
+                                                    step_times_s=tuple(s["step_times_s"]))
+                                      for s in data["segments"]))  # fmt: skip
+
+
+def _failure_line(tmpdir: Path, failure: WorkerFailure) -> str:
+    """One line: the failed rank's own error message, else the last line of its output."""
+    path = tmpdir / f"rank{failure.rank}.error"
+    if path.exists():
+        return f"rank {failure.rank}: {path.read_text().strip()}"
+    lines = [ln for ln in failure.log_tail.splitlines() if ln.strip()]
+    last = lines[-1].strip() if lines else "no output"
+    return f"rank {failure.rank} exited with status {failure.status}: {last}"
+
+
+def train(model: str, comm: str = "priority", *, nproc: int = 2, steps: int = 20,
+          warmup: int = 3, partition_bytes: int | None = 4 * MiB,
+          credit_bytes: float | None = 16 * MiB, credit_mode: str = "overdraft",
+          timeline_dir: str | None = None, **options: Any) -> TrainResult:
+    """Train ``model`` with ``comm`` (``fifo``, ``ddp``, ``priority``) and time its steps."""
+    segment = segment_for(comm, partition_bytes=partition_bytes, credit_bytes=credit_bytes,
+                          credit_mode=credit_mode, steps=steps, warmup=warmup,
+                          timeline_dir=timeline_dir)
+    return run_segments(model, [segment], nproc=nproc, **options)
+
+
+def run_trial(model: str, partition_bytes: int, credit_bytes: float, *, steps: int = 10,
+              warmup: int = 3, credit_mode: str = "overdraft", **options: Any) -> float:
+    """The tuner's hook: the median step time (s) of ``priority`` scheduling at one
+    (partition, credit) point, ``steps`` steps after ``warmup``."""
+    result = train(model, "priority", steps=steps, warmup=warmup,
+                   partition_bytes=partition_bytes, credit_bytes=credit_bytes,
+                   credit_mode=credit_mode, **options)
+    return result.first.median_s
+
+
+# --- the workers ------------------------------------------------------------------------------
+
+
+def _worker_main() -> None:  # pragma: no cover - runs in the spawned processes
+    cfg = json.loads(sys.argv[1])
+    rank = int(cfg["rank"])
+    out = Path(cfg["out"])
+    try:
+        result = _work(cfg)
+    except TrainschedError as exc:
+        (out / f"rank{rank}.error").write_text(str(exc).replace("\n", " "))
+        sys.stdout.flush()
+        os._exit(1)  # never wait for a process group whose peer is gone
+    if rank == 0:
+        tmp = out / "rank0.json.tmp"
+        tmp.write_text(json.dumps(result))
+        os.replace(tmp, out / "rank0.json")
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def _work(cfg: dict[str, Any]) -> dict[str, Any]:  # pragma: no cover - in the workers
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    from trainsched.capture.zoo import build
+
+    torch.set_num_threads(1)
+    rank, n = int(cfg["rank"]), int(cfg["nproc"])
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{cfg['port']}", rank=rank,
+                            world_size=n, timeout=timedelta(seconds=cfg["timeout_s"]))
+    zoo = build(cfg["model"], batch_size=cfg["batch_size"], image_size=cfg["image_size"],
+                seq_len=cfg["seq_len"], seed=cfg["seed"])
+    model = zoo.model
+    model.train()
+    args, kwargs = _rank_inputs(zoo.args, zoo.kwargs, rank, cfg["seed"])
+    results = []
+    for raw in cfg["segments"]:
+        seg = Segment(**raw)
+        times = _run_segment(model, args, kwargs, seg, cfg, rank, n)
+        results.append({"label": seg.label, "kind": seg.kind,
+                        "step_times_s": times[seg.warmup:]})
+    host = {"torch": torch.__version__, "threads": torch.get_num_threads(),
+            "python": sys.version.split()[0], "cpu_count": os.cpu_count()}
+    return {"model": zoo.name, "batch_size": zoo.batch_size, "segments": results, "host": host}
+
+
+def _rank_inputs(args: tuple, kwargs: dict, rank: int, seed: int) -> tuple[tuple, dict]:
+    """Different synthetic data on every rank: floating inputs redrawn, token ids shifted."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed * 1000 + rank + 1)
+
+    def redraw(x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and x.is_floating_point():
+            return torch.randn(x.shape, generator=gen, dtype=x.dtype)
+        if isinstance(x, torch.Tensor) and x.dtype in (torch.int64, torch.int32) and x.numel():
+            high = int(x.max()) + 1
+            return torch.randint(0, max(high, 2), x.shape, generator=gen, dtype=x.dtype)
+        return x
+
+    return tuple(redraw(a) for a in args), {k: redraw(v) for k, v in kwargs.items()}
+
+
+def _loss(output: Any) -> Any:
+    """A scalar from whatever the model returns: the mean square of its first tensor."""
+    import torch
+
+    if isinstance(output, torch.Tensor):
+        return output.float().square().mean()
+    logits = getattr(output, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        return _loss(logits)
+    values = list(output.values()) if isinstance(output, Mapping) else output
+    if isinstance(values, list | tuple):
+        for v in values:
+            if isinstance(v, torch.Tensor) and v.is_floating_point():
+                return _loss(v)
+    raise TrainschedError(f"cannot make a loss from the model's output "
+                          f"({type(output).__name__}); return a tensor or logits")
+
+
+def _optimizer(name: str, lr: float) -> tuple[Any, dict[str, Any]]:
+    import torch
+
+    if name == "adam":
+        return torch.optim.Adam, {"lr": lr}
+    if name == "momentum":
+        return torch.optim.SGD, {"lr": lr, "momentum": 0.9}
+    return torch.optim.SGD, {"lr": lr}
+
+
+def _run_segment(model: Any, args: tuple, kwargs: dict, seg: Segment, cfg: dict[str, Any],
+                 rank: int, n: int) -> list[float]:  # pragma: no cover - in the workers
+    import torch
+    import torch.distributed as dist
+
+    from trainsched.comm.policy import FifoPolicy
+    from trainsched.runtime.data_parallel import ScheduledDataParallel
+
+    opt_cls, opt_kwargs = _optimizer(cfg["optimizer"], cfg["lr"])
+    total = seg.warmup + seg.steps
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = None
+
+    if seg.kind == "allreduce":
+        flat = torch.zeros(sum(p.numel() for p in params))
+        dist.barrier()
+        times = []
+        for _ in range(total):
+            t0 = time.perf_counter()
+            dist.all_reduce(flat)
+            times.append(time.perf_counter() - t0)
+        return times
+
+    sdp = None
+    if seg.kind == "sdp":
+        policy = (FifoPolicy(cross_barrier=seg.cross_barrier) if seg.policy == "fifo"
+                  else seg.priority_policy())
+        window = (seg.warmup, seg.warmup + min(seg.steps, 3) - 1)
+        sdp = ScheduledDataParallel(model, policy, optimizer=opt_cls,
+                                    optimizer_kwargs=opt_kwargs, timeout_s=cfg["timeout_s"],
+                                    timeline=seg.timeline_dir, timeline_steps=window)
+        net = sdp
+        opt = None
+    elif seg.kind == "ddp":
+        net = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=seg.bucket_mb)
+        opt = opt_cls(params, **opt_kwargs)
+    else:  # flat, compute: the plain module, one optimizer
+        net = model
+        opt = opt_cls(params, **opt_kwargs)
+    flat_buffer = None
+    dist.barrier()
+    times = []
+    try:
+        start = time.perf_counter()
+        for i in range(total):
+            _loss(net(*args, **kwargs)).backward()
+            if seg.kind == "flat" and n > 1:
+                if flat_buffer is None:
+                    flat_buffer = torch.empty(sum(p.numel() for p in params))
+                torch.cat([p.grad.view(-1) for p in params], out=flat_buffer)
+                dist.all_reduce(flat_buffer)
+                flat_buffer.div_(n)
+                offset = 0
+                for p in params:
+                    p.grad.view(-1).copy_(flat_buffer[offset:offset + p.numel()])
+                    offset += p.numel()
+            if opt is not None:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            if sdp is not None and i == total - 1:
+                sdp.drain()
+            now = time.perf_counter()
+            times.append(now - start)
+            start = now
+    finally:
+        if sdp is not None:
+            sdp.close()
+    del net, opt
+    gc.collect()  # a finished DDP wrapper must drop its hooks before the next segment
+    return times
