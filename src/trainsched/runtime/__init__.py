@@ -2,9 +2,21 @@
 torch (and only inside the worker processes it spawns, or for a CUDA check).
 
 ``calibrate(...)`` measures p2p and all-reduce times and fits α–β links (see
-:mod:`trainsched.runtime.calibrate`).
+:mod:`trainsched.runtime.calibrate`). ``PlacedModule`` runs a model placed across devices (see
+:mod:`trainsched.runtime.placed`); it is imported on first use, so importing this package stays
+torch-free.
 """
+
+from typing import Any
 
 from trainsched.runtime.calibrate import Calibration, Row, calibrate
 
-__all__ = ["Calibration", "Row", "calibrate"]
+__all__ = ["Calibration", "PlacedModule", "Row", "calibrate"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PlacedModule":
+        from trainsched.runtime.placed import PlacedModule
+
+        return PlacedModule
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

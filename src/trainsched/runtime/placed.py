@@ -1,0 +1,821 @@
+"""Run a model placed across devices: :class:`PlacedModule`.
+
+``PlacedModule(model, placement, devices, example_args=...)`` exports the model once (the same
+``torch.export`` + ``run_decompositions({})`` program that :func:`trainsched.capture.capture`
+names its ops after), gives every op the device the placement says, and runs the program as
+maximal same-device *segments* in program order. Nothing in the model is rewritten.
+
+- **Ops.** Steps (the ops of the captured graph) run on their device. Views and input-independent
+  work (masks, ``num_batches_tracked + 1``) are no ops of the graph: they are evaluated on every
+  device that needs them, from values already there, the way capture folds them into their users.
+- **Activations** move to a consumer's device once per (tensor, destination): the tensor is the
+  op whose output a consumer reads, through any views (the graph's edge key); of an op returning
+  several tensors (batch norm) only the ones read there move. Copies leave right after the
+  segment that produced them, so a channel serves them in the order they became ready.
+- **Parameters and buffers** live on the device of the first op (in program order) that reads
+  them; the model's own tensors are moved there. An op on another device reading the same
+  parameter (a tied weight placed apart from its group) gets a differentiable copy made at the
+  start of each step, so its gradient flows back into the one master parameter.
+- **Training.** Gradients land on the original model's parameters: ``placed.parameters()`` are
+  the model's own ``Parameter`` objects, in its order (names carry the ``module.`` prefix, as with
+  DDP), so a standard optimizer works. The exported program returns new buffer values (BatchNorm
+  running statistics) instead of writing them; they are copied back into the model's buffers
+  at the end of each forward, as the unplaced model would have updated them.
+- **CUDA.** One compute stream per logical device; copies on side streams (``comm="sequential"``:
+  one per device, a copy also holding the receiver's; ``"parallel"``: one per ordered pair),
+  ``non_blocking``, ordered by CUDA events only (no host synchronisation within a step), and
+  ``record_stream`` so the allocator never reuses a buffer a copy still reads. Backward runs
+  through autograd on the streams of the forward ops. Several logical devices may share one GPU.
+- **Same physical device.** A transfer is a plain ``.to``: between logical devices that share a
+  physical device (every logical device is the CPU here) it moves nothing and adds no autograd
+  node, so the step computes exactly what the unplaced model computes; the streams and events
+  still order the work as the placement says. Counts and bytes report the logical transfers.
+  ``copy_same_device=True`` makes real copies there too (to emulate the memory of separate
+  devices); gradients then equal the unplaced model's up to the order in which autograd sums the
+  gradients of a tensor read by three or more ops (a copy adds a node and changes that order).
+
+Names: op-granularity placements name exported nodes (``conv2d_3``) and user inputs (``x``);
+module-granularity placements name module calls (``layer1.0``, ``relu#2``, ``<root>``) exactly as
+:func:`trainsched.coarsen.coarsen_by_module` builds them (that function does the mapping here).
+The program is the training-mode one; the wrapper refuses to run in ``eval()`` mode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch import fx, nn
+from torch.export.graph_signature import InputKind, OutputKind
+
+from trainsched.capture.trace import _match_inputs, _normalise, quiet_torch_logs
+from trainsched.coarsen import coarsen_by_module
+from trainsched.errors import TrainschedError
+from trainsched.graph import Graph, Op
+
+__all__ = ["PlacedModule", "Segment", "StepStats", "StepTiming", "Transfer"]
+
+COMM_MODES = ("sequential", "parallel")
+GRANULARITIES = ("auto", "op", "module")
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A maximal run of consecutive ops (program order) on one logical device."""
+
+    index: int
+    device: int
+    ops: tuple[str, ...]          # exported node names, in program order
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """A value copied from logical device ``src`` to ``dst`` once per step.
+
+    ``value`` is the exported node whose value moves (an op, or a view of one). ``tensor`` is what
+    the plan calls it: the op the value comes from (the graph's edge key), or for ``state``
+    copies (a parameter, buffer or constant read away from its home) the qualified name or node.
+    It is issued after segment ``after`` (-1: at the start of the step). ``size_bytes`` is from
+    the example batch.
+    """
+
+    value: str
+    tensor: str
+    state: bool
+    src: int
+    dst: int
+    size_bytes: int
+    after: int
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """What moved between logical devices in one forward step (counted while it ran)."""
+
+    transfers: int        # distinct (tensor, destination) pairs: the simulator's transfers
+    copies: int           # values moved for them (two views of one tensor: two values)
+    bytes_moved: int
+    state_copies: int     # parameters, buffers, constants read away from their home
+    state_bytes: int
+
+    def to_dict(self) -> dict[str, int]:
+        return {"transfers": self.transfers, "copies": self.copies,
+                "bytes_moved": self.bytes_moved, "state_copies": self.state_copies,
+                "state_bytes": self.state_bytes}
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    """Measured training steps (forward, backward, optional optimizer step) of a PlacedModule.
+
+    ``step_s``: each measured step's time (CUDA: events on the caller's stream of the first GPU,
+    after every stream joined it; CPU: wall time). ``device_step_s``: median step time per
+    physical CUDA device (events on that device). ``forward_busy_s``: per logical device, the
+    median summed time of its forward segments (CUDA events on its compute stream).
+    ``peak_memory_bytes``: ``torch.cuda.max_memory_allocated`` per physical CUDA device over the
+    measured steps. CUDA-only fields are None on the CPU.
+    """
+
+    device: str
+    step_s: tuple[float, ...]
+    device_step_s: dict[str, float] | None
+    forward_busy_s: tuple[float, ...] | None
+    peak_memory_bytes: dict[str, int] | None
+    stats: StepStats
+
+    @property
+    def median_step_s(self) -> float:
+        return statistics.median(self.step_s)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"device": self.device, "median_step_s": self.median_step_s,
+                "step_s": list(self.step_s), "device_step_s": self.device_step_s,
+                "forward_busy_s": None if self.forward_busy_s is None
+                else list(self.forward_busy_s),
+                "peak_memory_bytes": self.peak_memory_bytes, "stats": self.stats.to_dict()}
+
+
+# -----------------------------------------------------------------------------------------------
+# Export and the op names a placement uses
+
+
+@dataclass
+class _Program:
+    """The exported training program and what capture calls its ops."""
+
+    gm: fx.GraphModule
+    nodes: dict[str, fx.Node]
+    in_spec: Any
+    out_spec: Any
+    user_inputs: list[str]                 # user-input placeholders, flat-argument order
+    state_of: dict[str, tuple[str, str]]   # placeholder -> (kind, fqn): param/buffer/constant
+    constants: dict[str, Any]
+    steps: list[str]                       # capture's op-level ops, program order
+    module_path: dict[str, str]
+    target: dict[str, str]
+    mutations: list[tuple[str, str]]       # (output node, buffer fqn)
+    outputs: list[fx.Node | Any]           # user outputs (nodes, or literals)
+
+
+def _export(model: nn.Module, args: tuple, kwargs: dict) -> _Program:
+    """Export like capture does and classify nodes with capture's own code."""
+    model.train()
+    try:
+        with quiet_torch_logs():
+            program = torch.export.export(model, args, kwargs).run_decompositions({})
+    except Exception as exc:
+        text = str(exc).strip().splitlines()
+        raise TrainschedError(
+            f"PlacedModule needs torch.export, which failed on the model: {type(exc).__name__}: "
+            f"{text[0] if text else ''}") from exc
+    signature = program.graph_signature
+    state_of: dict[str, tuple[str, str]] = {}
+    user_inputs: list[str] = []
+    for spec in signature.input_specs:
+        kind = {InputKind.PARAMETER: "param", InputKind.BUFFER: "buffer",
+                InputKind.CONSTANT_TENSOR: "constant"}.get(spec.kind)
+        if spec.kind == InputKind.USER_INPUT:
+            user_inputs.append(spec.arg.name)
+        elif kind is not None:
+            if kind == "buffer" and spec.persistent is False:
+                kind = "constant"  # non-persistent buffers live in the program's constants
+            state_of[spec.arg.name] = (kind, spec.target)
+        else:
+            raise TrainschedError(f"PlacedModule cannot run a program with {spec.kind.name} "
+                                  "inputs; export a model without custom objects or effects")
+    constants = dict(getattr(program, "constants", {}) or {})
+    mutations: list[tuple[str, str]] = []
+    user_outputs: list[str] = []
+    output_node = next(n for n in program.graph.nodes if n.op == "output")
+    returned = list(output_node.args[0])
+    outputs: list[Any] = []
+    for spec, value in zip(signature.output_specs, returned, strict=True):
+        if spec.kind == OutputKind.BUFFER_MUTATION:
+            mutations.append((value.name, spec.target))
+        elif spec.kind == OutputKind.USER_OUTPUT:
+            outputs.append(value)
+            if isinstance(value, fx.Node):
+                user_outputs.append(value.name)
+        else:
+            raise TrainschedError(f"PlacedModule cannot run a program that returns "
+                                  f"{spec.kind.name} outputs (the model mutates its inputs?)")
+
+    # Which nodes are ops: capture's classification, on this very program.
+    named = dict(program.named_parameters())
+    named.update(dict(program.named_buffers()))
+    named.update(constants)
+    fqn_of = {name: fqn for name, (_kind, fqn) in state_of.items()}
+    state = {fqn: named[fqn] for fqn in fqn_of.values() if fqn in named}
+    trainable = {fqn for name, (kind, fqn) in state_of.items()
+                 if kind == "param" and fqn in state and state[fqn].requires_grad}
+    traced = _normalise(program.graph, fqn_of, _match_inputs(program, args, kwargs), state,
+                        trainable, user_outputs, "export")
+    nodes = {n.name: n for n in program.graph.nodes}
+    return _Program(
+        gm=program.graph_module, nodes=nodes, in_spec=program.call_spec.in_spec,
+        out_spec=program.call_spec.out_spec, user_inputs=user_inputs, state_of=state_of,
+        constants=constants, steps=[s.name for s in traced.steps],
+        module_path={s.name: s.module_path for s in traced.steps},
+        target={s.name: s.target for s in traced.steps}, mutations=mutations, outputs=outputs)
+
+
+def _op_names(program: _Program, granularity: str, depth: int | None) -> dict[str, str]:
+    """Exported node (input or step) -> the name a placement at ``granularity`` gives it."""
+    names = [*program.user_inputs, *program.steps]
+    if granularity == "op":
+        return {n: n for n in names}
+    # The op graph capture builds, listed in program order (its topological order, which is all
+    # the coarsening reads), coarsened by the same function.
+    ops = [Op(name=n, target="input") for n in program.user_inputs]
+    ops += [Op(name=n, target=program.target[n], module_path=program.module_path[n])
+            for n in program.steps]
+    coarse = coarsen_by_module(Graph(ops, []), depth=depth)
+    return {member: op.name for op in coarse.ops for member in (op.members or (op.name,))}
+
+
+def _listed(names: Sequence[str], limit: int = 8) -> str:
+    shown = ", ".join(repr(n) for n in names[:limit])
+    return shown + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
+
+
+def _resolve_names(program: _Program, device_of: Mapping[str, int], granularity: str,
+                   depth: int | None) -> tuple[dict[str, str], str]:
+    """Pick the naming the placement uses; raise naming missing/unknown ops if none fits."""
+    tried = ["op", "module"] if granularity == "auto" else [granularity]
+    mismatches = []
+    for g in tried:
+        mapping = _op_names(program, g, depth)
+        wanted = list(dict.fromkeys(mapping.values()))
+        missing = [n for n in wanted if n not in device_of]
+        unknown = sorted(n for n in device_of if n not in set(wanted))
+        if not missing and not unknown:
+            return mapping, g
+        mismatches.append((len(missing) + len(unknown), g, missing, unknown))
+    _, g, missing, unknown = min(mismatches, key=lambda m: m[0])
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} op(s) of the model have no device: {_listed(missing)}")
+    if unknown:
+        parts.append(f"{len(unknown)} op(s) are not in the model: {_listed(unknown)}")
+    level = f"{g} granularity" + (f", module depth {depth}" if g == "module" and depth else "")
+    raise TrainschedError(
+        f"the placement does not match this model ({level}): {'; '.join(parts)}; place the "
+        "graph captured from the same model with the same example inputs (and granularity)")
+
+
+def _nbytes(value: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in pytree.tree_leaves(value)
+               if isinstance(t, torch.Tensor))
+
+
+# -----------------------------------------------------------------------------------------------
+# The static plan: where every node is evaluated, segments, transfers
+
+
+@dataclass
+class _Plan:
+    home: dict[str, int]                  # every evaluated node (and state placeholder) -> device
+    steps: set[str]
+    segments: list[Segment]
+    sends: dict[int, list[Transfer]]      # after segment k (-1: at the start) -> copies, in order
+    state_home: dict[str, int]            # state fqn -> device of its master
+    kind: dict[str, str]                  # node -> "input", "state", "step" or "lazy"
+    roots: dict[str, tuple[str, ...]]     # node -> the ops its value comes from, program order
+
+
+def _plan(program: _Program, placed: dict[str, int]) -> _Plan:
+    """Give every node the program needs a home device and list the copies between homes.
+
+    Inputs and steps: the placement. A view or other non-op node that reads activations: the
+    device of the first op it comes from (a view lives with what it views). One that reads only
+    state (``t(weight)``, masks, ``num_batches_tracked + 1``) and a state placeholder: the home of
+    its first reader; read by nothing but a buffer update, its module's first op's device.
+    """
+    nodes = program.nodes
+    position = {name: i for i, name in enumerate(nodes)}
+    steps = set(program.steps)
+    mutation_of = {out: fqn for out, fqn in program.mutations}
+    needed: set[str] = set()
+    stack = [*program.steps, *mutation_of,
+             *(o.name for o in program.outputs if isinstance(o, fx.Node))]
+    while stack:
+        name = stack.pop()
+        if name not in needed:
+            needed.add(name)
+            stack.extend(i.name for i in nodes[name].all_input_nodes)
+    order = [name for name in nodes if name in needed]
+
+    kind: dict[str, str] = {}
+    roots: dict[str, tuple[str, ...]] = {}      # the ops a node's value comes from
+    consumers: dict[str, list[str]] = {name: [] for name in order}
+    for name in order:
+        node = nodes[name]
+        if name in placed:
+            kind[name], roots[name] = ("step" if name in steps else "input"), (name,)
+        elif node.op == "placeholder":
+            kind[name], roots[name] = "state", ()
+        else:
+            kind[name] = "lazy"
+            found = {r for i in node.all_input_nodes for r in roots[i.name]}
+            roots[name] = tuple(sorted(found, key=position.__getitem__))
+        for i in dict.fromkeys(node.all_input_nodes):
+            consumers[i.name].append(name)
+
+    fallback = placed[program.steps[0]]
+    first_of_module: dict[str, int] = {}
+    for name in program.steps:
+        first_of_module.setdefault(program.module_path[name], placed[name])
+    home: dict[str, int] = {}
+    for name in reversed(order):   # a node's readers come after it
+        if name in placed:
+            home[name] = placed[name]
+        elif roots[name]:
+            home[name] = placed[roots[name][0]]
+        elif consumers[name]:
+            home[name] = home[consumers[name][0]]
+        elif name in mutation_of:
+            home[name] = first_of_module.get(mutation_of[name].rpartition(".")[0], fallback)
+        else:
+            home[name] = fallback
+
+    segments: list[Segment] = []
+    slot: dict[str, int] = {}
+    for name in order:
+        if kind[name] == "step":
+            if not segments or segments[-1].device != home[name]:
+                segments.append(Segment(len(segments), home[name], ()))
+            last = segments[-1]
+            segments[-1] = Segment(last.index, last.device, (*last.ops, name))
+            slot[name] = last.index
+        else:
+            slot[name] = max((slot[i.name] for i in nodes[name].all_input_nodes), default=-1)
+
+    state_fqn = {name: fqn for name, (_kind, fqn) in program.state_of.items()}
+    pairs = {(i.name, home[c]) for c in order for i in nodes[c].all_input_nodes
+             if home[i.name] != home[c]}
+    sends: dict[int, list[Transfer]] = {}
+    for source, dst in sorted(pairs, key=lambda p: (slot[p[0]], position[p[0]], p[1])):
+        is_state = not roots[source]
+        sends.setdefault(slot[source], []).append(Transfer(
+            value=source, tensor=state_fqn.get(source, source) if is_state else roots[source][0],
+            state=is_state, src=home[source], dst=dst, after=slot[source],
+            size_bytes=_nbytes(nodes[source].meta.get("val"))))
+    state_home = {state_fqn[name]: home[name] for name in order if name in state_fqn}
+    return _Plan(home=home, steps=steps, segments=segments, sends=sends, state_home=state_home,
+                 kind=kind, roots=roots)
+
+
+# -----------------------------------------------------------------------------------------------
+# CUDA streams
+
+
+class _Streams:
+    """One compute stream per logical device and the copy streams (CUDA only)."""
+
+    def __init__(self, physical: list[torch.device], comm: str,
+                 pairs: Sequence[tuple[int, int]]) -> None:
+        self.physical = physical
+        self.comm = comm
+        self.compute = [torch.cuda.Stream(device=d) for d in physical]
+        self.channels: dict[Any, torch.cuda.Stream] = {}
+        for src, dst in pairs:
+            if self._key(src, dst) not in self.channels:
+                self.channels[self._key(src, dst)] = torch.cuda.Stream(device=physical[src])
+            if comm == "sequential" and dst not in self.channels:
+                self.channels[dst] = torch.cuda.Stream(device=physical[dst])
+
+    def _key(self, src: int, dst: int) -> Any:
+        return src if self.comm == "sequential" else (src, dst)
+
+    def all(self) -> list[torch.cuda.Stream]:
+        return [*self.compute, *self.channels.values()]
+
+    def begin(self) -> None:
+        """Every stream waits for what the caller queued before the step (e.g. an optimizer)."""
+        for s in self.all():
+            s.wait_stream(torch.cuda.current_stream(s.device))
+
+    def end(self) -> None:
+        """The caller's streams wait for everything the step queued."""
+        for s in self.all():
+            for d in {str(p): p for p in self.physical}.values():
+                torch.cuda.current_stream(d).wait_stream(s)
+
+    def copy(self, x: torch.Tensor, src: int, dst: int,
+             force: bool) -> tuple[torch.Tensor, torch.cuda.Event]:
+        """Move ``x`` (made on ``src``'s compute stream) to ``dst`` (a copy if ``force`` or the
+        GPUs differ); return it and the event that marks it ready."""
+        s = self.channels[self._key(src, dst)]
+        s.wait_stream(self.compute[src])
+        if self.comm == "sequential":
+            s.wait_stream(self.channels[dst])      # the receiver's channel is busy too
+        with torch.cuda.stream(s):
+            y = x.to(self.physical[dst], non_blocking=True, copy=force)
+        x.record_stream(s)
+        done = torch.cuda.Event()
+        done.record(s)
+        if self.comm == "sequential":
+            self.channels[dst].wait_event(done)
+        return y, done
+
+
+# -----------------------------------------------------------------------------------------------
+# The module
+
+
+class PlacedModule(nn.Module):
+    """``model`` run with its ops on the devices ``placement`` gives them (see the module doc).
+
+    ``placement`` is a :class:`trainsched.plan.Placement` (or a mapping op name -> device index)
+    for the graph captured from ``model`` with ``example_args``/``example_kwargs``, at op or
+    module granularity (``granularity="auto"`` tries op names, then module names with
+    ``module_depth``). ``devices[i]`` is the torch device of logical device ``i`` (default: every
+    logical device on the CPU); all must be CPUs or all CUDA GPUs, and several may be the same
+    GPU. ``comm`` is ``"sequential"`` or ``"parallel"`` (copy streams, CUDA only);
+    ``copy_same_device`` copies tensors between logical devices that share a physical one.
+    """
+
+    def __init__(self, model: nn.Module, placement: Any,
+                 devices: Sequence[str | torch.device] | None = None, *,
+                 example_args: tuple | Any = (), example_kwargs: Mapping[str, Any] | None = None,
+                 granularity: str = "auto", module_depth: int | None = None,
+                 comm: str = "sequential", copy_same_device: bool = False) -> None:
+        super().__init__()
+        if comm not in COMM_MODES:
+            raise TrainschedError(f"unknown comm mode {comm!r}; use sequential or parallel")
+        if granularity not in GRANULARITIES:
+            raise TrainschedError(f"unknown granularity {granularity!r}; use auto, op or module")
+        device_of = getattr(placement, "device_of", placement)
+        if not isinstance(device_of, Mapping):
+            raise TrainschedError(f"a placement maps op names to device indices, got "
+                                  f"{type(placement).__name__}")
+        count = getattr(placement, "num_devices", None) or (max(device_of.values(), default=0)
+                                                             + 1)
+        physical = [torch.device(d) for d in (devices if devices is not None
+                                              else ["cpu"] * count)]
+        physical = [torch.device("cuda", torch.cuda.current_device())
+                    if d.type == "cuda" and d.index is None else d for d in physical]
+        if not physical or len({d.type for d in physical}) != 1 or \
+                physical[0].type not in ("cpu", "cuda"):
+            raise TrainschedError(f"devices must be all CPUs or all CUDA GPUs, got "
+                                  f"{[str(d) for d in physical]}")
+        for name, d in device_of.items():
+            if not (isinstance(d, int) and 0 <= d < len(physical)):
+                raise TrainschedError(
+                    f"op {name!r} is placed on device {d!r}, but {len(physical)} device(s) were "
+                    f"given ({', '.join(str(p) for p in physical)}); pass one torch device per "
+                    "logical device index of the placement")
+        args = example_args if isinstance(example_args, tuple) else (example_args,)
+        kwargs = dict(example_kwargs or {})
+
+        self.module = model
+        self.comm = comm
+        self.copy_same_device = bool(copy_same_device)
+        self.physical = tuple(physical)
+        self._program = _export(model, args, kwargs)
+        self._state_kind = {fqn: kind for kind, fqn in self._program.state_of.values()}
+        names, self.granularity = _resolve_names(self._program, device_of, granularity,
+                                                 module_depth)
+        self._plan = _plan(self._program, {node: device_of[op] for node, op in names.items()})
+        self._move_state()
+        pairs = sorted({(t.src, t.dst) for t in self.transfers})
+        self._streams = _Streams(physical, comm, pairs) if physical[0].type == "cuda" else None
+        self._timing: list[tuple[int, Any, Any]] | None = None
+        self.last_step: StepStats | None = None
+
+    # --- introspection -------------------------------------------------------------------------
+
+    @property
+    def segments(self) -> tuple[Segment, ...]:
+        """The maximal same-device runs of ops, in the order they are launched."""
+        return tuple(self._plan.segments)
+
+    def segments_on(self, device: int) -> tuple[Segment, ...]:
+        return tuple(s for s in self._plan.segments if s.device == device)
+
+    @property
+    def transfers(self) -> tuple[Transfer, ...]:
+        """Every copy of one step (activations and state), in issue order."""
+        return tuple(t for k in sorted(self._plan.sends) for t in self._plan.sends[k])
+
+    @property
+    def device_of(self) -> dict[str, int]:
+        """Logical device of every exported node the step evaluates (op-level names)."""
+        return dict(self._plan.home)
+
+    @property
+    def state_device(self) -> dict[str, int]:
+        """Logical device of every parameter, buffer and constant (by qualified name)."""
+        return dict(self._plan.state_home)
+
+    def summary(self) -> dict[str, Any]:
+        """Segments and ops per device, and the copies of one step (example batch sizes)."""
+        moved = [t for t in self.transfers if not t.state]
+        state = [t for t in self.transfers if t.state]
+        n = len(self.physical)
+        return {
+            "devices": [str(d) for d in self.physical], "granularity": self.granularity,
+            "comm": self.comm, "segments": len(self._plan.segments),
+            "segments_per_device": [len(self.segments_on(d)) for d in range(n)],
+            "ops_per_device": [sum(len(s.ops) for s in self.segments_on(d)) for d in range(n)],
+            "transfers": len({(t.tensor, t.dst) for t in moved}), "copies": len(moved),
+            "bytes_moved": sum(t.size_bytes for t in moved), "state_copies": len(state),
+            "state_bytes": sum(t.size_bytes for t in state),
+        }
+
+    # --- state ---------------------------------------------------------------------------------
+
+    def _state_tensor(self, fqn: str) -> torch.Tensor:
+        kind = self._state_kind[fqn]
+        if kind == "param":
+            return self.module.get_parameter(fqn)
+        if kind == "buffer":
+            return self.module.get_buffer(fqn)
+        return self._program.constants[fqn]
+
+    def _move_state(self) -> None:
+        """Put every parameter, buffer and constant on its home device (objects kept)."""
+        with torch.no_grad():
+            for fqn, device in self._plan.state_home.items():
+                tensor = self._state_tensor(fqn)
+                target = self.physical[device]
+                if isinstance(tensor, torch.Tensor) and tensor.device != target:
+                    tensor.data = tensor.data.to(target)
+
+    def _state_value(self, fqn: str) -> Any:
+        kind = self._state_kind[fqn]
+        tensor = self._state_tensor(fqn)
+        # Buffers go in through ``.data``: the program returns their new values, which are
+        # written back in place while backward may still hold the old ones (as eager BN does).
+        return tensor if kind == "param" else tensor.data
+
+    # --- running -------------------------------------------------------------------------------
+
+    def _flat_inputs(self, args: tuple, kwargs: dict) -> list[Any]:
+        program = self._program
+        from torch.export._tree_utils import reorder_kwargs
+
+        try:
+            kwargs = reorder_kwargs(kwargs, program.in_spec)
+        except Exception as exc:
+            raise TrainschedError(f"PlacedModule takes the keyword arguments it was built with: "
+                                  f"{exc}") from None
+        flat, spec = pytree.tree_flatten((args, kwargs))
+        if spec != program.in_spec or len(flat) != len(program.user_inputs):
+            raise TrainschedError(
+                "PlacedModule was called with arguments structured unlike the example inputs "
+                "it was built with; pass the same positional and keyword arguments")
+        for name, value in zip(program.user_inputs, flat, strict=True):
+            expected = program.nodes[name].meta.get("val")
+            if isinstance(expected, torch.Tensor) and not (
+                    isinstance(value, torch.Tensor) and value.shape == expected.shape
+                    and value.dtype == expected.dtype):
+                got = (f"{tuple(value.shape)} {value.dtype}" if isinstance(value, torch.Tensor)
+                       else type(value).__name__)
+                raise TrainschedError(
+                    f"input {name!r} is {got}, but the model was exported with "
+                    f"{tuple(expected.shape)} {expected.dtype}; the placed program has static "
+                    "shapes: build the PlacedModule with an example batch of this shape")
+        return flat
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.training:
+            raise TrainschedError(
+                "PlacedModule runs the training-mode program it was exported with; evaluate "
+                "with the original module (placed.module) or build a PlacedModule from a model "
+                "in eval mode's graph")
+        step = _Step(self)
+        outputs = step.run(self._flat_inputs(args, kwargs))
+        self.last_step = step.stats()
+        return pytree.tree_unflatten(outputs, self._program.out_spec)
+
+    # --- measuring -----------------------------------------------------------------------------
+
+    def measure_step(self, *args: Any, loss_fn: Callable[[Any], torch.Tensor] | None = None,
+                     optimizer: torch.optim.Optimizer | None = None, repeats: int = 5,
+                     warmup: int = 1, **kwargs: Any) -> StepTiming:
+        """Time ``repeats`` training steps after ``warmup`` untimed ones.
+
+        A step: gradients set to None, forward, ``loss_fn(output)`` (default: the sum of the
+        first output tensor), backward, and ``optimizer.step()`` when given. It updates the
+        parameters (with an optimizer) and the BatchNorm statistics, like any training step.
+        """
+        if repeats < 1 or warmup < 0:
+            raise TrainschedError("repeats must be at least 1 and warmup at least 0")
+        cuda = self._streams is not None
+        gpus = list({str(d): d for d in self.physical}.values()) if cuda else []
+        loss_fn = loss_fn or _default_loss
+
+        def one_step() -> None:
+            for p in self.parameters():
+                p.grad = None
+            loss = loss_fn(self(*args, **kwargs))
+            loss.backward()
+            if optimizer is not None:
+                optimizer.step()
+
+        for _ in range(warmup):
+            one_step()
+        if cuda:
+            for d in gpus:
+                torch.cuda.synchronize(d)
+                torch.cuda.reset_peak_memory_stats(d)
+        steps_s: list[float] = []
+        per_gpu: dict[str, list[float]] = {str(d): [] for d in gpus}
+        busy: list[list[float]] = [[] for _ in self.physical]
+        for _ in range(repeats):
+            if not cuda:
+                began = time.perf_counter()
+                one_step()
+                steps_s.append(time.perf_counter() - began)
+                continue
+            starts = {str(d): _event(torch.cuda.current_stream(d)) for d in gpus}
+            self._timing = []
+            try:
+                one_step()
+            finally:
+                timing, self._timing = self._timing, None
+            assert self._streams is not None
+            self._streams.end()
+            ends = {str(d): _event(torch.cuda.current_stream(d)) for d in gpus}
+            for d in gpus:
+                torch.cuda.synchronize(d)
+            for key in per_gpu:
+                per_gpu[key].append(starts[key].elapsed_time(ends[key]) / 1e3)
+            steps_s.append(per_gpu[str(gpus[0])][-1])
+            sums = [0.0] * len(self.physical)
+            for device, begin, end in timing:
+                sums[device] += begin.elapsed_time(end) / 1e3
+            for device, total in enumerate(sums):
+                busy[device].append(total)
+        assert self.last_step is not None
+        return StepTiming(
+            device="cuda" if cuda else "cpu", step_s=tuple(steps_s),
+            device_step_s={k: statistics.median(v) for k, v in per_gpu.items()} if cuda
+            else None,
+            forward_busy_s=tuple(statistics.median(b) for b in busy) if cuda else None,
+            peak_memory_bytes={str(d): torch.cuda.max_memory_allocated(d) for d in gpus}
+            if cuda else None,
+            stats=self.last_step)
+
+
+def _event(stream: Any) -> Any:
+    event = torch.cuda.Event(enable_timing=True)
+    event.record(stream)
+    return event
+
+
+def _default_loss(output: Any) -> torch.Tensor:
+    tensors = [t for t in pytree.tree_leaves(output) if isinstance(t, torch.Tensor)]
+    if not tensors:
+        raise TrainschedError("the model returned no tensor; pass loss_fn to measure_step")
+    return tensors[0].sum()
+
+
+class _Step:
+    """One forward step: every needed node evaluated once, at its home; copies between homes."""
+
+    def __init__(self, owner: PlacedModule) -> None:
+        self.owner = owner
+        self.program = owner._program
+        self.plan = owner._plan
+        self.physical = owner.physical
+        self.streams = owner._streams
+        self.values: dict[str, Any] = {}                     # node -> value at its home
+        self.received: dict[tuple[str, int], Any] = {}       # (node, device) -> (value, event)
+        self.ready: set[tuple[str, int]] = set()             # received values the device waited
+        self.pairs: set[tuple[str, int]] = set()
+        self.copies = self.bytes = self.state_copies = self.state_bytes = 0
+
+    def stats(self) -> StepStats:
+        return StepStats(transfers=len(self.pairs), copies=self.copies, bytes_moved=self.bytes,
+                         state_copies=self.state_copies, state_bytes=self.state_bytes)
+
+    def on(self, device: int) -> Any:
+        """The stream context for work on logical ``device`` (nothing on the CPU)."""
+        if self.streams is None:
+            return contextlib.nullcontext()
+        return torch.cuda.stream(self.streams.compute[device])
+
+    def run(self, flat: list[Any]) -> list[Any]:
+        plan, program = self.plan, self.program
+        if self.streams is not None:
+            self.streams.begin()
+        for name, value in zip(program.user_inputs, flat, strict=True):
+            if name not in plan.home:
+                continue  # an input no op reads
+            d = plan.home[name]
+            with self.on(d):
+                moved = value.to(self.physical[d], non_blocking=True) \
+                    if isinstance(value, torch.Tensor) else value
+            if self.streams is not None and isinstance(moved, torch.Tensor):
+                moved.record_stream(self.streams.compute[d])
+            self.values[name] = moved
+        self.send(-1)
+        timing = self.owner._timing
+        for segment in plan.segments:
+            stream = self.streams.compute[segment.device] if self.streams is not None else None
+            with self.on(segment.device):
+                begin = _event(stream) if timing is not None else None
+                for name in segment.ops:
+                    self.values[name] = self.call(program.nodes[name], segment.device)
+                if timing is not None:
+                    timing.append((segment.device, begin, _event(stream)))
+            self.send(segment.index)
+        new_buffers = [(fqn, self.value(out)) for out, fqn in program.mutations]
+        outputs = [self.value(out.name) if isinstance(out, fx.Node) else out
+                   for out in program.outputs]
+        if self.streams is not None:
+            self.streams.end()
+            for t in pytree.tree_leaves([outputs, [v for _, v in new_buffers]]):
+                if isinstance(t, torch.Tensor) and t.device.type == "cuda":
+                    t.record_stream(torch.cuda.current_stream(t.device))
+        with torch.no_grad():
+            for fqn, value in new_buffers:
+                self.owner._state_tensor(fqn).copy_(value)
+        return outputs
+
+    def value(self, name: str) -> Any:
+        """The value of node ``name`` at its home, evaluated there on first use."""
+        if name not in self.values:
+            kind = self.plan.kind[name]
+            assert kind in ("state", "lazy"), f"{name} used before it ran"
+            if kind == "state":
+                self.values[name] = self.owner._state_value(self.program.state_of[name][1])
+            else:
+                d = self.plan.home[name]
+                with self.on(d):
+                    self.values[name] = self.call(self.program.nodes[name], d)
+        return self.values[name]
+
+    def value_on(self, name: str, d: int) -> Any:
+        """The value of node ``name`` on logical device ``d`` (moved there once per step)."""
+        if self.plan.home[name] == d:
+            return self.value(name)
+        key = (name, d)
+        if key not in self.received:
+            self.move(name, d)   # not sent ahead: only a node reading two devices' values
+        y, done = self.received[key]
+        if self.streams is not None and key not in self.ready:
+            self.ready.add(key)
+            compute = self.streams.compute[d]
+            for event in done:
+                compute.wait_event(event)
+            for t in pytree.tree_leaves(y):
+                if isinstance(t, torch.Tensor):
+                    t.record_stream(compute)
+        return y
+
+    def call(self, node: fx.Node, d: int) -> Any:
+        here = self.physical[d]
+
+        def arg(n: fx.Node) -> Any:
+            return self.value_on(n.name, d)
+
+        args = tuple(here if isinstance(a, torch.device) else a
+                     for a in fx.node.map_arg(node.args, arg))
+        kwargs = fx.node.map_arg(node.kwargs, arg)
+        if isinstance(kwargs.get("device"), torch.device):
+            kwargs = {**kwargs, "device": here}  # device literals of the trace mean "here"
+        return node.target(*args, **kwargs)
+
+    def send(self, after: int) -> None:
+        for t in self.plan.sends.get(after, ()):
+            if (t.value, t.dst) not in self.received:
+                self.move(t.value, t.dst)
+
+    def move(self, name: str, dst: int) -> None:
+        """Move node ``name``'s value from its home to ``dst`` (a plain ``.to`` unless the
+        devices differ physically or ``copy_same_device``), counting what moved."""
+        src = self.plan.home[name]
+        x = self.value(name)
+        force = self.owner.copy_same_device
+        events = []
+
+        def one(t: Any) -> Any:
+            if not isinstance(t, torch.Tensor):
+                return t
+            if self.streams is None:
+                return t.to(self.physical[dst], copy=force)
+            y, done = self.streams.copy(t, src, dst, force)
+            events.append(done)
+            return y
+
+        y = pytree.tree_map(one, x)
+        self.received[(name, dst)] = (y, events)
+        nbytes = _nbytes(x)
+        if self.plan.kind[name] == "state" or not self.plan.roots[name]:
+            self.state_copies += 1
+            self.state_bytes += nbytes
+        else:
+            self.pairs.add((self.plan.roots[name][0], dst))
+            self.copies += 1
+            self.bytes += nbytes
+
+
