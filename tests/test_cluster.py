@@ -493,3 +493,18 @@ def test_flags_without_speed_figures_take_the_default_kind_and_say_so():
     assert c.device.memory_bytes == 8 * 2**30
     assert c.device.peak_flops("fp32") == v100.peak_flops("fp32")
     assert c.intra_node.latency_s == pytest.approx(134e-6)
+
+
+def test_comm_compute_share_round_trips_and_is_checked(tmp_path):
+    base = cluster_preset("cpu")
+    cluster = replace(base, device=replace(base.device, comm_compute_share=0.8))
+    assert Cluster.from_dict(cluster.to_dict()) == cluster
+    assert "0.80 s of compute per s" in cluster.describe()
+    assert "comm_compute_share" not in base.to_dict()["device"]  # 0: the format stays as it was
+    with pytest.raises(TrainschedError, match="comm_compute_share must be a number in"):
+        replace(base.device, comm_compute_share=-0.5)
+    path = tmp_path / "c.toml"
+    path.write_text('name = "x"\n[device]\nkind = "cpu"\ncount = 2\ncomm_compute_share = "a lot"\n'
+                    '[intra_node]\nbandwidth = "1GB/s"\nlatency = "1ms"\n')
+    with pytest.raises(TrainschedError, match="comm_compute_share"):
+        load_cluster_file(path)

@@ -446,3 +446,29 @@ def test_user_policies_and_errors():
     with pytest.raises(TrainschedError, match="not topological"):
         simulate_data_parallel(g, cluster, ranks=2, policy="fifo",
                                order=list(reversed(g.topological_order())))
+
+
+def test_host_driven_communication_takes_its_share_of_compute():
+    """γ = 1: each collective also holds its rank's compute stream for its duration, ahead of
+    waiting ops (the stream is free at 5 ms when L2:grad starts), so compute and communication
+    take turns: step = C + M = 9.6 + 3.5 ms. γ = 0 is the overlapped FIFO step of 11.7 ms."""
+    from dataclasses import replace
+
+    g = three_layers(2 * MB, 600_000, 600_000)
+    base = make_cluster()
+    steps = {}
+    for share in (0.0, 0.5, 1.0):
+        cluster = replace(base, device=replace(base.device, comm_compute_share=share))
+        steps[share] = simulate_data_parallel(g, cluster, ranks=2, policy=FifoPolicy())
+    assert close(steps[0.0].step_time_s, 11.7 * MS)
+    full = steps[1.0]
+    spans_close(full, {"L2:grad (host)": (5, 5.7), "L1:dX": (5.7, 6.7), "L1:dW": (6.7, 7.7),
+                       "L1:grad": (7.7, 8.4), "L1:grad (host)": (7.7, 8.4),
+                       "L0:dW": (8.4, 9.4), "L0:grad": (9.4, 11.5),
+                       "L0:grad (host)": (9.4, 11.5), "L2:opt": (12.8, 13.1)})  # fmt: skip
+    assert close(full.step_time_s, 13.1 * MS)
+    assert steps[0.0].step_time_s < steps[0.5].step_time_s < full.step_time_s
+    # the host tasks sit on the compute stream, and the critical path still spans the step
+    host = [t for t in full.tasks if t.category == "comm-host"]
+    assert len(host) == 3 and all("gpu0/compute" in t.resources for t in host)
+    assert close(sum(s.end_s - s.start_s for s in full.critical_path), full.step_time_s)

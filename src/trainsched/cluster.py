@@ -87,7 +87,11 @@ class DeviceSpec:
 
     ``peak_flops_per_s`` is keyed by dtype (among :data:`DTYPES`) and must hold ``"fp32"``; it
     is stored read-only, in :data:`DTYPES` order. ``launch_overhead_s`` is the fixed cost of one
-    kernel (about 5 µs on a GPU).
+    kernel (about 5 µs on a GPU). ``comm_compute_share`` is how many seconds of compute the
+    device loses per second of communication it takes part in: 0 where copies and collectives
+    run beside the compute (DMA engines, a spare core), about 1 where the process that computes
+    also drives the transfers on the cores it computes with (gloo on a CPU host with no spare
+    core); ``trainsched calibrate`` measures it.
     """
 
     kind: str
@@ -95,6 +99,7 @@ class DeviceSpec:
     peak_flops_per_s: Mapping[str, float]
     memory_bandwidth_bytes_per_s: float
     launch_overhead_s: float = 0.0
+    comm_compute_share: float = 0.0
 
     def __post_init__(self) -> None:
         where = f"device {self.kind!r}"
@@ -114,10 +119,14 @@ class DeviceSpec:
                  f"{where}: memory bandwidth must be > 0, got {bandwidth!r}")
         _require(_finite(self.launch_overhead_s) and self.launch_overhead_s >= 0,
                  f"{where}: launch overhead must be >= 0, got {self.launch_overhead_s!r}")
+        _require(_finite(self.comm_compute_share) and 0 <= self.comm_compute_share <= 4,
+                 f"{where}: comm_compute_share must be a number in [0, 4] (seconds of compute "
+                 f"lost per second of communication), got {self.comm_compute_share!r}")
         ordered = {d: float(flops[d]) for d in DTYPES if d in flops}
         object.__setattr__(self, "peak_flops_per_s", MappingProxyType(ordered))
         object.__setattr__(self, "memory_bandwidth_bytes_per_s", float(bandwidth))
         object.__setattr__(self, "launch_overhead_s", float(self.launch_overhead_s))
+        object.__setattr__(self, "comm_compute_share", float(self.comm_compute_share))
 
     def peak_flops(self, dtype: str = "fp32") -> float:
         """Peak FLOP/s for ``dtype``, falling back to fp32 when the device lists no faster path."""
@@ -126,7 +135,8 @@ class DeviceSpec:
 
     def __hash__(self) -> int:
         return hash((self.kind, self.memory_bytes, tuple(self.peak_flops_per_s.items()),
-                     self.memory_bandwidth_bytes_per_s, self.launch_overhead_s))
+                     self.memory_bandwidth_bytes_per_s, self.launch_overhead_s,
+                     self.comm_compute_share))
 
     def __reduce__(self) -> tuple[Any, ...]:
         # A mappingproxy cannot be pickled; rebuild from a plain dict instead.
@@ -256,6 +266,8 @@ class Cluster:
                 "peak_flops": dict(dev.peak_flops_per_s),
                 "memory_bandwidth": dev.memory_bandwidth_bytes_per_s,
                 "launch_overhead": dev.launch_overhead_s,
+                **({"comm_compute_share": dev.comm_compute_share}
+                   if dev.comm_compute_share else {}),
             },
             "intra_node": _link_dict(self.intra_node),
         }
@@ -296,7 +308,9 @@ class Cluster:
             f"= {self.num_devices} devices",
             f"  device      {dev.kind}: {format_size(dev.memory_bytes)} memory, "
             f"{format_bandwidth(dev.memory_bandwidth_bytes_per_s)} memory bandwidth, "
-            f"launch {format_duration(dev.launch_overhead_s)}",
+            f"launch {format_duration(dev.launch_overhead_s)}"
+            + (f", communication costs {dev.comm_compute_share:.2f} s of compute per s"
+               if dev.comm_compute_share else ""),
             f"  peak        {flops}",
             f"  intra-node  {self.intra_node.describe()} (per device, per direction)",
             "  inter-node  " + (f"{self.inter_node.describe()} (per node)"
@@ -543,6 +557,13 @@ def _count(value: Any, minimum: int = 1) -> int:
     return value
 
 
+def _share(value: Any) -> float:
+    _require(isinstance(value, int | float) and not isinstance(value, bool),
+             f"expected a number (seconds of compute lost per second of communication), "
+             f"got {value!r}")
+    return float(value)
+
+
 def _comm(value: Any) -> str:
     _require(value in COMM_MODES, f"expected 'sequential' or 'parallel', got {value!r}")
     return value
@@ -590,6 +611,7 @@ def _device(kind: str | None, values: dict[str, Any], where: str,
             peak_flops_per_s=pick("peak_flops", "peak_flops_per_s"),
             memory_bandwidth_bytes_per_s=pick("memory_bandwidth", "memory_bandwidth_bytes_per_s"),
             launch_overhead_s=pick("launch_overhead", "launch_overhead_s", 0.0),
+            comm_compute_share=pick("comm_compute_share", "comm_compute_share", 0.0),
         )
     except TrainschedError as exc:
         raise TrainschedError(f"{where}: {exc}") from None
@@ -615,7 +637,7 @@ def _cluster_from_dict(data: Mapping[str, Any], source: str) -> Cluster:
         return _Table(data[key], source, key, allowed) if key in data else None
 
     dev = table("device", ("kind", "count", "memory", "peak_flops", "memory_bandwidth",
-                           "launch_overhead"))
+                           "launch_overhead", "comm_compute_share"))
     intra = table("intra_node", _LINK_KEYS)
     inter = table("inter_node", _LINK_KEYS, required=False)
     servers = table("parameter_servers", ("count", *_LINK_KEYS), required=False)
@@ -625,6 +647,7 @@ def _cluster_from_dict(data: Mapping[str, Any], source: str) -> Cluster:
         "peak_flops": dev.get("peak_flops", _peak_flops, None),
         "memory_bandwidth": dev.get("memory_bandwidth", parse_bandwidth, None),
         "launch_overhead": dev.get("launch_overhead", parse_duration, None),
+        "comm_compute_share": dev.get("comm_compute_share", _share, None),
     }
     device = _device(dev.get("kind", _string, None), values, f"{source}: [device]", str)
     try:

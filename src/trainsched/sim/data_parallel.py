@@ -12,6 +12,11 @@ replays it:
   last rank has all its members ready (and, with ``ordered_issue``, issued the one before it);
   it waits in the queue, is dispatched under the credit, and runs on every rank's channel at
   once, one collective at a time per channel, for ``collective_s(size, ranks)``.
+- **Host-driven communication.** With ``cluster.device.comm_compute_share`` = γ > 0, a
+  collective that starts on the wire also puts a task of γ times its duration on each rank's
+  compute stream, ahead of every op waiting there (it cannot preempt a running op): the CPU
+  time a process that both computes and drives gloo loses to communication. γ = 0 (GPUs, the
+  default) leaves compute untouched; γ = 1 makes communication and compute take turns.
 - **Optimizer.** Each optimizer op waits for the collectives holding its gradients
   (``cross_barrier``) or for all collectives (the baselines' barrier). Step time = last end.
 
@@ -218,6 +223,7 @@ class _Lowered:
         self.priorities: list[int] = []
         self.pending: list[int] = []
         self.feeds: list[tuple[int, ...]] = []
+        self.steals: list[list[int]] = []  # per collective: its compute-stream task per rep
 
 
 def _lower(low: _Lowering, graph: Graph, order: Sequence[str], plan: Sequence[Any],
@@ -253,8 +259,14 @@ def _lower(low: _Lowering, graph: Graph, order: Sequence[str], plan: Sequence[An
     holders: dict[str, list[int]] = {g.name: [] for g in gradients}  # gradient -> collectives
     feeds: dict[int, list[int]] = {}
     out = _Lowered()
+    share = low.cluster.device.comm_compute_share if low.cluster is not None else 0.0
     for c, coll in enumerate(plan):
         duration = collective_s(coll.size_bytes, ranks, low.cluster, algorithm)
+        if share:
+            out.steals.append([low.compute(f"{coll.name} (host)", share * duration, k,
+                                           priority=-1, category="comm-host",
+                                           args={"collective": coll.name, "rank": rank})
+                               for k, rank in enumerate(reps)])  # fmt: skip
         row = []
         for k, rank in enumerate(reps):
             t = tasks.add_task(
@@ -347,6 +359,11 @@ def _replay(tasks: TaskGraph, lowered: _Lowered,
     for c, row in enumerate(parts):
         for t in row:
             part_of[t] = c
+    steals = lowered.steals
+    deferred = bytearray(n)  # host tasks: made ready when their collective starts
+    for row in steals:
+        for t in row:
+            deferred[t] = 1
     by_priority = policy.queue == "priority"
     credit = policy.credit_bytes
     mode = policy.credit_mode
@@ -408,7 +425,7 @@ def _replay(tasks: TaskGraph, lowered: _Lowered,
                 return
 
     for t in range(n):
-        if indeg[t] == 0 and part_of[t] < 0:
+        if indeg[t] == 0 and part_of[t] < 0 and not deferred[t]:
             make_ready(t, 0.0)
 
     while True:
@@ -437,6 +454,11 @@ def _replay(tasks: TaskGraph, lowered: _Lowered,
                         else:
                             fixed[t] = issuer[c]
                         push(heap, (end[t], prio[t], next(counter), t))
+                    for k, s in enumerate(steals[c] if steals else ()):
+                        ready[s] = now
+                        fixed[s] = fixed[parts[c][k]]
+                        via[s] = via[parts[c][k]]
+                        make_ready(s, now)
             if dirty:
                 dirty.sort()
                 for x in dirty:
