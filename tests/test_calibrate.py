@@ -42,6 +42,11 @@ def test_real_calibration_on_two_gloo_ranks():
     assert cluster.name == "calibrated"
     assert cluster.devices_per_node == 2 and cluster.num_devices == 2
     assert cluster.intra_node == cal.p2p
+    # measured beside a matmul loop; on 2 ranks sharing this host's cores it is well above 0
+    assert 0.0 <= cal.comm_compute_share <= 4.0
+    assert cluster.device.comm_compute_share == cal.comm_compute_share
+    assert data["comm_compute_share"] == cal.comm_compute_share
+    assert "compute lost to communication" in cal.table()
     assert "gloo" in cluster.description and cal.measured_at in cluster.description
     assert Cluster.from_dict(cluster.to_dict()) == cluster
     assert cal.to_cluster(name="here").name == "here"

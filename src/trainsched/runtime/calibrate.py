@@ -19,6 +19,7 @@ whole is bounded by ``timeout_s``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -70,6 +71,7 @@ class Calibration:
     allreduce: Link
     p2p_errors: tuple[float, ...]  # (fitted - measured) / measured, per row
     allreduce_errors: tuple[float, ...]
+    comm_compute_share: float = 0.0  # seconds of compute lost per second of all-reduce
 
     def p2p_predict(self, size_bytes: float) -> float:
         return self.p2p.latency_s + size_bytes / self.p2p.bandwidth_bytes_per_s
@@ -96,6 +98,7 @@ class Calibration:
             ],
             "p2p": _link_dict(self.p2p),
             "allreduce": _link_dict(self.allreduce),
+            "comm_compute_share": self.comm_compute_share,
         }
 
     def to_json(self) -> str:
@@ -108,6 +111,8 @@ class Calibration:
         for row, pe, ae in zip(self.rows, self.p2p_errors, self.allreduce_errors, strict=True):
             lines.append(f"{row.size_bytes:>10} {row.p2p_s * 1e3:>9.3f} ms {pe:>+8.0%} "
                          f"{row.allreduce_s * 1e3:>9.3f} ms {ae:>+8.0%}")
+        lines.append(f"compute lost to communication: {self.comm_compute_share:.2f} s per s of "
+                     "all-reduce")
         return "\n".join(lines)
 
     def to_cluster(self, name: str = "calibrated") -> Cluster:
@@ -120,7 +125,8 @@ class Calibration:
             f"{len(sizes)} sizes {min(sizes)}-{max(sizes)} B, median of {self.repeats}; "
             f"p2p alpha-beta line fitted to all sizes (log errors, robust loss), "
             f"worst fit error {self.max_abs_error:.0%}; inter-node link from the cpu preset")
-        return Cluster(name=name, description=description, device=base.device,
+        device = dataclasses.replace(base.device, comm_compute_share=self.comm_compute_share)
+        return Cluster(name=name, description=description, device=device,
                        devices_per_node=self.world_size, num_nodes=1, intra_node=self.p2p,
                        inter_node=base.inter_node, comm=base.comm)
 
@@ -264,14 +270,13 @@ def calibrate(*, world_size: int = 2, sizes_bytes: Sequence[int] | None = None, 
                                   f"{row.size_bytes} B; the clock is too coarse here")
     p2p, allreduce = fit(rows, world_size)
     host = {**_host_info(backend), **data.get("host", {})}
+    share = min(max(float(data.get("comm_compute_share", 0.0)), 0.0), 4.0)
     cal = Calibration(backend=backend, world_size=world_size, host=host, measured_at=measured_at,
                       repeats=repeats, warmup=warmup, rows=rows, p2p=p2p, allreduce=allreduce,
-                      p2p_errors=(), allreduce_errors=())
-    return Calibration(
-        backend=backend, world_size=world_size, host=host, measured_at=measured_at,
-        repeats=repeats, warmup=warmup, rows=rows, p2p=p2p, allreduce=allreduce,
-        p2p_errors=_errors(cal.p2p_predict, rows, "p2p_s"),
-        allreduce_errors=_errors(cal.allreduce_predict, rows, "allreduce_s"))
+                      p2p_errors=(), allreduce_errors=(), comm_compute_share=share)
+    return dataclasses.replace(cal, p2p_errors=_errors(cal.p2p_predict, rows, "p2p_s"),
+                               allreduce_errors=_errors(cal.allreduce_predict, rows,
+                                                        "allreduce_s"))
 
 
 # --- the workers ------------------------------------------------------------------------------
@@ -331,6 +336,7 @@ def _worker_main() -> None:  # pragma: no cover - runs in the spawned processes
                 reduces.append(time.perf_counter() - t0)
         if rank == 0:
             rows.append([size, statistics.median(round_trips) / 2, statistics.median(reduces)])
+    share = _interference(dist, device, sync, n)
     dist.barrier()
     if rank == 0:
         host = {"torch": torch.__version__, "torch_threads": torch.get_num_threads()}
@@ -338,6 +344,59 @@ def _worker_main() -> None:  # pragma: no cover - runs in the spawned processes
             host["gpu"] = torch.cuda.get_device_name(device)
         tmp = cfg["result"] + ".tmp"
         with open(tmp, "w") as fh:
-            json.dump({"rows": rows, "host": host}, fh)
+            json.dump({"rows": rows, "host": host, "comm_compute_share": share}, fh)
         os.replace(tmp, cfg["result"])
     dist.destroy_process_group()
+
+
+def _interference(dist: Any, device: Any, sync: Any, world_size: int,
+                  rounds: int = 3) -> float:  # pragma: no cover - runs in the workers
+    """Seconds of compute lost per second of all-reduce when both run at once (the mean over
+    ranks of the median over ``rounds``): a fixed matmul loop is timed alone (T0) and while a
+    second thread runs N back-to-back 4 MiB all-reduces of standalone time d (T1); the share
+    is (T1 - T0) / (N d). N is set so that N d is about 40% of T0 and is the same on every
+    rank."""
+    import threading
+
+    import torch
+
+    a = torch.randn(256, 256, device=device)
+    buf = torch.ones(1 << 20, dtype=torch.float32, device=device)
+
+    def matmuls(k: int) -> float:
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(k):
+            torch.mm(a, a)
+        sync()
+        return time.perf_counter() - t0
+
+    def allreduces(k: int) -> float:
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(k):
+            dist.all_reduce(buf)
+        sync()
+        return time.perf_counter() - t0
+
+    matmuls(5)
+    k = max(10, int(0.15 / max(matmuls(20) / 20, 1e-7)))  # a loop of about 0.15 s
+    dist.barrier()
+    allreduces(2)
+    d = statistics.median([allreduces(1) for _ in range(5)])
+    count = torch.tensor([max(1, round(0.4 * 0.15 / max(d, 1e-6)))], dtype=torch.int64)
+    dist.all_reduce(count, op=dist.ReduceOp.MAX)
+    n_comm = int(count)
+    shares = []
+    for _ in range(rounds):
+        dist.barrier()
+        alone = matmuls(k)
+        dist.barrier()
+        thread = threading.Thread(target=allreduces, args=(n_comm,), daemon=True)
+        thread.start()
+        beside = matmuls(k)
+        thread.join()
+        shares.append((beside - alone) / (n_comm * d))
+    mean = torch.tensor([statistics.median(shares)], dtype=torch.float64)
+    dist.all_reduce(mean)
+    return float(mean) / world_size
