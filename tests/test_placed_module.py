@@ -260,17 +260,42 @@ def test_dropout_masks_do_not_depend_on_the_placement():
         assert torch.equal(results[0].grads[name], results[1].grads[name]), name
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("kind", list(PLACEMENTS))
-def test_resnet50_placed_step_equals_unplaced(kind):
+class _Scaled(nn.Module):
+    """An int argument (export bakes it in) and a non-persistent buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 2)
+        self.register_buffer("shift", torch.full((8,), 0.5), persistent=False)
+
+    def forward(self, x: torch.Tensor, scale: int = 2) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x)) * scale + self.shift)
+
+
+def test_non_tensor_argument_and_non_persistent_buffer():
+    torch.manual_seed(0)
+    case = _case("scaled", _Scaled(), (torch.randn(4, 8), 3), {})
+    assert "scale" not in case.graph.topological_order()
+    placed = _check(case, round_robin(case.graph, 2))
+    with pytest.raises(TrainschedError, match="'scale' is 4, but the model was exported with 3"):
+        placed(case.args[0], 4)
+
+
+@pytest.fixture(scope="module")
+def resnet50() -> Case:
     import torchvision
 
     torch.manual_seed(0)
-    case = _case("resnet50", torchvision.models.resnet50(weights=None),
+    return _case("resnet50", torchvision.models.resnet50(weights=None),
                  (torch.randn(2, 3, 64, 64),), {})
-    placement = PLACEMENTS[kind](case.graph)
-    placed = _check(case, placement)
-    assert placed.last_step.transfers == _expected_transfers(case.graph, placement)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", list(PLACEMENTS))
+def test_resnet50_placed_step_equals_unplaced(resnet50, kind):
+    placement = PLACEMENTS[kind](resnet50.graph)
+    placed = _check(resnet50, placement)
+    assert placed.last_step.transfers == _expected_transfers(resnet50.graph, placement)
 
 
 # --- training with an optimizer -----------------------------------------------------------------

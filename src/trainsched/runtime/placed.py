@@ -52,7 +52,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 from torch import fx, nn
-from torch.export.graph_signature import InputKind, OutputKind
+from torch.export.graph_signature import ConstantArgument, InputKind, OutputKind
 
 from trainsched.capture.trace import _match_inputs, _normalise, quiet_torch_logs
 from trainsched.coarsen import coarsen_by_module
@@ -154,6 +154,8 @@ class _Program:
     in_spec: Any
     out_spec: Any
     user_inputs: list[str]                 # user-input placeholders, flat-argument order
+    constant_inputs: dict[str, Any]        # those export specialised to their example value
+    tensor_inputs: list[str]               # those capture makes input ops of
     state_of: dict[str, tuple[str, str]]   # placeholder -> (kind, fqn): param/buffer/constant
     constants: dict[str, Any]
     steps: list[str]                       # capture's op-level ops, program order
@@ -177,14 +179,15 @@ def _export(model: nn.Module, args: tuple, kwargs: dict) -> _Program:
     signature = program.graph_signature
     state_of: dict[str, tuple[str, str]] = {}
     user_inputs: list[str] = []
+    constant_inputs: dict[str, Any] = {}   # non-tensor inputs export baked into the program
     for spec in signature.input_specs:
         kind = {InputKind.PARAMETER: "param", InputKind.BUFFER: "buffer",
                 InputKind.CONSTANT_TENSOR: "constant"}.get(spec.kind)
         if spec.kind == InputKind.USER_INPUT:
             user_inputs.append(spec.arg.name)
+            if isinstance(spec.arg, ConstantArgument):
+                constant_inputs[spec.arg.name] = spec.arg.value
         elif kind is not None:
-            if kind == "buffer" and spec.persistent is False:
-                kind = "constant"  # non-persistent buffers live in the program's constants
             state_of[spec.arg.name] = (kind, spec.target)
         else:
             raise TrainschedError(f"PlacedModule cannot run a program with {spec.kind.name} "
@@ -219,7 +222,8 @@ def _export(model: nn.Module, args: tuple, kwargs: dict) -> _Program:
     nodes = {n.name: n for n in program.graph.nodes}
     return _Program(
         gm=program.graph_module, nodes=nodes, in_spec=program.call_spec.in_spec,
-        out_spec=program.call_spec.out_spec, user_inputs=user_inputs, state_of=state_of,
+        out_spec=program.call_spec.out_spec, user_inputs=user_inputs,
+        constant_inputs=constant_inputs, tensor_inputs=list(traced.inputs), state_of=state_of,
         constants=constants, steps=[s.name for s in traced.steps],
         module_path={s.name: s.module_path for s in traced.steps},
         target={s.name: s.target for s in traced.steps}, mutations=mutations, outputs=outputs)
@@ -227,12 +231,11 @@ def _export(model: nn.Module, args: tuple, kwargs: dict) -> _Program:
 
 def _op_names(program: _Program, granularity: str, depth: int | None) -> dict[str, str]:
     """Exported node (input or step) -> the name a placement at ``granularity`` gives it."""
-    names = [*program.user_inputs, *program.steps]
     if granularity == "op":
-        return {n: n for n in names}
+        return {n: n for n in [*program.tensor_inputs, *program.steps]}
     # The op graph capture builds, listed in program order (its topological order, which is all
     # the coarsening reads), coarsened by the same function.
-    ops = [Op(name=n, target="input") for n in program.user_inputs]
+    ops = [Op(name=n, target="input") for n in program.tensor_inputs]
     ops += [Op(name=n, target=program.target[n], module_path=program.module_path[n])
             for n in program.steps]
     coarse = coarsen_by_module(Graph(ops, []), depth=depth)
@@ -318,6 +321,8 @@ def _plan(program: _Program, placed: dict[str, int]) -> _Plan:
         node = nodes[name]
         if name in placed:
             kind[name], roots[name] = ("step" if name in steps else "input"), (name,)
+        elif name in program.user_inputs:   # a non-tensor input: no op of the graph
+            kind[name], roots[name] = "input", ()
         elif node.op == "placeholder":
             kind[name], roots[name] = "state", ()
         else:
@@ -417,7 +422,8 @@ class _Streams:
             s.wait_stream(self.channels[dst])      # the receiver's channel is busy too
         with torch.cuda.stream(s):
             y = x.to(self.physical[dst], non_blocking=True, copy=force)
-        x.record_stream(s)
+        if x.is_cuda:
+            x.record_stream(s)
         done = torch.cuda.Event()
         done.record(s)
         if self.comm == "sequential":
@@ -572,7 +578,12 @@ class PlacedModule(nn.Module):
                 "PlacedModule was called with arguments structured unlike the example inputs "
                 "it was built with; pass the same positional and keyword arguments")
         for name, value in zip(program.user_inputs, flat, strict=True):
-            expected = program.nodes[name].meta.get("val")
+            if name in program.constant_inputs and value != program.constant_inputs[name]:
+                raise TrainschedError(
+                    f"argument {name!r} is {value!r}, but the model was exported with "
+                    f"{program.constant_inputs[name]!r}, which the program has baked in; build "
+                    "the PlacedModule with the value you call it with")
+            expected = program.nodes[name].meta.get("val") if name in program.nodes else None
             if isinstance(expected, torch.Tensor) and not (
                     isinstance(value, torch.Tensor) and value.shape == expected.shape
                     and value.dtype == expected.dtype):
@@ -714,7 +725,7 @@ class _Step:
             with self.on(d):
                 moved = value.to(self.physical[d], non_blocking=True) \
                     if isinstance(value, torch.Tensor) else value
-            if self.streams is not None and isinstance(moved, torch.Tensor):
+            if self.streams is not None and isinstance(moved, torch.Tensor) and moved.is_cuda:
                 moved.record_stream(self.streams.compute[d])
             self.values[name] = moved
         self.send(-1)
@@ -768,7 +779,7 @@ class _Step:
             for event in done:
                 compute.wait_event(event)
             for t in pytree.tree_leaves(y):
-                if isinstance(t, torch.Tensor):
+                if isinstance(t, torch.Tensor) and t.is_cuda:
                     t.record_stream(compute)
         return y
 
