@@ -84,13 +84,16 @@ def test_one_gradient_costs_the_ring_formula():
         expected = 2 * (n - 1) * ALPHA + 2 * (n - 1) / n * 3 * MB / 1e9
         assert close(task.end_s - task.start_s, expected)
         assert close(expected, ring_allreduce_s(3 * MB, n, cluster.intra_node))
-    # 8 ranks on two nodes: a NIC of 2 GB/s shared by 4 devices, the larger latency.
+    # 8 ranks on two nodes, ring: one ring edge crosses each NIC (2 GB/s, above the 1 GB/s
+    # intra-node link), the larger latency; tree: the 4 devices of a node share the NIC.
     link = collective_link(cluster, 8)
-    assert (link.bandwidth_bytes_per_s, link.latency_s) == (0.5e9, 100e-6)
+    assert (link.bandwidth_bytes_per_s, link.latency_s) == (1e9, 100e-6)
     (task,) = comm(simulate_data_parallel(g, cluster, ranks=8, policy="fifo"))
-    assert close(task.end_s - task.start_s, 14 * 100e-6 + 14 / 8 * 3 * MB / 0.5e9)
+    assert close(task.end_s - task.start_s, 14 * 100e-6 + 14 / 8 * 3 * MB / 1e9)
+    tree_link = collective_link(cluster, 8, "tree")
+    assert (tree_link.bandwidth_bytes_per_s, tree_link.latency_s) == (0.5e9, 100e-6)
     assert close(collective_s(3 * MB, 8, cluster, "tree"),
-                 tree_allreduce_s(3 * MB, 8, link))
+                 tree_allreduce_s(3 * MB, 8, tree_link))
     ps = make_cluster(nodes=2, servers=2)
     worker = Link(bandwidth_bytes_per_s=0.5e9, latency_s=100e-6)
     assert close(collective_s(3 * MB, 8, ps, "ps"),

@@ -27,8 +27,11 @@ collective's rendezvous is the latest representative issue time and its cost use
 ``expand=True`` simulates every rank (to check that collapsing changes nothing).
 
 **Link.** All ranks on one node (``ranks <= devices_per_node``): the intra-node link. Else the
-ring spans nodes and runs at the pace of its slowest hop: bandwidth ``min(intra, NIC /
-devices_per_node)`` (a node's devices share its NIC), latency ``max(intra, inter)``.
+ring spans nodes and runs at the pace of its slowest hop: laid out node by node, one ring edge
+leaves each node and one enters it, so the NIC carries one edge's traffic: bandwidth
+``min(intra, NIC)``, latency ``max(intra, inter)``. A tree (recursive halving and doubling)
+sends from every device of a node across the network at once: ``min(intra, NIC /
+devices_per_node)``.
 Parameter-server traffic leaves the node: the worker link is the NIC share (intra-node link
 on a cluster of one node without an inter-node link), the server link ``cluster.ps_link``.
 
@@ -123,7 +126,7 @@ def _straggler_factors(ranks: int, stragglers: Mapping[int, float] | None) -> di
     return out
 
 
-def collective_link(cluster: Cluster, ranks: int) -> Link:
+def collective_link(cluster: Cluster, ranks: int, algorithm: str = "ring") -> Link:
     """The link a collective over ranks ``0..ranks-1`` runs at (module docstring)."""
     _check_ranks(cluster, ranks)
     intra = cluster.intra_node
@@ -131,8 +134,10 @@ def collective_link(cluster: Cluster, ranks: int) -> Link:
         return intra
     inter = cluster.inter_node
     assert inter is not None  # more than one node always has an inter-node link
-    share = inter.bandwidth_bytes_per_s / cluster.devices_per_node
-    return Link(bandwidth_bytes_per_s=min(intra.bandwidth_bytes_per_s, share),
+    nic = inter.bandwidth_bytes_per_s
+    if algorithm != "ring":  # every device of a node crosses the network at once
+        nic /= cluster.devices_per_node
+    return Link(bandwidth_bytes_per_s=min(intra.bandwidth_bytes_per_s, nic),
                 latency_s=max(intra.latency_s, inter.latency_s))
 
 
@@ -163,7 +168,7 @@ def collective_s(size_bytes: float, ranks: int, cluster: Cluster,
                                   f"{cluster.name!r} has none")
         return parameter_server_s(size_bytes, ranks, cluster.parameter_servers,
                                   _worker_link(cluster), cluster.ps_link)
-    link = collective_link(cluster, ranks)
+    link = collective_link(cluster, ranks, algorithm)
     if algorithm == "tree":
         return tree_allreduce_s(size_bytes, ranks, link)
     return ring_allreduce_s(size_bytes, ranks, link)
