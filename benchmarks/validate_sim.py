@@ -52,7 +52,7 @@ DDP_MODELS = {
 BUCKETS = [None, 5, 1]
 # the pipeline: a model, its global batch, image size, and where stage 1 starts
 PIPE_MODEL = {
-    "full": ("resnet50", 16, 32, "layer3"),
+    "full": ("resnet50", 16, 32, "layer4.1"),  # parameters split about 14.5M / 11M
     "quick": ("small-cnn", 8, None, "conv2"),
 }
 MICROBATCHES = {"full": [2, 4, 8], "quick": [2, 4]}
@@ -67,27 +67,36 @@ def _zoo(name: str, batch: int, image: int | None) -> Any:
     return build(name, batch_size=batch, image_size=image, seed=0)
 
 
+def _units(model: Any) -> list[tuple[str, Any]]:
+    """The model's children in order, nn.Sequential children opened into their own children
+    (``layer4.1``), with a Flatten before a classifier head (torchvision's forward flattens)."""
+    from torch import nn
+
+    units: list[tuple[str, Any]] = []
+    for name, child in model.named_children():
+        if name in ("fc", "classifier", "head"):
+            units.append((f"{name}.flatten", nn.Flatten(1)))
+        if isinstance(child, nn.Sequential) and name not in ("classifier",):
+            units += [(f"{name}.{k}", m) for k, m in child.named_children()]
+        else:
+            units.append((name, child))
+    return units
+
+
 def _stage_modules(name: str, split: str) -> tuple[Any, Any]:
-    """The model cut at child module ``split``: (stage 0, stage 1) as nn.Sequential."""
-    import torch
+    """The model cut before unit ``split`` (see :func:`_units`): (stage 0, stage 1)."""
     from torch import nn
 
     model = _zoo(name, 1, None).model
-    children = list(model.named_children())
-    names = [n for n, _ in children]
-    if split not in names:
-        raise SystemExit(f"{name} has no child module {split!r}; children: {names}")
-    cut = names.index(split)
-    head = [m for _, m in children[:cut]]
-    tail: list[nn.Module] = []
-    for n, m in children[cut:]:
-        if n in ("fc", "classifier", "head"):  # torchvision's forward flattens before these
-            tail.append(nn.Flatten(1))
-        tail.append(m)
     if name == "small-cnn":  # its forward is not a chain of children: rebuild it as one
         return _small_cnn_stages(model)
-    torch.manual_seed(0)
-    return nn.Sequential(*head), nn.Sequential(*tail)
+    units = _units(model)
+    names = [n for n, _ in units]
+    if split not in names:
+        raise SystemExit(f"{name} has no unit {split!r}; units: {names}")
+    cut = names.index(split)
+    return (nn.Sequential(*(m for _, m in units[:cut])),
+            nn.Sequential(*(m for _, m in units[cut:])))
 
 
 def _small_cnn_stages(model: Any) -> tuple[Any, Any]:
