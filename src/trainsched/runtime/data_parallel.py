@@ -12,7 +12,8 @@ layer's update as soon as its gradients are reduced.
   queue → credit) and issues each collective as ``dist.all_reduce(view, async_op=True)`` on a
   zero-copy view of ``grad.view(-1)`` (a partition: a contiguous slice; a bucket of several
   gradients is packed into one buffer and unpacked after). Completion comes back through the
-  work's future and returns the credit.
+  work's future, returns the credit and divides the reduced slice by the world size (gloo has
+  no average).
 - **Order.** Every rank must issue collectives in one order, or gradients are silently summed
   with the wrong partners. ``order="leader"`` (default): rank 0 decides, publishing its k-th
   decision of step s as the store key ``<s>/<k>``; the other ranks issue exactly that sequence,
@@ -23,9 +24,9 @@ layer's update as soon as its gradients are reduced.
   ranks' collectives.
 - **Crossing the barrier** (the policy's ``cross_barrier``). Each parameter has its own
   optimizer (the user's class and options); when its last collective is done the dispatcher
-  divides the gradient by the world size, steps that optimizer and drops the gradient. A
-  forward pre-hook on every module owning parameters waits only for those parameters' updates,
-  so layer l's next forward starts as soon as layer l is updated. Without ``cross_barrier`` the
+  steps that optimizer and drops the gradient. A forward pre-hook on every module owning
+  parameters waits only for those parameters' updates, so layer l's next forward starts as
+  soon as layer l is updated. Without ``cross_barrier`` the
   updates wait for every collective of the step (the baselines' barrier).
 - **Faults.** Every wait has a timeout (``timeout_s``) and every failure (a collective that
   fails because a peer died, a leader that publishes nothing, a wrong order) is raised in the
@@ -574,7 +575,7 @@ class _Dispatch:
         self.updates: list[tuple[int, int]] = []  # (layer, parameter) waiting for an update
         self.deferred: list[int] = []  # without cross_barrier: reduced, waiting for the rest
         self.works: dict[int, Any] = {}
-        self.buffers: dict[int, torch.Tensor] = {}
+        self.tensors: dict[int, torch.Tensor] = {}  # in flight: the view or packed buffer
         self.issued_s: dict[int, float] = {}
         self.queued_s: dict[int, float] = {}
         self.missing: list[int] = []  # per collective: members not ready yet in this step
@@ -694,7 +695,7 @@ class _Dispatch:
             tensor = grad.view(-1)[lo:hi]
         else:
             tensor = torch.cat([sdp._grads[k].view(-1)[lo:hi] for k, lo, hi in row])
-            self.buffers[c] = tensor
+        self.tensors[c] = tensor
         t = _now() - sdp._t0
         self.issued_s[c] = t
         work = dist.all_reduce(tensor, group=sdp._group, async_op=True)
@@ -744,13 +745,15 @@ class _Dispatch:
                 f"({type(exc).__name__}: {first}); another rank probably died or timed "
                 f"out") from None
         self.works.pop(c, None)
-        buffer = self.buffers.pop(c, None)
-        if buffer is not None:
+        tensor = self.tensors.pop(c)
+        if sdp.world_size > 1:
+            tensor.div_(sdp.world_size)  # the average, while the partition is hot in cache
+        if len(self.parts[c]) > 1:  # unpack a bucket
             offset = 0
             for k, lo, hi in self.parts[c]:
                 grad = sdp._grads[k]
                 assert grad is not None
-                grad.view(-1)[lo:hi].copy_(buffer[offset:offset + hi - lo])
+                grad.view(-1)[lo:hi].copy_(tensor[offset:offset + hi - lo])
                 offset += hi - lo
         if sdp._in_window(self.step):
             track = self.tracks[c]
@@ -781,8 +784,6 @@ class _Dispatch:
         grad = sdp._grads[k]
         assert grad is not None
         start = _now()
-        if sdp.world_size > 1:
-            grad.div_(sdp.world_size)
         p.grad = grad
         sdp._optimizers[k].step()
         p.grad = None

@@ -1,0 +1,151 @@
+"""Real communication scheduling on this machine: 2 gloo ranks train VGG-16 (32 x 32, batch 4
+per rank), stock DDP against trainsched's FIFO and priority scheduling.
+
+One 2-rank job runs every configuration in turn, interleaved (A B C ... A B C ...), ``--repeats``
+rounds of ``--steps`` timed steps after ``--warmup`` untimed ones (step drift on this host is up
+to 30%, so interleaving matters more than step count). Configurations:
+
+- ``ddp-25MB`` / ``ddp-1MB``: ``torch.nn.parallel.DistributedDataParallel``, bucket caps 25 MB
+  (the default, first bucket 1 MB) and 1 MB;
+- ``fifo``: trainsched's runtime, whole tensors in ready order, the full barrier;
+- ``priority p/c mode``: partitions of p, credit c, ``overdraft`` or ``strict``, crossing the
+  barrier;
+- ``flat``: backward, then one all-reduce of every gradient packed flat (no overlap at all);
+- ``compute-2``: both ranks compute with no communication (the two cores both busy);
+- ``allreduce``: one flat all-reduce of all 553 MB of gradients, alone.
+
+A separate 1-rank job measures compute alone (``compute-1``). The ideal step time is max(compute,
+communication) = max(compute-1, allreduce); "gap closed" is how much of DDP's distance to it the
+best priority configuration removes: (ddp - priority) / (ddp - ideal).
+
+Per configuration: the median of each round's median (``median_s``), the rounds' medians, p10
+and p90 over all timed steps. Printed as a table; written to ``--out``
+(benchmarks/results/comm_real.json).
+
+    python benchmarks/comm_real.py                 # the full run, about 20 minutes
+    python benchmarks/comm_real.py --quick         # a smoke run: mlp, 3 steps, 1 round
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+import statistics
+import sys
+import time
+from typing import Any
+
+from _common import cpu_model, write_results
+from trainsched.runtime.train import Segment, run_segments
+
+MiB = 1 << 20
+TARGET_SPEEDUP = 1.10
+TOLERANCE = 0.03
+
+
+def configurations(steps: int, warmup: int) -> list[Segment]:
+    common = {"steps": steps, "warmup": warmup}
+    out = [Segment(label="ddp-25MB", kind="ddp", bucket_mb=25.0, **common),
+           Segment(label="ddp-1MB", kind="ddp", bucket_mb=1.0, **common),
+           Segment(label="fifo", kind="sdp", policy="fifo", cross_barrier=False, **common)]
+    for p, c in ((4, 16), (16, 64), (64, 64)):
+        for mode in ("overdraft", "strict"):
+            out.append(Segment(label=f"priority {p}/{c}MiB {mode}", kind="sdp",
+                               partition_bytes=p * MiB, credit_bytes=c * MiB, credit_mode=mode,
+                               **common))
+    out += [Segment(label="flat", kind="flat", **common),
+            Segment(label="compute-2", kind="compute", **common),
+            Segment(label="allreduce", kind="allreduce", steps=max(5, steps // 4), warmup=1)]
+    return out
+
+
+def summarise(label: str, rounds: list[list[float]]) -> dict[str, Any]:
+    medians = [statistics.median(r) for r in rounds]
+    pooled = sorted(t for r in rounds for t in r)
+
+    def q(x: float) -> float:
+        return pooled[min(len(pooled) - 1, round(x * (len(pooled) - 1)))]
+
+    return {"label": label, "median_s": statistics.median(medians),
+            "round_medians_s": medians, "p10_s": q(0.1), "p90_s": q(0.9),
+            "steps": len(pooled)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="vgg16")
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--image-size", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="mlp, 3 steps, 1 round")
+    parser.add_argument("--out", default="benchmarks/results/comm_real.json")
+    args = parser.parse_args()
+    if args.quick:
+        args.model, args.image_size, args.steps, args.warmup, args.repeats = "mlp", None, 3, 1, 1
+        args.batch_size = 32
+    configs = configurations(args.steps, args.warmup)
+    began = time.time()
+    schedule = [c for _ in range(args.repeats) for c in configs]
+    job = run_segments(args.model, schedule, nproc=2, batch_size=args.batch_size,
+                       image_size=args.image_size, optimizer="sgd", lr=0.01, timeout_s=7200)
+    compute_1 = run_segments(args.model, [Segment(label="compute-1", kind="compute",
+                                                  steps=args.steps, warmup=args.warmup)] *
+                             args.repeats, nproc=1, batch_size=args.batch_size,
+                             image_size=args.image_size, timeout_s=3600)
+    rows: dict[str, list[list[float]]] = {}
+    for seg in (*job.segments, *compute_1.segments):
+        rows.setdefault(seg.label, []).append(list(seg.step_times_s))
+    summary = {label: summarise(label, rounds) for label, rounds in rows.items()}
+
+    ddp = summary["ddp-25MB"]["median_s"]
+    compute = summary["compute-1"]["median_s"]
+    comm = summary["allreduce"]["median_s"]
+    ideal = max(compute, comm)
+    scheduled = [s for s in summary if s == "fifo" or s.startswith("priority")]
+    best = min((s for s in scheduled if s.startswith("priority")),
+               key=lambda s: summary[s]["median_s"])
+    best_s = summary[best]["median_s"]
+    worst = max(scheduled, key=lambda s: summary[s]["median_s"])
+    verdict = {
+        "ddp_s": ddp, "ideal_s": ideal, "compute_1_s": compute, "allreduce_s": comm,
+        "best_priority": best, "best_priority_s": best_s, "speedup_vs_ddp": ddp / best_s,
+        "gap_closed": (ddp - best_s) / (ddp - ideal) if ddp > ideal else None,
+        "worst_scheduled": worst, "worst_vs_ddp": summary[worst]["median_s"] / ddp,
+        "target_speedup_met": ddp / best_s >= TARGET_SPEEDUP,
+        "no_config_3pct_slower": summary[worst]["median_s"] <= ddp * (1 + TOLERANCE),
+    }
+
+    print(f"{args.model} {args.image_size}x{args.image_size}, batch {args.batch_size} per rank, "
+          f"2 gloo ranks; medians of {args.repeats} rounds x {args.steps} steps")
+    print(f"{'configuration':<28} {'median s':>9} {'p10':>7} {'p90':>7} {'vs ddp-25MB':>12}  "
+          f"round medians")
+    for label, s in summary.items():
+        rounds = " ".join(f"{m:.3f}" for m in s["round_medians_s"])
+        print(f"{label:<28} {s['median_s']:>9.3f} {s['p10_s']:>7.3f} {s['p90_s']:>7.3f} "
+              f"{ddp / s['median_s']:>11.2f}x  {rounds}")
+    print(f"ideal max(compute-1, allreduce) = {ideal:.3f} s; best priority {best} "
+          f"{best_s:.3f} s = {ddp / best_s:.2f}x DDP, closes "
+          f"{100 * (verdict['gap_closed'] or 0):.0f}% of the gap; worst scheduled {worst} "
+          f"{verdict['worst_vs_ddp']:.2f}x DDP's time")
+    results = {
+        "benchmark": "comm_real",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "wall_s": time.time() - began,
+        "machine": {"cpu": cpu_model(), "platform": platform.platform(),
+                    "python": platform.python_version(), **job.host},
+        "settings": {"model": args.model, "batch_size": args.batch_size,
+                     "image_size": args.image_size, "steps": args.steps,
+                     "warmup": args.warmup, "repeats": args.repeats, "nproc": 2,
+                     "optimizer": "sgd", "order": [c.label for c in configs]},
+        "summary": summary, "verdict": verdict,
+        "raw": {label: rounds for label, rounds in rows.items()},
+    }
+    write_results(args.out, results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
