@@ -263,10 +263,17 @@ def main() -> None:
     except Exception:
         result = {"crash": traceback.format_exc()}
     path.write_text(json.dumps(result))
-    if cfg["job"] != "fault":
-        dist.barrier()  # rank 0 hosts the store: keep it until every rank is done with it
     sys.stdout.flush()
-    os._exit(0)  # a survivor of a dead peer must not wait for the group's teardown
+    if cfg["job"] == "fault":
+        os._exit(0)  # a survivor of a dead peer must not wait for the group's teardown
+    dist.barrier()  # rank 0 hosts the store: keep it until every rank is done with it
+    # Exit normally with a wrapper still open and its last step in flight: the exit hook
+    # drains and closes it, and the process must not hang (the launcher's deadline would
+    # fail the test).
+    sdp = ScheduledDataParallel(net(), PriorityPolicy(partition_bytes=KiB, credit_bytes=KiB,
+                                                      cross_barrier=True))
+    for s in range(2):
+        loss_of(sdp(batch(s, rank))).backward()
 
 
 if __name__ == "__main__":
