@@ -116,7 +116,8 @@ def train_plain(rank: int, world: int, optimizer: str) -> list[torch.Tensor]:
 
 
 def train_sdp(rank: int, policy, optimizer: str, steps: int = STEPS, sleeps: random.Random |
-              None = None, model: nn.Module | None = None, **kw) -> list[torch.Tensor]:
+              None = None, model: nn.Module | None = None, stats: dict | None = None,
+              **kw) -> list[torch.Tensor]:
     m = net() if model is None else model
     cls, kwargs = OPTIMIZERS[optimizer]
     sdp = ScheduledDataParallel(m, policy, optimizer=cls, optimizer_kwargs=kwargs,
@@ -134,6 +135,8 @@ def train_sdp(rank: int, policy, optimizer: str, steps: int = STEPS, sleeps: ran
         sdp.drain()
     finally:
         sdp.close()
+    if stats is not None:
+        stats["max_in_flight_bytes"] = sdp.max_in_flight_bytes
     return params(m)
 
 
@@ -182,9 +185,13 @@ def job_fuzz(cfg: dict) -> dict:
     timeline = Path(cfg["out"]) / "timeline"
     timeline.mkdir(exist_ok=True)
     ref = train_ddp(rank, "momentum", steps=steps)
+    stats: dict = {}
     got = train_sdp(rank, policy, "momentum", steps=steps, sleeps=random.Random(rank + 7),
-                    verify_order_every=1, timeline=timeline, timeline_steps=(1, steps - 1))
+                    verify_order_every=1, timeline=timeline, timeline_steps=(1, steps - 1),
+                    stats=stats)
     out["fuzz_vs_ddp"] = max_diff(got, ref)
+    out["credit_bytes"] = policy.credit_bytes
+    out["max_in_flight_bytes"] = stats["max_in_flight_bytes"]
 
     # Bad input, rejected at construction on every rank (no collective is issued).
     out["mismatch"] = error_of(lambda: ScheduledDataParallel(net(extra=rank == 1), "fifo"))

@@ -51,6 +51,20 @@ def test_every_policy_and_optimizer_equals_ddp_and_plain_all_reduce(main_job):
         assert r["ranks_identical"]
 
 
+def in_flight_peak(trace: dict) -> int:
+    """The most bytes of COMM slices (issued -> done) open at one instant."""
+    edges = []
+    for e in trace["traceEvents"]:
+        if e["ph"] == "X" and e["args"]["phase"] == "COMM":
+            size = e["args"]["bytes"]
+            edges += [(e["ts"], 1, size), (e["ts"] + e["dur"], 0, -size)]
+    peak = current = 0
+    for _, _, delta in sorted(edges):  # at equal times, ends (0) before starts (1)
+        current += delta
+        peak = max(peak, current)
+    return peak
+
+
 def crossing_violations(trace: dict) -> tuple[int, list[str]]:
     """Pairs (UPDATE of layer l in step t, FWD of layer l in step t+1) checked, and those
     where the forward started before the update ended."""
@@ -87,6 +101,9 @@ def check_fuzz(tmp_path: Path, results: list[dict], steps: int) -> None:
         trace = json.loads((tmp_path / "timeline" / f"rank{rank}.trace.json").read_text())
         phases = {e["args"]["phase"] for e in trace["traceEvents"] if e["ph"] == "X"}
         assert phases >= {"FWD", "BWD", "UPDATE", "QUEUE", "COMM"}
+        # Strict credit on every rank: the dispatcher's count, and the trace's COMM slices.
+        assert 0 < r["max_in_flight_bytes"] <= r["credit_bytes"]
+        assert in_flight_peak(trace) <= r["credit_bytes"]
         checked, bad = crossing_violations(trace)
         # 4 layers; FWD of steps 2..steps-1 after UPDATE of 1..steps-2.
         assert checked == 4 * (steps - 2) and not bad, bad

@@ -144,6 +144,7 @@ class ScheduledDataParallel(nn.Module):
         self._grads: list[torch.Tensor | None] = [None] * len(self._params)
         self._error: TrainschedError | None = None
         self._closed = False
+        self._max_in_flight = 0.0
 
         # Training-thread state.
         self._t0 = _now()
@@ -311,6 +312,12 @@ class ScheduledDataParallel(nn.Module):
     def steps(self) -> int:
         """Backward passes completed so far."""
         return self._backwards
+
+    @property
+    def max_in_flight_bytes(self) -> float:
+        """The most bytes this rank ever had in flight (the credit invariant's witness)."""
+        return self._max_in_flight
+
 
     def drain(self, timeout_s: float | None = None) -> None:
         """Wait until every gradient handed over so far is reduced and applied (before
@@ -696,6 +703,7 @@ class _Dispatch:
         else:
             tensor = torch.cat([sdp._grads[k].view(-1)[lo:hi] for k, lo, hi in row])
         self.tensors[c] = tensor
+        sdp._max_in_flight = self.core.max_in_flight_bytes
         t = _now() - sdp._t0
         self.issued_s[c] = t
         work = dist.all_reduce(tensor, group=sdp._group, async_op=True)
