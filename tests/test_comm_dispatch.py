@@ -246,7 +246,8 @@ def test_same_dispatch_order_and_times_as_the_simulator():
     for _ in range(10):
         g = chain_graph(rng, rng.randrange(2, 9))
         gradients = graph_gradients(g)
-        for policy in (FifoPolicy(), DdpBucketPolicy(first_bucket_bytes=MB, bucket_bytes=3 * MB),
+        for policy in (FifoPolicy(), DdpBucketPolicy(first_bucket_bytes=MB, bucket_bytes=3 * MB,
+                                                        bucket_copies=False),
                        PriorityPolicy(),
                        PriorityPolicy(partition_bytes=MB, credit_bytes=2 * MB),
                        PriorityPolicy(partition_bytes=MB // 2, credit_bytes=MB,

@@ -136,7 +136,7 @@ def test_fifo_versus_ddp_buckets_by_hand():
 
     # DDP: the first bucket closes at >= 1 MiB: {g2, g1} (1.2 MB) issued at 7 ms; {g0} at 8 ms
     # waits for the wire until 8.3 ms.
-    ddp = simulate_data_parallel(g, cluster, ranks=2, policy="ddp")
+    ddp = simulate_data_parallel(g, cluster, ranks=2, policy=DdpBucketPolicy(bucket_copies=False))
     spans_close(ddp, {"bucket0": (7, 8.3), "bucket1": (8.3, 10.4), "L0:opt": (10.4, 11.4),
                       "L2:opt": (11.7, 12.0)})
     assert close(ddp.step_time_s, 12.0 * MS)
@@ -145,7 +145,8 @@ def test_fifo_versus_ddp_buckets_by_hand():
 
     # One 25 MiB bucket (no small first bucket): all 3.2 MB at 8 ms.
     one = simulate_data_parallel(g, cluster, ranks=2,
-                                 policy=DdpBucketPolicy(first_bucket_bytes=25 << 20))
+                                 policy=DdpBucketPolicy(first_bucket_bytes=25 << 20,
+                                                        bucket_copies=False))
     spans_close(one, {"bucket0": (8, 11.3)})
     assert close(one.step_time_s, 12.9 * MS)
 
@@ -475,3 +476,28 @@ def test_host_driven_communication_takes_its_share_of_compute():
     host = [t for t in full.tasks if t.category == "comm-host"]
     assert len(host) == 3 and all("gpu0/compute" in t.resources for t in host)
     assert close(sum(s.end_s - s.start_s for s in full.critical_path), full.step_time_s)
+
+
+def test_ddp_bucket_copies_run_on_the_compute_stream():
+    """DDP copies each bucket's gradients in before its all-reduce and out after it, at the
+    device's memory bandwidth (2 GB/s here). bucket0 (g2 + g1, 1.2 MB) copies in over
+    [7, 7.6] when L1:dW ends, ahead of L0:dW ([7.6, 8.6]), and reduces over [7.6, 8.9];
+    bucket1 (g0, 2 MB) copies in over [8.6, 9.6], so bucket0's copy-out waits until 9.6
+    ([9.6, 10.2]); bucket1 reduces over [9.6, 11.7] and copies out over [11.7, 12.7]; then
+    the SGD steps (1 + 0.3 + 0.3 ms): 14.3 ms in all."""
+    from dataclasses import replace
+
+    g = three_layers(2 * MB, 600_000, 600_000)
+    base = make_cluster()
+    cluster = replace(base, device=replace(base.device, memory_bandwidth_bytes_per_s=2e9))
+    result = simulate_data_parallel(g, cluster, ranks=2, policy=DdpBucketPolicy())
+    spans_close(result, {"bucket0 copy-in": (7, 7.6), "L0:dW": (7.6, 8.6),
+                         "bucket0": (7.6, 8.9), "bucket1 copy-in": (8.6, 9.6),
+                         "bucket0 copy-out": (9.6, 10.2), "bucket1": (9.6, 11.7),
+                         "bucket1 copy-out": (11.7, 12.7), "L2:opt": (14.0, 14.3)})
+    assert close(result.step_time_s, 14.3 * MS)
+    copies = [t for t in result.tasks if t.category == "comm-copy"]
+    assert len(copies) == 4 and all("gpu0/compute" in t.resources for t in copies)
+    plain = simulate_data_parallel(g, cluster, ranks=2, policy=DdpBucketPolicy(bucket_copies=False))
+    assert plain.step_time_s < result.step_time_s
+    assert close(sum(s.end_s - s.start_s for s in result.critical_path), result.step_time_s)

@@ -219,12 +219,17 @@ class DdpBucketPolicy:
     ``first_bucket_bytes=bucket_bytes`` for a custom cap), the others ``bucket_bytes``
     (25 MiB). Buckets are launched in index order (``Reducer::mark_bucket_ready``): bucket i
     once its gradients are ready and bucket i-1 was launched (``ordered_issue``).
+    ``bucket_copies`` (DDP's default, ``gradient_as_bucket_view=False``): each gradient is
+    copied into its bucket's flat buffer before the all-reduce and back after it; the
+    simulator charges both copies to the rank's compute stream at the device's memory
+    bandwidth.
     """
 
     bucket_bytes: int = 25 * MiB
     first_bucket_bytes: int = 1 * MiB
     order: str = "ready"
     cross_barrier: bool = False
+    bucket_copies: bool = True
     queue: ClassVar[str] = "fifo"
     credit_bytes: ClassVar[float | None] = None
     credit_mode: ClassVar[str] = "strict"

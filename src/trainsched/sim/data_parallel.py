@@ -12,6 +12,9 @@ replays it:
   last rank has all its members ready (and, with ``ordered_issue``, issued the one before it);
   it waits in the queue, is dispatched under the credit, and runs on every rank's channel at
   once, one collective at a time per channel, for ``collective_s(size, ranks)``.
+- **Bucket copies.** A policy with ``bucket_copies`` (DDP's buckets) copies each collective's
+  gradients into a flat buffer before it is issued and back after it ends: two compute tasks
+  of ``size / memory bandwidth`` on the rank's stream, ahead of waiting ops.
 - **Host-driven communication.** With ``cluster.device.comm_compute_share`` = γ > 0, a
   collective that starts on the wire also puts a task of γ times its duration on each rank's
   compute stream, ahead of every op waiting there (it cannot preempt a running op): the CPU
@@ -265,6 +268,9 @@ def _lower(low: _Lowering, graph: Graph, order: Sequence[str], plan: Sequence[An
     feeds: dict[int, list[int]] = {}
     out = _Lowered()
     share = low.cluster.device.comm_compute_share if low.cluster is not None else 0.0
+    copies = bool(getattr(policy, "bucket_copies", False))
+    copy_bw = low.cluster.device.memory_bandwidth_bytes_per_s if low.cluster is not None else 0
+    after: dict[tuple[int, int], int] = {}  # (collective, rep) -> the task that ends it there
     for c, coll in enumerate(plan):
         duration = collective_s(coll.size_bytes, ranks, low.cluster, algorithm)
         if share:
@@ -281,17 +287,32 @@ def _lower(low: _Lowering, graph: Graph, order: Sequence[str], plan: Sequence[An
                       "members": coll.members, "priority": coll.priority,
                       "algorithm": algorithm, "ranks": ranks, "rank": rank},
             )  # fmt: skip
-            for m in coll.members:
-                dw = base[k] + grad_pos[m]
-                tasks.add_dependency(dw, t)
-                feeds.setdefault(dw, []).append(c)
+            after[c, k] = t
+            if copies:
+                copy = coll.size_bytes / copy_bw
+                info = {"collective": coll.name, "bytes": coll.size_bytes, "rank": rank}
+                into = low.compute(f"{coll.name} copy-in", copy, k, priority=-1,
+                                   category="comm-copy", args=info)
+                for m in coll.members:
+                    tasks.add_dependency(base[k] + grad_pos[m], into)
+                tasks.add_dependency(into, t)
+                feeds.setdefault(into, []).append(c)
+                back = low.compute(f"{coll.name} copy-out", copy, k, priority=-1,
+                                   category="comm-copy", args=info)
+                tasks.add_dependency(t, back)
+                after[c, k] = back
+            else:
+                for m in coll.members:
+                    dw = base[k] + grad_pos[m]
+                    tasks.add_dependency(dw, t)
+                    feeds.setdefault(dw, []).append(c)
             row.append(t)
         for m in coll.members:
             holders[m].append(c)
         out.parts.append(row)
         out.sizes.append(coll.size_bytes)
         out.priorities.append(coll.priority)
-        out.pending.append(len(coll.members) * len(reps)
+        out.pending.append((1 if copies else len(coll.members)) * len(reps)
                            + (1 if policy.ordered_issue and c > 0 else 0))
 
     if plan:
@@ -303,13 +324,13 @@ def _lower(low: _Lowering, graph: Graph, order: Sequence[str], plan: Sequence[An
                                     if pred in grad_of_op
                                     for c in holders[grad_of_op[pred]]})  # fmt: skip
                     for c in waits:
-                        tasks.add_dependency(out.parts[c][k], base[k] + p)
+                        tasks.add_dependency(after[c, k], base[k] + p)
             else:
                 barrier = tasks.add_task("barrier", 0.0, (), priority=len(ops) + len(plan),
                                          category="barrier", device=k,
                                          args={"rank": rank, "represents": class_sizes[k]})
-                for row in out.parts:
-                    tasks.add_dependency(row[k], barrier)
+                for c in range(len(out.parts)):
+                    tasks.add_dependency(after[c, k], barrier)
                 for p in optimizers:
                     tasks.add_dependency(barrier, base[k] + p)
     out.feeds = [()] * len(tasks)
