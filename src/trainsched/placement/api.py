@@ -1,0 +1,406 @@
+"""``place()``: reduce a graph, run a placer (or all of them), expand, predict, report.
+
+Every placer is a pure function of (reduced problem, machine, context) registered in
+:data:`PLACERS`; ``auto`` runs them all and keeps the one whose placement the simulator
+(:func:`trainsched.sim.simulate_placed` on the full graph) predicts fastest without running out
+of memory, so it is never worse than one device (when the model fits there) or the best
+contiguous split, by the simulator's own measure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from trainsched.cluster import COMM_MODES, Cluster
+from trainsched.errors import TrainschedError
+from trainsched.graph import Graph
+from trainsched.placement.baselines import contiguous_devices, group_static_bytes, single_devices
+from trainsched.placement.etf import m_etf
+from trainsched.placement.model import Machine, Schedule, Stall, run_schedule
+from trainsched.placement.reduce import Problem, reduce_graph
+from trainsched.placement.sct import m_sct
+from trainsched.placement.topo import topo_devices
+from trainsched.plan import Placement
+from trainsched.units import format_size
+
+__all__ = ["ALGORITHMS", "PLACERS", "Candidate", "PlacementResult", "place"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Context:
+    """What placers may need beyond the reduced problem."""
+
+    group_weights: Mapping[str, list[float]]  # contiguous: weight per group by kind
+    sct_threshold: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Run:
+    """A placer's answer: a device per op (static placers) or a schedule (dynamic ones)."""
+
+    devices: list[int] | None = None
+    schedule: Schedule | None = None
+    lp_value_s: float | None = None
+
+
+Placer = Callable[[Problem, Machine, _Context], _Run]
+
+
+def _sct(problem: Problem, machine: Machine, ctx: _Context) -> _Run:
+    schedule, w_star, _ = m_sct(problem, machine, ctx.sct_threshold)
+    return _Run(schedule=schedule, lp_value_s=w_star)
+
+
+def _contiguous(by: str) -> Placer:
+    def run(problem: Problem, machine: Machine, ctx: _Context) -> _Run:
+        return _Run(devices=contiguous_devices(problem, machine, ctx.group_weights[by]))
+    return run
+
+
+#: name -> placer, in the order ``auto`` breaks exact ties (after fewer devices used).
+PLACERS: dict[str, Placer] = {
+    "m-sct": _sct,
+    "m-etf": lambda problem, machine, ctx: _Run(schedule=m_etf(problem, machine)),
+    "m-topo": lambda problem, machine, ctx: _Run(devices=topo_devices(problem, machine)),
+    "contiguous-params": _contiguous("params"),
+    "contiguous-compute": _contiguous("compute"),
+    "contiguous-count": _contiguous("count"),
+    "single": lambda problem, machine, ctx: _Run(devices=single_devices(problem, machine)),
+}
+ALGORITHMS = ("auto", *PLACERS)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """One placer's outcome under ``auto``: the simulator's step time, or why it failed."""
+
+    name: str
+    step_s: float | None
+    oom: bool
+    devices_used: int
+    error: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class PlacementResult:
+    """A placement with the placer's own schedule (on the reduced graph) and the predictions.
+
+    ``makespan_s`` is the placer's schedule of the reduced graph (forward ops only, for a
+    forward-only placement); ``predicted_step_s`` is the simulator's step on the full graph
+    (None when not simulated); ``lower_bound_s`` = max(critical path, total compute / devices)
+    of the full graph. ``wall_s`` is placement time (reduction and placers; for ``auto`` also
+    the scoring simulations), ``reduce_s`` the reduction's part and ``placer_s`` the chosen
+    placer's own (for a static placer, without scheduling its placement); none is written into
+    the placement file, which stays byte-identical for equal inputs.
+    """
+
+    placement: Placement
+    algorithm: str
+    placer: str
+    problem: Problem
+    schedule: Schedule
+    machine: Machine
+    makespan_s: float
+    predicted_step_s: float | None
+    lower_bound_s: float
+    peak_bytes: tuple[int, ...]
+    simulated_peak_bytes: tuple[int, ...] | None
+    ops_before: int
+    ops_after: int
+    wall_s: float
+    reduce_s: float
+    placer_s: float
+    lp_value_s: float | None
+    candidates: tuple[Candidate, ...] = ()
+
+    def device_order(self) -> tuple[tuple[str, ...], ...]:
+        """Per device, the (reduced) ops in the order the placer starts them."""
+        names = self.problem.names
+        return tuple(tuple(names[i] for i in ops) for ops in self.schedule.order)
+
+    def op_times(self) -> dict[str, tuple[int, float, float]]:
+        """Reduced op name -> (device, start, end) in the placer's schedule."""
+        s = self.schedule
+        return {name: (s.device[i], s.start_s[i], s.end_s[i])
+                for i, name in enumerate(self.problem.names)}
+
+    def transfers(self) -> tuple[dict[str, Any], ...]:
+        """The placer's transfers in commit order (each channel serves them in this order)."""
+        p, names = self.problem, self.machine.names
+        return tuple({"tensor": p.tensor_key[x.tensor],
+                      "producer": p.names[p.tensor_producer[x.tensor]],
+                      "src": names[x.src], "dst": names[x.dst], "bytes": x.size_bytes,
+                      "start_s": x.start_s, "end_s": x.end_s}
+                     for x in self.schedule.transfers)  # fmt: skip
+
+    def summary(self) -> dict[str, Any]:
+        """What ``trainsched place --json`` prints."""
+        names = self.machine.names
+        peaks = self.simulated_peak_bytes or self.peak_bytes
+        return {
+            "algorithm": self.algorithm,
+            "placer": self.placer,
+            "placement_s": self.wall_s,
+            "reduce_s": self.reduce_s,
+            "placer_s": self.placer_s,
+            "predicted_step_s": self.predicted_step_s,
+            "placer_makespan_s": self.makespan_s,
+            "lower_bound_s": self.lower_bound_s,
+            "lp_value_s": self.lp_value_s,
+            "peak_bytes": dict(zip(names, peaks, strict=True)),
+            "capacity_bytes": dict(zip(names, self.machine.capacity, strict=True)),
+            "ops_before": self.ops_before,
+            "ops_after": self.ops_after,
+            "ops_per_device": {names[d]: n for d, n in enumerate(self._ops_per_device())},
+            "candidates": [dataclasses.asdict(c) for c in self.candidates],
+        }
+
+    def _ops_per_device(self) -> list[int]:
+        counts = [0] * self.placement.num_devices
+        for d in self.placement.device_of.values():
+            counts[d] += 1
+        return counts
+
+
+def place(graph: Graph, cluster: Cluster, algorithm: str = "auto", *, comm: str | None = None,
+          fusion: bool = True, coplacement: bool = True, forward_only: bool | None = None,
+          group_cap_fraction: float = 0.5, sct_threshold: float = 0.5,
+          memory_fraction: float = 1.0, reserved_bytes: int = 0,
+          backward_in_weight: bool = False, simulate: bool = True) -> PlacementResult:
+    """Place ``graph`` on ``cluster`` with ``algorithm`` (one of :data:`ALGORITHMS`).
+
+    ``comm`` overrides the cluster's contention mode; ``forward_only`` defaults to True for
+    training graphs (any non-forward op). Usable memory per device is ``memory_bytes ×
+    memory_fraction − reserved_bytes``. Raises :class:`TrainschedError` when nothing fits,
+    naming the op and the memory per device a placement would need.
+    """
+    began = time.perf_counter()
+    if algorithm not in ALGORITHMS:
+        raise TrainschedError(f"unknown placement algorithm {algorithm!r}; "
+                              f"choose one of {', '.join(ALGORITHMS)}")
+    if comm is not None:
+        if comm not in COMM_MODES:
+            raise TrainschedError(f"comm must be 'sequential' or 'parallel', got {comm!r}")
+        cluster = dataclasses.replace(cluster, comm=comm)
+    if not 0 < group_cap_fraction <= 1:
+        raise TrainschedError(f"group_cap_fraction must be in (0, 1], got {group_cap_fraction!r}")
+    if not 0 <= sct_threshold <= 1:
+        raise TrainschedError(f"sct_threshold must be in [0, 1], got {sct_threshold!r}")
+    if len(graph) == 0:
+        raise TrainschedError("the graph has no ops to place")
+    machine = Machine.from_cluster(cluster, memory_fraction=memory_fraction,
+                                   reserved_bytes=reserved_bytes)
+    if forward_only is None:
+        forward_only = any(op.kind != "forward" for op in graph.ops)
+    problem = reduce_graph(graph, forward_only=forward_only, coplacement=coplacement,
+                           fusion=fusion, group_cap_bytes=group_cap_fraction * min(
+                               machine.capacity), backward_in_weight=backward_in_weight)
+    _check_totals(problem, machine)
+    ctx = _Context(group_weights=_group_weights(graph, problem), sct_threshold=sct_threshold)
+    reduced_at = time.perf_counter()
+    names = list(PLACERS) if algorithm == "auto" else [algorithm]
+    runs: dict[str, _Run] = {}
+    stalls: dict[str, Stall] = {}
+    placer_s: dict[str, float] = {}
+    for name in names:
+        t0 = time.perf_counter()
+        try:
+            run = PLACERS[name](problem, machine, ctx)
+            placer_s[name] = time.perf_counter() - t0
+            if run.schedule is None:
+                fixed = run_schedule(problem, machine, fixed=run.devices)
+                run = dataclasses.replace(run, schedule=fixed)
+            runs[name] = run
+        except Stall as stall:
+            stalls[name] = stall
+    if not runs:
+        raise _infeasible(problem, machine, ctx, stalls, algorithm)
+    options = {"comm": cluster.comm, "forward_only": forward_only, "fusion": fusion,
+               "coplacement": coplacement}
+    if algorithm != "auto":
+        chosen = algorithm
+        wall = time.perf_counter() - began
+        schedule = runs[chosen].schedule
+        assert schedule is not None
+        simulated = _simulate(graph, cluster, _expand(problem, schedule)) if simulate else None
+        candidates: tuple[Candidate, ...] = ()
+    else:
+        chosen, simulated, candidates = _choose(graph, cluster, machine, problem, runs, stalls)
+        wall = time.perf_counter() - began
+    timings = {"reduce_s": reduced_at - began, "placer_s": placer_s[chosen], "total_s": wall}
+    return _result(graph, cluster, machine, problem, algorithm, chosen, runs[chosen], simulated,
+                   candidates, timings, options)
+
+
+def _group_weights(graph: Graph, problem: Problem) -> dict[str, list[float]]:
+    groups = len(problem.group_ops)
+    weights = {"params": [0.0] * groups, "compute": [0.0] * groups, "count": [0.0] * groups}
+    for op in graph.ops:
+        g = problem.group_of[op.name]
+        weights["params"][g] += op.param_bytes
+        weights["compute"][g] += op.compute_s
+        weights["count"][g] += 1
+    return weights
+
+
+def _expand(problem: Problem, schedule: Schedule) -> dict[str, int]:
+    group_dev = [0] * len(problem.group_ops)
+    for i, g in enumerate(problem.group):
+        group_dev[g] = schedule.device[i]
+    return {name: group_dev[g] for name, g in sorted(problem.group_of.items())}
+
+
+def _simulate(graph: Graph, cluster: Cluster, device_of: dict[str, int]
+              ) -> tuple[float, tuple[int, ...]]:
+    """The simulator's step time and peak bytes per device (0 where unused)."""
+    from trainsched.sim import simulate_placed  # the one reader of the simulator here
+
+    result = simulate_placed(graph, cluster, device_of)
+    names = cluster.device_names()
+    peaks = tuple(result.peak_memory_bytes.get(name, 0) for name in names)
+    return result.step_time_s, peaks
+
+
+def _choose(graph: Graph, cluster: Cluster, machine: Machine, problem: Problem,
+            runs: dict[str, _Run], stalls: dict[str, Stall]
+            ) -> tuple[str, tuple[float, tuple[int, ...]], tuple[Candidate, ...]]:
+    """auto: simulate every placement on the full graph; the fastest that fits wins."""
+    scored = []
+    candidates = []
+    for k, name in enumerate(PLACERS):
+        if name in stalls:
+            candidates.append(Candidate(name=name, step_s=None, oom=True, devices_used=0,
+                                        error=f"no room for op {problem.names[stalls[name].op]!r}"))
+            continue
+        schedule = runs[name].schedule
+        assert schedule is not None
+        device_of = _expand(problem, schedule)
+        step, peaks = _simulate(graph, cluster, device_of)
+        oom = any(b > c for b, c in zip(peaks, machine.capacity, strict=True))
+        used = len(set(device_of.values()))
+        candidates.append(Candidate(name=name, step_s=step, oom=oom, devices_used=used))
+        scored.append(((oom, step, used, k), name, (step, peaks)))
+    _, chosen, simulated = min(scored)
+    return chosen, simulated, tuple(candidates)
+
+
+def _result(graph: Graph, cluster: Cluster, machine: Machine, problem: Problem, algorithm: str,
+            chosen: str, run: _Run, simulated: tuple[float, tuple[int, ...]] | None,
+            candidates: tuple[Candidate, ...], timings: dict[str, float],
+            options: dict[str, Any]) -> PlacementResult:
+    schedule = run.schedule
+    assert schedule is not None
+    device_of = _expand(problem, schedule)
+    m = machine.num_devices
+    critical, _ = graph.critical_path()
+    lower = max(critical, graph.totals().compute_s / m)
+    peaks = simulated[1] if simulated else schedule.peak_bytes
+    meta: dict[str, Any] = {
+        "algorithm": algorithm,
+        "placer": chosen,
+        "cluster": cluster.name,
+        **options,
+        "predicted_step_s": simulated[0] if simulated else None,
+        "placer_makespan_s": schedule.makespan_s,
+        "lower_bound_s": lower,
+        "peak_bytes": dict(zip(machine.names, peaks, strict=True)),
+        "ops_before": len(graph),
+        "ops_after": problem.n,
+    }
+    if run.lp_value_s is not None:
+        meta["lp_value_s"] = run.lp_value_s
+    placement = Placement(device_of=device_of, num_devices=m, meta=meta)
+    return PlacementResult(
+        placement=placement, algorithm=algorithm, placer=chosen, problem=problem,
+        schedule=schedule, machine=machine, makespan_s=schedule.makespan_s,
+        predicted_step_s=simulated[0] if simulated else None, lower_bound_s=lower,
+        peak_bytes=schedule.peak_bytes, simulated_peak_bytes=simulated[1] if simulated else None,
+        ops_before=len(graph), ops_after=problem.n, wall_s=timings["total_s"],
+        reduce_s=timings["reduce_s"], placer_s=timings["placer_s"], lp_value_s=run.lp_value_s,
+        candidates=candidates)
+
+
+# --- infeasibility ----------------------------------------------------------------------------
+
+
+def _check_totals(problem: Problem, machine: Machine) -> None:
+    """Resident memory alone must fit: in total, and each group on one device."""
+    cap = machine.capacity
+    group_res = problem.group_resident()
+    total = sum(group_res)
+    m = machine.num_devices
+    if total > sum(cap):
+        running, op = 0, problem.n - 1
+        for i, g in enumerate(problem.group):
+            if problem.group_ops[g][0] == i:
+                running += group_res[g]
+                if running > sum(cap):
+                    op = i
+                    break
+        raise TrainschedError(
+            f"op {problem.names[op]!r} does not fit: parameters, gradients and optimizer state "
+            f"alone take {format_size(total)}; that needs at least "
+            f"{format_size(math.ceil(total / m))} per device; the cluster has "
+            f"{format_size(min(cap))} on each of {m} devices")
+    for g, res in enumerate(group_res):
+        if res > max(cap):
+            op = problem.group_ops[g][0]
+            raise TrainschedError(
+                f"op {problem.names[op]!r} does not fit: its co-location group holds "
+                f"{format_size(res)} for the whole step, which needs at least {format_size(res)} "
+                f"per device; the cluster has {format_size(max(cap))}")
+
+
+def _infeasible(problem: Problem, machine: Machine, ctx: _Context, stalls: dict[str, Stall],
+                algorithm: str) -> TrainschedError:
+    name = "m-etf" if "m-etf" in stalls else next(iter(stalls))
+    stall = stalls[name]
+    need = _memory_needed(problem, machine)
+    return TrainschedError(
+        f"op {problem.names[stall.op]!r} does not fit ({name} found no device with "
+        f"{format_size(stall.needed_bytes)} free); placing this graph needs at least "
+        f"{format_size(need)} per device; the cluster has {format_size(min(machine.capacity))}"
+        f" on each of {machine.num_devices} devices (use more or larger devices, or a smaller "
+        f"batch)")
+
+
+_SEARCH_OPS = 3000  # above this, only contiguous splits are tried when looking for the need
+
+
+def _memory_needed(problem: Problem, machine: Machine) -> int:
+    """About the least capacity per device at which a placer succeeds: bisection on the
+    capacity, a capacity counting as enough when m-ETF (on graphs up to ``_SEARCH_OPS`` ops)
+    or the count-balanced contiguous split places the graph with it."""
+    m = machine.num_devices
+    weights = [1.0] * len(problem.group_ops)
+
+    def fits(cap: int) -> bool:
+        trial = dataclasses.replace(machine, capacity=(cap,) * m)
+        tries = [lambda: run_schedule(problem, trial, fixed=contiguous_devices(
+            problem, trial, weights))]
+        if problem.n <= _SEARCH_OPS:
+            tries.insert(0, lambda: run_schedule(problem, trial))
+        for attempt in tries:
+            try:
+                attempt()
+                return True
+            except Stall:
+                pass
+        return False
+
+    lo = max(max(problem.group_resident(), default=0), 1)
+    hi = max(sum(group_static_bytes(problem)), lo)
+    while not fits(hi):
+        lo, hi = hi, 2 * hi
+    while hi - lo > max(1, hi // 1000):
+        mid = (lo + hi) // 2
+        if fits(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return hi

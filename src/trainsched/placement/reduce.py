@@ -1,0 +1,372 @@
+"""Graph reduction: the small problem the placers solve, and the way back to the graph.
+
+Four steps (``specs/placement.md`` §3), each mapping reduced ops to original ops:
+
+1. **Co-location** (hard): ops sharing ``Op.group`` (a parameter, a forward op and its backward
+   and optimizer ops) and ops with their ``forward_op`` are merged transitively; a group is
+   never split.
+2. **Forward-only** (training graphs): only forward ops are scheduled; backward and optimizer
+   ops go where their group goes. Their persistent memory (gradients, optimizer state) is
+   charged to the group, and so is what a forward op keeps for its backward (the larger of its
+   output and its saved bytes, held for the whole step). Compute is the forward's unless
+   ``backward_in_weight``.
+3. **Co-placement** (soft): an op with a single consumer joins that consumer's group, unless
+   the merged group would need more than ``group_cap_bytes`` (chains stay placeable).
+4. **Fusion**: inside a group, edge u→v is contracted unless u has another successor *and* v
+   another predecessor, the only case in which a second u⇝v path (and so a cycle after
+   contracting) can exist. A fused op's temp is the peak of running its members in order
+   minus its output, so no internal tensor is lost.
+
+Everything is ordered by a canonical topological order (Kahn, ties by op name), so the result
+does not depend on the order in which a graph lists its ops.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from trainsched.graph import Edge, Graph, Op
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Problem:
+    """A reduced graph, numbered densely in topological order (index = topo index).
+
+    Per op ``i``: ``compute_s[i]``; ``resident[i]`` bytes held from the start of the step (its
+    group's are charged when the group's first op lands); ``output[i]`` bytes allocated at its
+    start, freed once its consumers on its device and its outgoing transfers have ended;
+    ``temp[i]`` bytes while it runs; ``group[i]``. ``inputs[i]`` lists (producer, tensor,
+    bytes), ordered by (producer, tensor key); tensors are numbered in that order too.
+    ``group_of`` maps every original op name to its group; ``members[i]`` are the original ops
+    op ``i`` runs.
+    """
+
+    names: tuple[str, ...]
+    members: tuple[tuple[str, ...], ...]
+    compute_s: tuple[float, ...]
+    resident: tuple[int, ...]
+    output: tuple[int, ...]
+    temp: tuple[int, ...]
+    group: tuple[int, ...]
+    inputs: tuple[tuple[tuple[int, int, int], ...], ...]
+    successors: tuple[tuple[int, ...], ...]
+    tensor_key: tuple[str, ...]
+    tensor_producer: tuple[int, ...]
+    tensor_consumers: tuple[tuple[int, ...], ...]
+    group_ops: tuple[tuple[int, ...], ...]
+    group_of: Mapping[str, int]
+    original_ops: int
+
+    @property
+    def n(self) -> int:
+        return len(self.names)
+
+    def group_resident(self) -> list[int]:
+        totals = [0] * len(self.group_ops)
+        for i, g in enumerate(self.group):
+            totals[g] += self.resident[i]
+        return totals
+
+    def static_bytes(self) -> list[int]:
+        """Per op, everything it may ever hold, charged for good (m-TOPO, contiguous): resident,
+        output and temp bytes, and a copy of every input that comes from another group. A
+        device's level never exceeds the sum over its ops, so a static fit is a real one."""
+        out = []
+        for i in range(self.n):
+            g = self.group[i]
+            copies = sum(size for u, _, size in self.inputs[i] if self.group[u] != g)
+            out.append(self.resident[i] + self.output[i] + self.temp[i] + copies)
+        return out
+
+    def to_graph(self) -> Graph:
+        """The reduced graph as a :class:`Graph` (resident bytes as ``param_bytes``, groups as
+        ``g<k>``): what the placers schedule, for the simulator to replay."""
+        ops = [Op(name=self.names[i], compute_s=self.compute_s[i], param_bytes=self.resident[i],
+                  output_bytes=self.output[i], temp_bytes=self.temp[i],
+                  group=f"g{self.group[i]}", members=self.members[i])
+               for i in range(self.n)]  # fmt: skip
+        edges = [Edge(src=self.names[u], dst=self.names[v], size_bytes=size,
+                      tensor=self.tensor_key[tid])
+                 for v in range(self.n) for u, tid, size in self.inputs[v]]  # fmt: skip
+        return Graph(ops, edges, {"reduced_from_ops": self.original_ops})
+
+
+def canonical_order(graph: Graph) -> list[str]:
+    """Kahn's topological order, ties by op name: independent of how the graph lists its ops."""
+    indegree = {op.name: 0 for op in graph.ops}
+    succ: dict[str, list[str]] = {op.name: [] for op in graph.ops}
+    for e in graph.edges:
+        succ[e.src].append(e.dst)
+        indegree[e.dst] += 1
+    ready = [name for name, d in indegree.items() if d == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        name = heapq.heappop(ready)
+        order.append(name)
+        for s in succ[name]:
+            indegree[s] -= 1
+            if indegree[s] == 0:
+                heapq.heappush(ready, s)
+    return order
+
+
+class _UnionFind:
+    """Union-find whose representative is always the smallest index (deterministic)."""
+
+    def __init__(self, n: int) -> None:
+        self.parent = list(range(n))
+
+    def find(self, x: int) -> int:
+        parent = self.parent
+        root = x
+        while parent[root] != root:
+            root = parent[root]
+        while parent[x] != root:
+            parent[x], x = root, parent[x]
+        return root
+
+    def union(self, a: int, b: int) -> int:
+        ra, rb = self.find(a), self.find(b)
+        if ra > rb:
+            ra, rb = rb, ra
+        self.parent[rb] = ra
+        return ra
+
+
+def _persistent(op: Op) -> int:
+    """Bytes held all step: parameters, buffers, optimizer state, and a weight gradient."""
+    held = op.param_bytes + op.buffer_bytes + op.optimizer_state_bytes
+    return held + (op.output_bytes if op.kind == "backward_weight" else 0)
+
+
+def reduce_graph(graph: Graph, *, forward_only: bool, coplacement: bool, fusion: bool,
+                 group_cap_bytes: float, backward_in_weight: bool = False) -> Problem:
+    """The reduced problem of ``graph`` (see the module docstring)."""
+    order = canonical_order(graph)
+    pos = {name: k for k, name in enumerate(order)}
+    ops = [graph.op(name) for name in order]
+    n0 = len(ops)
+    succ0: list[list[int]] = [[] for _ in ops]
+    for e in graph.edges:
+        succ0[pos[e.src]].append(pos[e.dst])
+
+    # 1. Co-location classes.
+    uf = _UnionFind(n0)
+    first_of_group: dict[str, int] = {}
+    for k, op in enumerate(ops):
+        if op.group is not None:
+            uf.union(first_of_group.setdefault(op.group, k), k)
+        if op.forward_op is not None and op.forward_op in pos:
+            uf.union(pos[op.forward_op], k)
+
+    # 2. Which ops are scheduled; memory and compute of each.
+    if forward_only:
+        with_forward = {uf.find(k) for k, op in enumerate(ops) if op.kind == "forward"}
+        scheduled = [op.kind == "forward" or uf.find(k) not in with_forward
+                     for k, op in enumerate(ops)]  # fmt: skip
+    else:
+        scheduled = [True] * n0
+    resident = [_persistent(op) for op in ops]
+    output = [0 if op.kind == "backward_weight" else op.output_bytes for op in ops]
+    temp = [op.temp_bytes for op in ops]
+    compute = [op.compute_s for op in ops]
+    extra_resident: dict[int, int] = {}  # class -> bytes of its unscheduled ops
+    for k, op in enumerate(ops):
+        if scheduled[k]:
+            if forward_only and any(not scheduled[j] for j in succ0[k]):
+                # Kept for backward through the step: charged as resident, no transient output.
+                resident[k] += max(op.output_bytes, op.saved_bytes)
+                output[k] = 0
+            continue
+        c = uf.find(k)
+        extra_resident[c] = extra_resident.get(c, 0) + resident[k]
+        if backward_in_weight:
+            host = pos.get(op.forward_op) if op.forward_op is not None else None
+            if host is None or not scheduled[host]:
+                host = min(j for j in range(n0) if scheduled[j] and uf.find(j) == c)
+            compute[host] += op.compute_s
+
+    sched = [k for k in range(n0) if scheduled[k]]
+    ssucc = {k: sorted({j for j in succ0[k] if scheduled[j]}) for k in sched}
+
+    # 3. Co-placement: a sole consumer takes its producer's group, within the cap.
+    weight: dict[int, int] = {}
+    for k in sched:
+        c = uf.find(k)
+        weight[c] = weight.get(c, 0) + resident[k] + output[k] + temp[k]
+    for c, extra in extra_resident.items():
+        weight[c] = weight.get(c, 0) + extra
+    if coplacement:
+        for k in sched:
+            if len(ssucc[k]) != 1:
+                continue
+            a, b = uf.find(k), uf.find(ssucc[k][0])
+            if a != b and weight[a] + weight[b] <= group_cap_bytes:
+                total = weight.pop(a) + weight.pop(b)
+                weight[uf.union(a, b)] = total
+
+    # 4. Fusion inside groups.
+    fuse = _UnionFind(n0)
+    if fusion:
+        _fuse(sched, ssucc, uf, fuse)
+
+    return _build(graph, order, ops, sched, scheduled, uf, fuse, compute, resident, output, temp,
+                  extra_resident)
+
+
+def _fuse(sched: list[int], ssucc: dict[int, list[int]], uf: _UnionFind,
+          fuse: _UnionFind) -> None:
+    """Contract edges inside groups, never closing a cycle (see the module docstring)."""
+    succ = {k: set(ssucc[k]) for k in sched}
+    pred: dict[int, set[int]] = {k: set() for k in sched}
+    for k in sched:
+        for j in succ[k]:
+            pred[j].add(k)
+    for x in sched:
+        r = fuse.find(x)
+        while True:
+            group = uf.find(r)
+            pick = -1
+            for v in sorted(succ[r]):
+                if uf.find(v) == group and (len(succ[r]) == 1 or len(pred[v]) == 1):
+                    pick = v
+                    break
+            if pick < 0:
+                break
+            v = pick
+            # Contract v into r (r < v in topological order, so r stays the representative).
+            fuse.parent[v] = r
+            for w in succ.pop(v):
+                pred[w].discard(v)
+                if w != r:
+                    pred[w].add(r)
+                    succ[r].add(w)
+            for w in pred.pop(v):
+                succ[w].discard(v)
+                if w != r:
+                    succ[w].add(r)
+                    pred[r].add(w)
+            succ[r].discard(v)
+            pred[r].discard(v)
+
+
+def _build(graph: Graph, order: list[str], ops: list[Op], sched: list[int],
+           scheduled: list[bool], uf: _UnionFind, fuse: _UnionFind, compute: list[float],
+           resident: list[int], output: list[int], temp: list[int],
+           extra_resident: dict[int, int]) -> Problem:
+    """Reduced ops (fused members), their edges and tensors, renumbered topologically."""
+    node_of = {k: fuse.find(k) for k in sched}
+    members: dict[int, list[int]] = {}
+    for k in sched:
+        members.setdefault(node_of[k], []).append(k)
+    pos = {name: k for k, name in enumerate(order)}
+    # Edges between scheduled ops: inside a node (for the fused memory) or between nodes.
+    inside: dict[int, set[int]] = {k: set() for k in sched}  # producer -> consumers in its node
+    inside_pred: dict[int, set[int]] = {k: set() for k in sched}
+    leaves = dict.fromkeys(sched, False)  # has a consumer in another node
+    consumed = dict.fromkeys(sched, False)
+    between: dict[tuple[int, int, str], int] = {}  # (src node, dst node, tensor) -> bytes
+    for e in graph.edges:
+        a, b = pos[e.src], pos[e.dst]
+        if not (scheduled[a] and scheduled[b]):
+            continue
+        consumed[a] = True
+        na, nb = node_of[a], node_of[b]
+        if na == nb:
+            inside[a].add(b)
+            inside_pred[b].add(a)
+        else:
+            leaves[a] = True
+            key = (na, nb, e.tensor)
+            between[key] = max(between.get(key, 0), e.size_bytes)
+
+    # Node attributes.
+    node_name = {r: order[ks[0]] for r, ks in members.items()}
+    attrs: dict[int, tuple[float, int, int, int]] = {}
+    for r, ks in members.items():
+        out = sum(output[k] for k in ks if leaves[k] or not consumed[k])
+        level = peak = 0
+        left = {k: len(inside[k]) for k in ks}
+        for k in ks:  # members run in topological order
+            level += output[k] + temp[k]
+            peak = max(peak, level)
+            level -= temp[k]
+            for p in inside_pred[k]:
+                left[p] -= 1
+                if left[p] == 0 and consumed[p] and not leaves[p]:
+                    level -= output[p]  # every consumer has run, none outside: freed
+        attrs[r] = (sum(compute[k] for k in ks), sum(resident[k] for k in ks), out,
+                    max(0, peak - out))
+
+    # Renumber nodes topologically (ties by name).
+    node_succ: dict[int, set[int]] = {r: set() for r in members}
+    indeg = dict.fromkeys(members, 0)
+    for na, nb, _ in between:
+        if nb not in node_succ[na]:
+            node_succ[na].add(nb)
+            indeg[nb] += 1
+    ready = [(node_name[r], r) for r, d in indeg.items() if d == 0]
+    heapq.heapify(ready)
+    topo: list[int] = []
+    while ready:
+        _, r = heapq.heappop(ready)
+        topo.append(r)
+        for s in node_succ[r]:
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                heapq.heappush(ready, (node_name[s], s))
+    assert len(topo) == len(members), "fusion closed a cycle"
+    index = {r: i for i, r in enumerate(topo)}
+
+    # Groups, numbered by their first op; unscheduled ops' memory goes to that first op.
+    group_index: dict[int, int] = {}
+    group_ops: list[list[int]] = []
+    for r in topo:
+        c = uf.find(r)
+        if c not in group_index:
+            group_index[c] = len(group_ops)
+            group_ops.append([])
+        group_ops[group_index[c]].append(index[r])
+    res_list = [attrs[r][1] for r in topo]
+    for c, extra in extra_resident.items():
+        res_list[group_ops[group_index[uf.find(c)]][0]] += extra
+    group_of = {order[k]: group_index[uf.find(k)] for k in range(len(order))}
+
+    # Tensors: per producer, by key; inputs ordered by (producer, key).
+    n = len(topo)
+    by_tensor: dict[tuple[int, str], list[tuple[int, int]]] = {}
+    for (na, nb, key), size in between.items():
+        by_tensor.setdefault((index[na], key), []).append((index[nb], size))
+    tensor_key: list[str] = []
+    tensor_producer: list[int] = []
+    tensor_consumers: list[tuple[int, ...]] = []
+    inputs: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]
+    for (u, key) in sorted(by_tensor):
+        tid = len(tensor_key)
+        tensor_key.append(key)
+        tensor_producer.append(u)
+        users = sorted(by_tensor[u, key])
+        tensor_consumers.append(tuple(v for v, _ in users))
+        for v, size in users:
+            inputs[v].append((u, tid, size))
+    successors = [sorted({index[s] for s in node_succ[r]}) for r in topo]
+    return Problem(
+        names=tuple(node_name[r] for r in topo),
+        members=tuple(tuple(order[k] for k in members[r]) for r in topo),
+        compute_s=tuple(attrs[r][0] for r in topo),
+        resident=tuple(res_list),
+        output=tuple(attrs[r][2] for r in topo),
+        temp=tuple(attrs[r][3] for r in topo),
+        group=tuple(group_index[uf.find(r)] for r in topo),
+        inputs=tuple(tuple(x) for x in inputs),
+        successors=tuple(tuple(s) for s in successors),
+        tensor_key=tuple(tensor_key),
+        tensor_producer=tuple(tensor_producer),
+        tensor_consumers=tuple(tensor_consumers),
+        group_ops=tuple(tuple(g) for g in group_ops),
+        group_of=group_of,
+        original_ops=len(order),
+    )
