@@ -222,7 +222,9 @@ def main() -> int:
     else:
         name, kind = cpu_model(), "cpu"
         note = (f"no CUDA device: ran on the CPU at batch {args.batch}, every logical device "
-                "the CPU; peak memory not measured")
+                f"the CPU ({torch.get_num_threads()} thread(s)), so split placements run one "
+                "segment at a time, which the simulator (a device each) does not model; peak "
+                "memory not measured")
     print(f"device: {name} (kind {kind}); {args.devices} logical devices"
           + (f"; {note}" if note else ""), flush=True)
     rows: list[dict[str, Any]] = []
