@@ -47,6 +47,9 @@ def test_real_calibration_on_two_gloo_ranks():
     assert cluster.device.comm_compute_share == cal.comm_compute_share
     assert data["comm_compute_share"] == cal.comm_compute_share
     assert "compute lost to communication" in cal.table()
+    assert cal.memory_bandwidth_bytes_per_s is not None
+    assert 1e8 < cal.memory_bandwidth_bytes_per_s < 1e13
+    assert cluster.device.memory_bandwidth_bytes_per_s == cal.memory_bandwidth_bytes_per_s
     assert "gloo" in cluster.description and cal.measured_at in cluster.description
     assert Cluster.from_dict(cluster.to_dict()) == cluster
     assert cal.to_cluster(name="here").name == "here"

@@ -72,6 +72,7 @@ class Calibration:
     p2p_errors: tuple[float, ...]  # (fitted - measured) / measured, per row
     allreduce_errors: tuple[float, ...]
     comm_compute_share: float = 0.0  # seconds of compute lost per second of all-reduce
+    memory_bandwidth_bytes_per_s: float | None = None  # read + write of a 64 MiB copy
 
     def p2p_predict(self, size_bytes: float) -> float:
         return self.p2p.latency_s + size_bytes / self.p2p.bandwidth_bytes_per_s
@@ -99,6 +100,7 @@ class Calibration:
             "p2p": _link_dict(self.p2p),
             "allreduce": _link_dict(self.allreduce),
             "comm_compute_share": self.comm_compute_share,
+            "memory_bandwidth_bytes_per_s": self.memory_bandwidth_bytes_per_s,
         }
 
     def to_json(self) -> str:
@@ -113,6 +115,9 @@ class Calibration:
                          f"{row.allreduce_s * 1e3:>9.3f} ms {ae:>+8.0%}")
         lines.append(f"compute lost to communication: {self.comm_compute_share:.2f} s per s of "
                      "all-reduce")
+        if self.memory_bandwidth_bytes_per_s:
+            lines.append(f"memory bandwidth (64 MiB copy, read + write, every rank at once): "
+                         f"{self.memory_bandwidth_bytes_per_s / 1e9:.1f} GB/s")
         return "\n".join(lines)
 
     def to_cluster(self, name: str = "calibrated") -> Cluster:
@@ -125,7 +130,10 @@ class Calibration:
             f"{len(sizes)} sizes {min(sizes)}-{max(sizes)} B, median of {self.repeats}; "
             f"p2p alpha-beta line fitted to all sizes (log errors, robust loss), "
             f"worst fit error {self.max_abs_error:.0%}; inter-node link from the cpu preset")
-        device = dataclasses.replace(base.device, comm_compute_share=self.comm_compute_share)
+        device = dataclasses.replace(
+            base.device, comm_compute_share=self.comm_compute_share,
+            memory_bandwidth_bytes_per_s=(self.memory_bandwidth_bytes_per_s
+                                          or base.device.memory_bandwidth_bytes_per_s))
         return Cluster(name=name, description=description, device=device,
                        devices_per_node=self.world_size, num_nodes=1, intra_node=self.p2p,
                        inter_node=base.inter_node, comm=base.comm)
@@ -271,9 +279,11 @@ def calibrate(*, world_size: int = 2, sizes_bytes: Sequence[int] | None = None, 
     p2p, allreduce = fit(rows, world_size)
     host = {**_host_info(backend), **data.get("host", {})}
     share = min(max(float(data.get("comm_compute_share", 0.0)), 0.0), 4.0)
+    memory = data.get("memory_bandwidth")
     cal = Calibration(backend=backend, world_size=world_size, host=host, measured_at=measured_at,
                       repeats=repeats, warmup=warmup, rows=rows, p2p=p2p, allreduce=allreduce,
-                      p2p_errors=(), allreduce_errors=(), comm_compute_share=share)
+                      p2p_errors=(), allreduce_errors=(), comm_compute_share=share,
+                      memory_bandwidth_bytes_per_s=float(memory) if memory else None)
     return dataclasses.replace(cal, p2p_errors=_errors(cal.p2p_predict, rows, "p2p_s"),
                                allreduce_errors=_errors(cal.allreduce_predict, rows,
                                                         "allreduce_s"))
@@ -337,6 +347,7 @@ def _worker_main() -> None:  # pragma: no cover - runs in the spawned processes
         if rank == 0:
             rows.append([size, statistics.median(round_trips) / 2, statistics.median(reduces)])
     share = _interference(dist, device, sync, n)
+    memory = _copy_bandwidth(dist, device, sync, n)
     dist.barrier()
     if rank == 0:
         host = {"torch": torch.__version__, "torch_threads": torch.get_num_threads()}
@@ -344,7 +355,8 @@ def _worker_main() -> None:  # pragma: no cover - runs in the spawned processes
             host["gpu"] = torch.cuda.get_device_name(device)
         tmp = cfg["result"] + ".tmp"
         with open(tmp, "w") as fh:
-            json.dump({"rows": rows, "host": host, "comm_compute_share": share}, fh)
+            json.dump({"rows": rows, "host": host, "comm_compute_share": share,
+                       "memory_bandwidth": memory}, fh)
         os.replace(tmp, cfg["result"])
     dist.destroy_process_group()
 
@@ -400,3 +412,26 @@ def _interference(dist: Any, device: Any, sync: Any, world_size: int,
     mean = torch.tensor([statistics.median(shares)], dtype=torch.float64)
     dist.all_reduce(mean)
     return float(mean) / world_size
+
+
+def _copy_bandwidth(dist: Any, device: Any, sync: Any,
+                    world_size: int) -> float:  # pragma: no cover - runs in the workers
+    """Bytes read and written per second by a 64 MiB copy, every rank copying at once (as in
+    training): the median of 7 on each rank, averaged over ranks."""
+    import torch
+
+    src = torch.ones(16 << 20, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = []
+    for _ in range(7):
+        dist.barrier()
+        sync()
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        sync()
+        times.append(time.perf_counter() - t0)
+    rate = torch.tensor([2 * src.numel() * src.element_size() / statistics.median(times)],
+                        dtype=torch.float64)
+    dist.all_reduce(rate)
+    return float(rate) / world_size

@@ -14,7 +14,8 @@ replays it:
   once, one collective at a time per channel, for ``collective_s(size, ranks)``.
 - **Bucket copies.** A policy with ``bucket_copies`` (DDP's buckets) copies each collective's
   gradients into a flat buffer before it is issued and back after it ends: two compute tasks
-  of ``size / memory bandwidth`` on the rank's stream, ahead of waiting ops.
+  of ``2 · size / memory bandwidth`` (read and write) on the rank's stream, ahead of waiting
+  ops.
 - **Host-driven communication.** With ``cluster.device.comm_compute_share`` = γ > 0, a
   collective that starts on the wire also puts a task of γ times its duration on each rank's
   compute stream, ahead of every op waiting there (it cannot preempt a running op): the CPU
@@ -289,7 +290,7 @@ def _lower(low: _Lowering, graph: Graph, order: Sequence[str], plan: Sequence[An
             )  # fmt: skip
             after[c, k] = t
             if copies:
-                copy = coll.size_bytes / copy_bw
+                copy = 2 * coll.size_bytes / copy_bw  # read and write every byte
                 info = {"collective": coll.name, "bytes": coll.size_bytes, "rank": rank}
                 into = low.compute(f"{coll.name} copy-in", copy, k, priority=-1,
                                    category="comm-copy", args=info)
