@@ -343,8 +343,9 @@ def _check_totals(problem: Problem, machine: Machine) -> None:
                     op = i
                     break
         raise TrainschedError(
-            f"op {problem.names[op]!r} does not fit: parameters, gradients and optimizer state "
-            f"alone take {format_size(total)}; that needs at least "
+            f"op {problem.names[op]!r} does not fit: what the ops hold for the whole step "
+            f"(parameters, gradients, optimizer state, activations kept for backward) takes "
+            f"{format_size(total)}; that needs at least "
             f"{format_size(math.ceil(total / m))} per device; the cluster has "
             f"{format_size(min(cap))} on each of {m} devices")
     for g, res in enumerate(group_res):
