@@ -227,6 +227,48 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- place --------------------------------------------------------------------------------------
+def cmd_place(args: argparse.Namespace) -> int:
+    from trainsched.cluster import resolve_cluster
+    from trainsched.placement import place
+    from trainsched.units import format_duration, format_size
+
+    graph = _training_graph(args.graph, args.optimizer)
+    cluster = resolve_cluster(args.cluster)
+    result = place(graph, cluster, args.algorithm, comm=args.comm, fusion=not args.no_fusion,
+                   coplacement=not args.no_coplacement, forward_only=args.forward_only)
+    if args.output:
+        result.placement.save(args.output)
+    summary = result.summary()
+    if args.json:
+        print(_dump({**summary, "cluster": cluster.name, "output": args.output}))
+        return 0
+    meta = result.placement.meta
+    chosen = f"; auto chose {result.placer}" if args.algorithm == "auto" else ""
+    print(f"{graph.meta.get('model', args.graph)} on {cluster.name} "
+          f"({cluster.num_devices} devices, {meta['comm']} channels): {args.algorithm}{chosen}")
+    print(f"  placement time   {format_duration(result.wall_s)} ({result.ops_before} ops, "
+          f"{result.ops_after} after reduction)")
+    step = result.predicted_step_s
+    print(f"  predicted step   {format_duration(step) if step is not None else '-'} "
+          f"(lower bound {format_duration(result.lower_bound_s)}; placer's schedule "
+          f"{format_duration(result.makespan_s)})")
+    print(f"  {'device':<10}{'ops':>7}{'peak memory':>14}{'capacity':>12}")
+    for name, ops in summary["ops_per_device"].items():
+        peak, cap = summary["peak_bytes"][name], summary["capacity_bytes"][name]
+        print(f"  {name:<10}{ops:>7}{format_size(peak):>14}{format_size(cap):>12}"
+              f"{'  OOM' if peak > cap else ''}")
+    if result.candidates:
+        shown = ", ".join(f"{c.name} {format_duration(c.step_s)}{' OOM' if c.oom else ''}"
+                          if c.step_s is not None else f"{c.name} (did not fit)"
+                          for c in result.candidates)
+        print(f"  candidates       {shown}")
+    if args.output:
+        print(f"  wrote {args.output} (trainsched simulate {args.graph} --cluster {args.cluster}"
+              f" --parallelism placed --placement {args.output})")
+    return 0
+
+
 # -- compare ------------------------------------------------------------------------------------
 def cmd_compare(args: argparse.Namespace) -> int:
     from trainsched import compare as comparing
@@ -503,6 +545,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", default=None, help="write a Chrome/Perfetto trace here (.gz ok)")
     common(p)
     p.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser("place", help="place a graph's ops on a cluster's devices (m-SCT, m-ETF, "
+                       "m-TOPO, baselines) within their memory")
+    p.add_argument("graph", help="a graph file (forward graphs get backward/optimizer ops)")
+    p.add_argument("--cluster", required=True, help="preset, NAME:NODES, or a cluster file")
+    p.add_argument("--algorithm", default="auto",
+                   choices=("auto", "m-sct", "m-etf", "m-topo", "single", "contiguous-params",
+                            "contiguous-compute", "contiguous-count"),
+                   help="auto (default) runs them all and keeps the fastest predicted")
+    p.add_argument("--comm", choices=("sequential", "parallel"), default=None,
+                   help="how transfers contend (default: the cluster's)")
+    p.add_argument("--no-fusion", action="store_true", help="do not fuse ops inside groups")
+    p.add_argument("--no-coplacement", action="store_true",
+                   help="do not join an op with its sole consumer")
+    p.add_argument("--forward-only", action=argparse.BooleanOptionalAction, default=None,
+                   help="place forward ops, backward/optimizer ops follow (default: on for "
+                   "training graphs)")
+    p.add_argument("--optimizer", default="sgd", help="sgd, momentum or adam")
+    p.add_argument("-o", "--output", default=None, help="write the placement JSON here")
+    common(p)
+    p.set_defaults(func=cmd_place)
 
     p = sub.add_parser("compare", help="the main job: every strategy on a model and cluster, "
                        "side by side")
