@@ -479,12 +479,12 @@ def test_host_driven_communication_takes_its_share_of_compute():
 
 
 def test_ddp_bucket_copies_run_on_the_compute_stream():
-    """DDP copies each bucket's gradients in before its all-reduce and out after it, at the
-    device's memory bandwidth (4 GB/s of reads and writes here: 2 GB/s of copying). bucket0
-    (g2 + g1, 1.2 MB) copies in over [7, 7.6] when L1:dW ends, ahead of L0:dW ([7.6, 8.6]), and reduces over [7.6, 8.9];
-    bucket1 (g0, 2 MB) copies in over [8.6, 9.6], so bucket0's copy-out waits until 9.6
-    ([9.6, 10.2]); bucket1 reduces over [9.6, 11.7] and copies out over [11.7, 12.7]; then
-    the SGD steps (1 + 0.3 + 0.3 ms): 14.3 ms in all."""
+    """DDP copies each bucket's gradients in before its all-reduce and out after it, at
+    the device's memory bandwidth (4 GB/s of reads and writes here: 2 GB/s of copying).
+    bucket0 (g2 + g1, 1.2 MB) copies in over [7, 7.6] when L1:dW ends, ahead of L0:dW
+    ([7.6, 8.6]), and reduces over [7.6, 8.9]; bucket1 (g0, 2 MB) copies in over [8.6, 9.6],
+    so bucket0's copy-out waits until 9.6 ([9.6, 10.2]); bucket1 reduces over [9.6, 11.7]
+    and copies out over [11.7, 12.7]; then the SGD steps (1 + 0.3 + 0.3 ms): 14.3 ms."""
     from dataclasses import replace
 
     g = three_layers(2 * MB, 600_000, 600_000)
