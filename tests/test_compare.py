@@ -89,3 +89,20 @@ def test_compare_rejects_bad_widths_before_capturing(tmp_path, capsys):
                  "--out-dir", str(tmp_path / "o")]) == 2
     assert "--ranks 5" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_placed_row_is_never_slower_than_one_device():
+    from trainsched.placement import place
+
+    graph = _chain()
+    cluster = resolve_cluster("baechi-4x2080")
+    rows, results = compare(graph, cluster, Options(ranks=4, microbatches=8, batch_size=16),
+                            ["single", "placed-auto"])
+    single = next(r for r in rows if r.strategy == "single")
+    placed = next(r for r in rows if r.strategy == "placed-auto")
+    assert placed.step_time_s <= single.step_time_s
+    assert placed.samples_per_step == 16 and 1 <= placed.devices <= 4
+    chosen = place(graph, cluster, "auto")
+    assert placed.step_time_s == chosen.predicted_step_s
+    assert f"{chosen.placer} placement on {placed.devices} of 4 devices" == placed.description
+    assert results["placed-auto"].step_time_s == placed.step_time_s

@@ -43,7 +43,7 @@ def test_place_json_and_resimulation_round_trip(tmp_path, capsys):
     for key in ("placement_s", "predicted_step_s", "peak_bytes", "ops_before", "ops_after",
                 "placer", "candidates", "lower_bound_s"):
         assert key in doc
-    assert doc["algorithm"] == "auto" and len(doc["candidates"]) == 7
+    assert doc["algorithm"] == "auto" and len(doc["candidates"]) >= 7
     assert doc["ops_before"] > doc["ops_after"] >= 1
     assert set(doc["peak_bytes"]) == {"gpu0", "gpu1", "gpu2", "gpu3"}
     placement = Placement.load(out)

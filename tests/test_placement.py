@@ -74,6 +74,10 @@ def test_coplacement_merges_a_diamond_like_baechi():
     r = place(graph(*DIAMOND), cluster(2), "m-etf", fusion=False)
     assert r.ops_after == 4 and len(set(r.placement.device_of.values())) == 1
     assert r.makespan_s == 10.0
+    # auto also runs the dynamic placers without co-placement, and finds 7.
+    best = place(graph(*DIAMOND), cluster(2), "auto", fusion=False)
+    assert best.predicted_step_s == 7.0 and best.placer.endswith("/no-coplacement")
+    assert best.placement.meta["coplacement"] is False
 
 
 FORK3 = ([("a", 1), ("b", 5), ("c", 5), ("e", 5)], [("a", "b", 1), ("a", "c", 1), ("a", "e", 1)])
@@ -234,7 +238,7 @@ def test_auto_is_never_worse_than_single_or_contiguous():
         c = cluster(4, "sequential", latency="100ms")
         r = place(g, c, "auto")
         steps = {cand.name: cand.step_s for cand in r.candidates}
-        assert set(steps) == set(PLACERS)
+        assert set(PLACERS) <= set(steps)  # and, when co-placement merged ops, variants
         assert r.predicted_step_s == min(steps.values())
         assert r.predicted_step_s <= steps["single"]
         assert r.predicted_step_s <= min(steps[n] for n in steps if n.startswith("contiguous"))

@@ -10,7 +10,7 @@ their rows to :data:`STRATEGIES`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from trainsched.backprop.schedules import build_schedule
@@ -18,11 +18,13 @@ from trainsched.cluster import Cluster
 from trainsched.comm import comm_policy
 from trainsched.errors import TrainschedError
 from trainsched.graph import Graph
+from trainsched.placement import place
 from trainsched.sim import (
     SimResult,
     bubble_fraction,
     simulate_data_parallel,
     simulate_pipeline,
+    simulate_placed,
     simulate_single,
 )
 from trainsched.stages import stage_costs_from_graph
@@ -82,6 +84,20 @@ def _pipeline(schedule: str) -> Strategy:
     return run
 
 
+def _placed(algorithm: str) -> Strategy:
+    """Model parallelism: ops placed on ``o.ranks`` devices by trainsched.placement."""
+    def run(graph: Graph, cluster: Cluster, o: Options) -> tuple[SimResult, int, int, str]:
+        per_node = min(o.ranks, cluster.devices_per_node)
+        devices = replace(cluster, devices_per_node=per_node,
+                          num_nodes=-(-o.ranks // per_node))
+        chosen = place(graph, devices, algorithm)
+        result = simulate_placed(graph, devices, chosen.placement)
+        used = len(set(chosen.placement.device_of.values()))
+        return result, used, o.batch_size, (
+            f"{chosen.placer} placement on {used} of {devices.num_devices} devices")
+    return run
+
+
 #: name -> strategy; the first is the baseline every speedup is measured against.
 STRATEGIES: dict[str, Strategy] = {
     "single": _single,
@@ -89,6 +105,7 @@ STRATEGIES: dict[str, Strategy] = {
     "data-ddp": _data("ddp"),
     "pipeline-gpipe": _pipeline("gpipe"),
     "pipeline-1f1b": _pipeline("1f1b"),
+    "placed-auto": _placed("auto"),
 }
 
 

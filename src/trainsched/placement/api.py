@@ -10,6 +10,7 @@ contiguous split, by the simulator's own measure.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -197,44 +198,73 @@ def place(graph: Graph, cluster: Cluster, algorithm: str = "auto", *, comm: str 
                                    reserved_bytes=reserved_bytes)
     if forward_only is None:
         forward_only = any(op.kind != "forward" for op in graph.ops)
-    problem = reduce_graph(graph, forward_only=forward_only, coplacement=coplacement,
-                           fusion=fusion, group_cap_bytes=group_cap_fraction * min(
-                               machine.capacity), backward_in_weight=backward_in_weight)
+    reduce = functools.partial(
+        reduce_graph, graph, forward_only=forward_only, fusion=fusion,
+        group_cap_bytes=group_cap_fraction * min(machine.capacity),
+        backward_in_weight=backward_in_weight)
+    problem = reduce(coplacement=coplacement)
     _check_totals(problem, machine)
-    ctx = _Context(group_weights=_group_weights(graph, problem), sct_threshold=sct_threshold)
     reduced_at = time.perf_counter()
     names = list(PLACERS) if algorithm == "auto" else [algorithm]
+    attempts = [_Attempt(name=name, placer=name, problem=problem, coplacement=coplacement)
+                for name in names]
+    if algorithm == "auto" and coplacement:
+        # Co-placement can merge parallel branches (as Baechi's does); the dynamic placers
+        # also try without it when that problem is small enough.
+        loose = reduce(coplacement=False)
+        if len(problem.group_ops) < len(loose.group_ops) and loose.n <= AUTO_LOOSE_OPS:
+            attempts += [_Attempt(name=f"{name}/no-coplacement", placer=name, problem=loose,
+                                  coplacement=False) for name in ("m-sct", "m-etf")]
     runs: dict[str, _Run] = {}
     stalls: dict[str, Stall] = {}
     placer_s: dict[str, float] = {}
-    for name in names:
+    contexts: dict[int, _Context] = {}
+    for attempt in attempts:
+        key = id(attempt.problem)
+        if key not in contexts:
+            contexts[key] = _Context(group_weights=_group_weights(graph, attempt.problem),
+                                     sct_threshold=sct_threshold)
         t0 = time.perf_counter()
         try:
-            run = PLACERS[name](problem, machine, ctx)
-            placer_s[name] = time.perf_counter() - t0
+            run = PLACERS[attempt.placer](attempt.problem, machine, contexts[key])
+            placer_s[attempt.name] = time.perf_counter() - t0
             if run.schedule is None:
-                fixed = run_schedule(problem, machine, fixed=run.devices)
+                fixed = run_schedule(attempt.problem, machine, fixed=run.devices)
                 run = dataclasses.replace(run, schedule=fixed)
-            runs[name] = run
+            runs[attempt.name] = run
         except Stall as stall:
-            stalls[name] = stall
+            stalls[attempt.name] = stall
     if not runs:
-        raise _infeasible(problem, machine, ctx, stalls, algorithm)
-    options = {"comm": cluster.comm, "forward_only": forward_only, "fusion": fusion,
-               "coplacement": coplacement}
+        raise _infeasible(problem, machine, stalls)
     if algorithm != "auto":
-        chosen = algorithm
+        chosen = attempts[0]
         wall = time.perf_counter() - began
-        schedule = runs[chosen].schedule
+        schedule = runs[chosen.name].schedule
         assert schedule is not None
         simulated = _simulate(graph, cluster, _expand(problem, schedule)) if simulate else None
         candidates: tuple[Candidate, ...] = ()
     else:
-        chosen, simulated, candidates = _choose(graph, cluster, machine, problem, runs, stalls)
+        chosen, simulated, candidates = _choose(graph, cluster, machine, attempts, runs, stalls)
         wall = time.perf_counter() - began
-    timings = {"reduce_s": reduced_at - began, "placer_s": placer_s[chosen], "total_s": wall}
-    return _result(graph, cluster, machine, problem, algorithm, chosen, runs[chosen], simulated,
-                   candidates, timings, options)
+    options = {"comm": cluster.comm, "forward_only": forward_only, "fusion": fusion,
+               "coplacement": chosen.coplacement}
+    timings = {"reduce_s": reduced_at - began, "placer_s": placer_s[chosen.name],
+               "total_s": wall}
+    return _result(graph, cluster, machine, chosen.problem, algorithm, chosen.name,
+                   runs[chosen.name], simulated, candidates, timings, options)
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class _Attempt:
+    """One candidate: a placer on one reduction of the graph."""
+
+    name: str
+    placer: str
+    problem: Problem
+    coplacement: bool
+
+
+AUTO_LOOSE_OPS = 5000  # auto tries the dynamic placers without co-placement up to this size
 
 
 def _group_weights(graph: Graph, problem: Problem) -> dict[str, list[float]]:
@@ -266,26 +296,29 @@ def _simulate(graph: Graph, cluster: Cluster, device_of: dict[str, int]
     return result.step_time_s, peaks
 
 
-def _choose(graph: Graph, cluster: Cluster, machine: Machine, problem: Problem,
+def _choose(graph: Graph, cluster: Cluster, machine: Machine, attempts: list[_Attempt],
             runs: dict[str, _Run], stalls: dict[str, Stall]
-            ) -> tuple[str, tuple[float, tuple[int, ...]], tuple[Candidate, ...]]:
-    """auto: simulate every placement on the full graph; the fastest that fits wins."""
+            ) -> tuple[_Attempt, tuple[float, tuple[int, ...]], tuple[Candidate, ...]]:
+    """auto: simulate every placement on the full graph; the fastest that fits wins (ties:
+    fewer devices used, then the order of :data:`PLACERS`)."""
     scored = []
     candidates = []
-    for k, name in enumerate(PLACERS):
+    for k, attempt in enumerate(attempts):
+        name = attempt.name
         if name in stalls:
+            op = attempt.problem.names[stalls[name].op]
             candidates.append(Candidate(name=name, step_s=None, oom=True, devices_used=0,
-                                        error=f"no room for op {problem.names[stalls[name].op]!r}"))
+                                        error=f"no room for op {op!r}"))
             continue
         schedule = runs[name].schedule
         assert schedule is not None
-        device_of = _expand(problem, schedule)
+        device_of = _expand(attempt.problem, schedule)
         step, peaks = _simulate(graph, cluster, device_of)
         oom = any(b > c for b, c in zip(peaks, machine.capacity, strict=True))
         used = len(set(device_of.values()))
         candidates.append(Candidate(name=name, step_s=step, oom=oom, devices_used=used))
-        scored.append(((oom, step, used, k), name, (step, peaks)))
-    _, chosen, simulated = min(scored)
+        scored.append(((oom, step, used, k), attempt, (step, peaks)))
+    _, chosen, simulated = min(scored, key=lambda item: item[0])
     return chosen, simulated, tuple(candidates)
 
 
@@ -357,9 +390,10 @@ def _check_totals(problem: Problem, machine: Machine) -> None:
                 f"per device; the cluster has {format_size(max(cap))}")
 
 
-def _infeasible(problem: Problem, machine: Machine, ctx: _Context, stalls: dict[str, Stall],
-                algorithm: str) -> TrainschedError:
-    name = "m-etf" if "m-etf" in stalls else next(iter(stalls))
+def _infeasible(problem: Problem, machine: Machine, stalls: dict[str, Stall]) -> TrainschedError:
+    """The error for a graph no placer could place (``stalls`` of the attempts on ``problem``,
+    and maybe others, whose names have a ``/``)."""
+    name = "m-etf" if "m-etf" in stalls else next(k for k in stalls if "/" not in k)
     stall = stalls[name]
     need = _memory_needed(problem, machine)
     return TrainschedError(
