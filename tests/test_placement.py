@@ -3,6 +3,7 @@ infeasibility, auto, determinism and the Placement a placer returns."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 
@@ -434,3 +435,25 @@ def test_schedule_on_a_fixed_placement_is_its_list_schedule():
     assert list(s.device) == fixed
     # a 0..1; b waits for a's copy (1..2), runs 2..6; c 1..5 then its copy 5..6; d 6..7
     assert s.start_s == (0.0, 2.0, 1.0, 6.0) and s.makespan_s == 7.0
+
+
+def test_auto_gives_the_placers_less_memory_until_the_simulated_step_fits():
+    """Forward-only placement does not see backward's working memory: on this chain the first
+    round's best placement runs out of memory in the simulator, and auto retries with less."""
+    rng = random.Random(4)
+    ops = [Op(name="x", compute_s=1e-3, output_bytes=100)]
+    edges = []
+    for i in range(10):
+        out = rng.choice([100, 400, 800])
+        ops.append(Op(name=f"l{i}", compute_s=1e-3, param_bytes=rng.choice([50, 200]),
+                      output_bytes=out, saved_bytes=out, temp_bytes=rng.choice([0, 100])))
+        edges.append(Edge(src=ops[-2].name, dst=ops[-1].name, size_bytes=ops[-2].output_bytes))
+    g = to_training(Graph(ops, edges))
+    c = cluster(4, memory="2800B")
+    for algorithm in PLACERS:  # given the full 2800 B, every placement overshoots
+        with contextlib.suppress(TrainschedError):  # or does not fit at all
+            assert place(g, c, algorithm).placement.meta["out_of_memory"]
+    r = place(g, c, "auto")
+    assert r.placement.meta["placer_capacity_bytes"] < 2800
+    assert r.placement.meta["out_of_memory"] == [] and max(r.simulated_peak_bytes) <= 2800
+    r.placement.validate(g, c)

@@ -155,6 +155,8 @@ class PlacementResult:
             "lp_value_s": self.lp_value_s,
             "peak_bytes": dict(zip(names, peaks, strict=True)),
             "capacity_bytes": dict(zip(names, self.machine.capacity, strict=True)),
+            "out_of_memory": list(self.placement.meta["out_of_memory"]),
+            "placer_capacity_bytes": self.placement.meta.get("placer_capacity_bytes"),
             "ops_before": self.ops_before,
             "ops_after": self.ops_after,
             "ops_per_device": {names[d]: n for d, n in enumerate(self._ops_per_device())},
@@ -198,12 +200,81 @@ def place(graph: Graph, cluster: Cluster, algorithm: str = "auto", *, comm: str 
                                    reserved_bytes=reserved_bytes)
     if forward_only is None:
         forward_only = any(op.kind != "forward" for op in graph.ops)
+    settings = _Settings(forward_only=forward_only, fusion=fusion, coplacement=coplacement,
+                         group_cap_fraction=group_cap_fraction, sct_threshold=sct_threshold,
+                         backward_in_weight=backward_in_weight)
+    if algorithm != "auto":
+        return _place_once(graph, cluster, machine, machine, algorithm, settings, simulate,
+                           began)
+    # auto: the placers' memory model sees forward ops only (when forward-only), so the
+    # simulator's full step may need more; while the best placement runs out of memory, give
+    # the placers less, in proportion to the overshoot.
+    best: PlacementResult | None = None
+    scaled = machine
+    for _ in range(AUTO_MEMORY_ROUNDS):
+        try:
+            result = _place_once(graph, cluster, machine, scaled, algorithm, settings, True,
+                                 began)
+        except TrainschedError:
+            if best is None:
+                raise
+            break
+        if best is None or _rank(result) < _rank(best):
+            best = result
+        if not _oom(result):
+            break
+        assert result.simulated_peak_bytes is not None
+        shrink = min(c / b for b, c in zip(result.simulated_peak_bytes, machine.capacity,
+                                           strict=True) if b > c)
+        scaled = dataclasses.replace(scaled, capacity=tuple(
+            int(c * shrink * AUTO_MEMORY_MARGIN) for c in scaled.capacity))
+        if min(scaled.capacity) <= 0:
+            break
+    assert best is not None
+    return best
+
+
+AUTO_MEMORY_ROUNDS = 4
+AUTO_MEMORY_MARGIN = 0.97
+
+
+def _overshoot(result: PlacementResult) -> float:
+    """The largest peak over capacity ratio (the simulator's peaks when simulated)."""
+    peaks = result.simulated_peak_bytes or result.peak_bytes
+    return max(b / c for b, c in zip(peaks, result.machine.capacity, strict=True))
+
+
+def _oom(result: PlacementResult) -> bool:
+    return _overshoot(result) > 1
+
+
+def _rank(result: PlacementResult) -> tuple[bool, float, float]:
+    over = _overshoot(result)
+    return over > 1, max(over, 1.0), result.predicted_step_s or 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Settings:
+    forward_only: bool
+    fusion: bool
+    coplacement: bool
+    group_cap_fraction: float
+    sct_threshold: float
+    backward_in_weight: bool
+
+
+def _place_once(graph: Graph, cluster: Cluster, machine: Machine, scaled: Machine,
+                algorithm: str, settings: _Settings, simulate: bool,
+                began: float) -> PlacementResult:
+    """One placement with the placers given ``scaled`` capacities (``machine``'s are the
+    real ones, which results and out-of-memory checks use)."""
     reduce = functools.partial(
-        reduce_graph, graph, forward_only=forward_only, fusion=fusion,
-        group_cap_bytes=group_cap_fraction * min(machine.capacity),
-        backward_in_weight=backward_in_weight)
+        reduce_graph, graph, forward_only=settings.forward_only, fusion=settings.fusion,
+        group_cap_bytes=settings.group_cap_fraction * min(scaled.capacity),
+        backward_in_weight=settings.backward_in_weight)
+    coplacement = settings.coplacement
     problem = reduce(coplacement=coplacement)
-    _check_totals(problem, machine)
+    _check_totals(problem, scaled)
     reduced_at = time.perf_counter()
     names = list(PLACERS) if algorithm == "auto" else [algorithm]
     attempts = [_Attempt(name=name, placer=name, problem=problem, coplacement=coplacement)
@@ -223,19 +294,19 @@ def place(graph: Graph, cluster: Cluster, algorithm: str = "auto", *, comm: str 
         key = id(attempt.problem)
         if key not in contexts:
             contexts[key] = _Context(group_weights=_group_weights(graph, attempt.problem),
-                                     sct_threshold=sct_threshold)
+                                     sct_threshold=settings.sct_threshold)
         t0 = time.perf_counter()
         try:
-            run = PLACERS[attempt.placer](attempt.problem, machine, contexts[key])
+            run = PLACERS[attempt.placer](attempt.problem, scaled, contexts[key])
             placer_s[attempt.name] = time.perf_counter() - t0
             if run.schedule is None:
-                fixed = run_schedule(attempt.problem, machine, fixed=run.devices)
+                fixed = run_schedule(attempt.problem, scaled, fixed=run.devices)
                 run = dataclasses.replace(run, schedule=fixed)
             runs[attempt.name] = run
         except Stall as stall:
             stalls[attempt.name] = stall
     if not runs:
-        raise _infeasible(problem, machine, stalls)
+        raise _infeasible(problem, scaled, stalls)
     if algorithm != "auto":
         chosen = attempts[0]
         wall = time.perf_counter() - began
@@ -246,8 +317,10 @@ def place(graph: Graph, cluster: Cluster, algorithm: str = "auto", *, comm: str 
     else:
         chosen, simulated, candidates = _choose(graph, cluster, machine, attempts, runs, stalls)
         wall = time.perf_counter() - began
-    options = {"comm": cluster.comm, "forward_only": forward_only, "fusion": fusion,
-               "coplacement": chosen.coplacement}
+    options: dict[str, Any] = {"comm": cluster.comm, "forward_only": settings.forward_only,
+                               "fusion": settings.fusion, "coplacement": chosen.coplacement}
+    if scaled.capacity != machine.capacity:
+        options["placer_capacity_bytes"] = scaled.capacity[0]
     timings = {"reduce_s": reduced_at - began, "placer_s": placer_s[chosen.name],
                "total_s": wall}
     return _result(graph, cluster, machine, chosen.problem, algorithm, chosen.name,
@@ -314,10 +387,11 @@ def _choose(graph: Graph, cluster: Cluster, machine: Machine, attempts: list[_At
         assert schedule is not None
         device_of = _expand(attempt.problem, schedule)
         step, peaks = _simulate(graph, cluster, device_of)
-        oom = any(b > c for b, c in zip(peaks, machine.capacity, strict=True))
+        over = max(b / c for b, c in zip(peaks, machine.capacity, strict=True))
         used = len(set(device_of.values()))
-        candidates.append(Candidate(name=name, step_s=step, oom=oom, devices_used=used))
-        scored.append(((oom, step, used, k), attempt, (step, peaks)))
+        candidates.append(Candidate(name=name, step_s=step, oom=over > 1, devices_used=used))
+        # Placements that fit first, by step time; those that do not, by how far they overshoot.
+        scored.append(((over > 1, max(over, 1.0), step, used, k), attempt, (step, peaks)))
     _, chosen, simulated = min(scored, key=lambda item: item[0])
     return chosen, simulated, tuple(candidates)
 
@@ -342,6 +416,8 @@ def _result(graph: Graph, cluster: Cluster, machine: Machine, problem: Problem, 
         "placer_makespan_s": schedule.makespan_s,
         "lower_bound_s": lower,
         "peak_bytes": dict(zip(machine.names, peaks, strict=True)),
+        "out_of_memory": [name for name, b, c in zip(machine.names, peaks, machine.capacity,
+                                                    strict=True) if b > c],
         "ops_before": len(graph),
         "ops_after": problem.n,
     }
