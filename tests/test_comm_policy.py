@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
 from trainsched.comm import (
     COMM_POLICIES,
+    ByteSchedulerPolicy,
     Collective,
     CommPolicy,
     DdpBucketPolicy,
@@ -164,12 +166,12 @@ def test_credit_rule():
 
 
 def test_registry_and_lookup():
-    assert list(COMM_POLICIES) == ["fifo", "ddp", "priority"]
+    assert list(COMM_POLICIES) == ["fifo", "ddp", "priority", "bytescheduler"]
     assert comm_policy("ddp") == DdpBucketPolicy()
     assert comm_policy(" FIFO ") == FifoPolicy()
     assert comm_policy("ddp", bucket_bytes=MiB).bucket_bytes == MiB
     with pytest.raises(TrainschedError, match="unknown comm policy 'horovod'; known policies: "
-                                              "fifo, ddp, priority"):
+                                              "fifo, ddp, priority, bytescheduler"):
         comm_policy("horovod")
     with pytest.raises(TrainschedError, match="comm policy 'fifo'"):
         comm_policy("fifo", bucket_bytes=1)
@@ -203,3 +205,81 @@ def test_check_policy_and_plan():
     with pytest.raises(TrainschedError, match="two collectives are called 'x'"):
         check_plan(gs, [c, Collective(name="x", members=("g0",), size_bytes=1)])
     check_plan(gs, [c, Collective(name="y", members=("g0", "g1"), size_bytes=3)])
+
+
+# --- bytescheduler ---------------------------------------------------------------------------
+
+
+def test_bytescheduler_defaults_and_registry():
+    policy = ByteSchedulerPolicy()
+    assert (policy.partition_bytes, policy.credit_bytes, policy.credit_mode, policy.fusion_bytes,
+            policy.cross_barrier) == (4 * MiB, 16 * MiB, "overdraft", MiB, True)
+    assert (policy.queue, policy.ordered_issue) == ("priority", False)
+    assert comm_policy("ByteScheduler") == policy
+    assert comm_policy("bytescheduler", partition_bytes=MiB).partition_bytes == MiB
+    check_policy(policy)
+
+
+def test_bytescheduler_golden_plan_fuses_small_neighbours_and_splits_large_ones():
+    # Ready order g5 ... g0 (backward); priority order g0 ... g5.
+    gs = grads(5000, 40, 30, 10_000, 50, 100)  # g5=5000, g4=40, g3=30, g2=10000, g1=50, g0=100
+    plan = ByteSchedulerPolicy(partition_bytes=4096, fusion_bytes=1000).plan(gs)
+    assert [(c.name, c.members, c.size_bytes, c.priority) for c in plan] == [
+        ("g0+1", ("g0", "g1"), 150, 0),  # fused, keyed by its most urgent member
+        ("g2/0", ("g2",), 4096, 2), ("g2/1", ("g2",), 4096, 2), ("g2/2", ("g2",), 1808, 2),
+        ("g3+1", ("g3", "g4"), 70, 3),
+        ("g5/0", ("g5",), 4096, 5), ("g5/1", ("g5",), 904, 5)]
+    check_plan(gs, plan)
+    # A fused group never grows past a partition: 900 B tensors, 2000 B partitions.
+    small = grads(*[900] * 5)
+    plan = ByteSchedulerPolicy(partition_bytes=2000, fusion_bytes=1000).plan(small)
+    assert [c.members for c in plan] == [("g0", "g1"), ("g2", "g3"), ("g4",)]
+    assert [c.name for c in plan] == ["g0+1", "g2+1", "g4"]
+    # A large tensor between two small ones breaks the run: no fusion across it.
+    plan = ByteSchedulerPolicy(partition_bytes=2000, fusion_bytes=1000).plan(grads(10, 5000, 10))
+    assert [c.name for c in plan] == ["g0", "g1/0", "g1/1", "g1/2", "g2"]
+    # fusion_bytes=0 fuses nothing: the plan of PriorityPolicy with the same partitions.
+    plain = ByteSchedulerPolicy(partition_bytes=4096, fusion_bytes=0).plan(gs)
+    assert plain == PriorityPolicy(partition_bytes=4096).plan(gs)
+
+
+def test_bytescheduler_plans_reduce_every_byte_once():
+    rng = random.Random(3)
+    for _ in range(200):
+        n = rng.randrange(1, 30)
+        sizes = [rng.choice([0, rng.randrange(1, 100), rng.randrange(100, 5000)])
+                 for _ in range(n)]
+        layers = rng.sample(range(n), n)  # any ready order
+        gs = grads(*sizes, layers=layers)
+        policy = ByteSchedulerPolicy(partition_bytes=rng.randrange(1, 3000),
+                                     fusion_bytes=rng.randrange(0, 3000))
+        plan = policy.plan(gs)
+        check_plan(gs, plan)
+        size = {g.name: g.size_bytes for g in gs}
+        layer = {g.name: g.layer_index for g in gs}
+        got = dict.fromkeys(size, 0)
+        for c in plan:
+            if len(c.members) > 1:  # fused: whole small tensors, within one partition
+                assert all(size[m] < policy.fusion_bytes for m in c.members)
+                assert c.size_bytes == sum(size[m] for m in c.members)
+                assert c.priority == min(layer[m] for m in c.members)
+            assert c.size_bytes <= policy.partition_bytes or size[c.members[0]] == 0
+            for m in c.members:
+                got[m] += c.size_bytes if len(c.members) == 1 else size[m]
+        assert got == size
+        # Plan order is priority order.
+        assert [c.priority for c in plan] == sorted(c.priority for c in plan)
+
+
+def test_bytescheduler_rejects_bad_settings():
+    for bad, problem in (({"partition_bytes": 0}, "partition_bytes must be a positive"),
+                         ({"fusion_bytes": -1}, "fusion_bytes must be an integer >= 0"),
+                         ({"fusion_bytes": 1.5}, "fusion_bytes must be an integer >= 0"),
+                         ({"credit_bytes": -1}, "credit_bytes must be None"),
+                         ({"credit_mode": "loose"}, "credit_mode must be one of"),
+                         ({"credit_bytes": MiB, "credit_mode": "strict"},
+                          "with credit_mode .strict. the credit .1048576 bytes. must hold")):
+        with pytest.raises(TrainschedError, match=f"bytescheduler policy: {problem}"):
+            ByteSchedulerPolicy(**bad)
+    ByteSchedulerPolicy(credit_bytes=MiB)  # overdraft: a credit below a partition is fine
+    ByteSchedulerPolicy(credit_bytes=None, credit_mode="strict")

@@ -159,3 +159,24 @@ def test_ring_bandwidth_term_below_twice_size(size, n):
     free = Link(bandwidth_bytes_per_s=1e9, latency_s=0)
     assert ring_allreduce_s(size, n, free) < 2 * size / 1e9
     assert ring_allreduce_s(size, n, free) >= size / 1e9
+
+
+def test_ring_across_nodes_counts_network_hops_once_per_crossing():
+    from trainsched.costs import ring_allreduce_nodes_s
+
+    cross = Link(bandwidth_bytes_per_s=0.5e9, latency_s=1e-4)  # slower and later than LINK
+    # 8 ranks on 2 nodes: 2 of the 14 steps' hops cross the network, 12 stay inside; the
+    # bandwidth term runs at the slower link: 14/8 · S / 0.5 GB/s = 3.5 ms.
+    assert close(ring_allreduce_nodes_s(S, 8, 2, LINK, cross), 2e-4 + 12e-5 + 3.5e-3)
+    # 64 ranks on 8 nodes: 14 network hops and 112 inside, instead of 126 network hops.
+    got = ring_allreduce_nodes_s(S, 64, 8, LINK, cross)
+    assert close(got, 14e-4 + 112e-5 + 2 * 63 / 64 * 2e-3)
+    flat = ring_allreduce_s(S, 64, Link(bandwidth_bytes_per_s=0.5e9, latency_s=1e-4))
+    assert got < flat
+    # One node is the plain ring on the intra-node link; nothing to move costs nothing.
+    assert ring_allreduce_nodes_s(S, 4, 1, LINK, cross) == ring_allreduce_s(S, 4, LINK)
+    assert ring_allreduce_nodes_s(0, 8, 2, LINK, cross) == 0.0
+    with pytest.raises(TrainschedError, match="4 ranks cannot span 5 nodes"):
+        ring_allreduce_nodes_s(S, 4, 5, LINK, cross)
+    with pytest.raises(TrainschedError, match="nodes must be >= 1"):
+        ring_allreduce_nodes_s(S, 4, 0, LINK, cross)

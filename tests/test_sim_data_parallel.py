@@ -85,11 +85,12 @@ def test_one_gradient_costs_the_ring_formula():
         assert close(task.end_s - task.start_s, expected)
         assert close(expected, ring_allreduce_s(3 * MB, n, cluster.intra_node))
     # 8 ranks on two nodes, ring: one ring edge crosses each NIC (2 GB/s, above the 1 GB/s
-    # intra-node link), the larger latency; tree: the 4 devices of a node share the NIC.
+    # intra-node link), the larger latency; of the 14 steps' hops 2 cross the network
+    # (100 µs), 12 stay inside a node (α); tree: the 4 devices of a node share the NIC.
     link = collective_link(cluster, 8)
     assert (link.bandwidth_bytes_per_s, link.latency_s) == (1e9, 100e-6)
     (task,) = comm(simulate_data_parallel(g, cluster, ranks=8, policy="fifo"))
-    assert close(task.end_s - task.start_s, 14 * 100e-6 + 14 / 8 * 3 * MB / 1e9)
+    assert close(task.end_s - task.start_s, 2 * 100e-6 + 12 * ALPHA + 14 / 8 * 3 * MB / 1e9)
     tree_link = collective_link(cluster, 8, "tree")
     assert (tree_link.bandwidth_bytes_per_s, tree_link.latency_s) == (0.5e9, 100e-6)
     assert close(collective_s(3 * MB, 8, cluster, "tree"),
@@ -501,3 +502,99 @@ def test_ddp_bucket_copies_run_on_the_compute_stream():
     plain = simulate_data_parallel(g, cluster, ranks=2, policy=DdpBucketPolicy(bucket_copies=False))
     assert plain.step_time_s < result.step_time_s
     assert close(sum(s.end_s - s.start_s for s in result.critical_path), result.step_time_s)
+
+
+# --- ring across nodes, parameter servers with local aggregation, several steps -------------
+
+
+def test_ring_across_nodes_and_ps_with_local_aggregation():
+    from trainsched.costs import ring_allreduce_nodes_s
+
+    cluster = make_cluster(nodes=4, servers=4)  # 4 nodes of 4, NIC 2 GB/s 100 µs, servers 4 GB/s
+    size = 3 * MB
+    # Ring over 12 ranks on 3 nodes: 4 network hops (100 µs), 18 intra-node hops (α).
+    expected = 4 * 100e-6 + 18 * ALPHA + 22 / 12 * size / 1e9
+    assert close(collective_s(size, 12, cluster), expected)
+    assert close(expected, ring_allreduce_nodes_s(size, 12, 3, cluster.intra_node,
+                                                  collective_link(cluster, 12)))
+    # ps-local over 12 ranks: the 4 ranks of a node all-reduce on the intra-node ring, then 3
+    # nodes push and pull through the 4 servers, each node over its whole NIC (2 GB/s):
+    # per direction 100 µs + max(S / 2 GB/s, 3·S / (4 · 4 GB/s)) = 1.6 ms.
+    local = 6 * ALPHA + 6 / 4 * size / 1e9
+    assert close(collective_s(size, 12, cluster, "ps-local"), local + 2 * (100e-6 + 1.5e-3))
+    assert close(collective_s(size, 12, cluster, "ps-local"),
+                 local + parameter_server_s(size, 3, 4, cluster.inter_node, cluster.ps_link))
+    # Without local aggregation every rank pushes through a quarter of the NIC:
+    # 2 · (100 µs + S / 0.5 GB/s) = 12.2 ms.
+    assert close(collective_s(size, 12, cluster, "ps"), 2 * (100e-6 + 6e-3))
+    # One node: the local all-reduce is all there is.
+    assert close(collective_s(size, 4, cluster, "ps-local"),
+                 ring_allreduce_s(size, 4, cluster.intra_node))
+    with pytest.raises(TrainschedError, match="'ps-local' needs parameter servers"):
+        collective_s(size, 8, make_cluster(nodes=2), "ps-local")
+    g = three_layers(600_000, 600_000, 2 * MB)
+    result = simulate_data_parallel(g, cluster, ranks=12, policy="fifo", algorithm="ps-local")
+    (task,) = [t for t in comm(result) if t.name == "L2:grad"]
+    assert close(task.end_s - task.start_s, collective_s(2 * MB, 12, cluster, "ps-local"))
+    assert task.args["algorithm"] == "ps-local"
+
+
+def test_steps_let_the_next_forward_cross_the_barrier():
+    """L2 holds 4 MB (1 MB partitions, 1.1 ms each on the wire; its SGD step 2 ms), L0 and L1
+    0.6 MB (0.7 ms; 0.3 ms). Step 0 as in the one-step runs: L2's partitions from 5 ms, L1 at
+    7.2, L2/2 at 7.9, L0 (ready at 8) at 9.0-9.7, L2/3 until 10.8. Backward returned at 8, so
+    step 1's L0 starts when its update ends (L0:opt 9.7-10.0), while L2/3 is still on the wire;
+    L2's update (11-13) then runs ahead of step 1's L1 (priority of the older step). From then
+    on every step takes 12 ms (L0 at 10, 22, ...). FIFO with the barrier: 13.1 ms a step,
+    whatever the number of steps."""
+    g = three_layers(600_000, 600_000, 4 * MB)
+    cluster = make_cluster()
+    policy = PriorityPolicy(partition_bytes=MB, cross_barrier=True)
+    one = simulate_data_parallel(g, cluster, ranks=2, policy=policy)
+    assert close(one.step_time_s, 12.8 * MS)  # L2:opt ends last
+    three = simulate_data_parallel(g, cluster, ranks=2, policy=policy, steps=3)
+    assert close(three.step_time_s, 12.0 * MS)
+
+    def at(name: str, step: int) -> tuple[float, float]:
+        (t,) = [t for t in three.tasks if t.name == name and t.args.get("step") == step
+                and t.device == "gpu0"]
+        return t.start_s / MS, t.end_s / MS
+
+    expected = {("L0:opt", 0): (9.7, 10.0), ("L2:grad/3", 0): (9.7, 10.8),
+                ("L0", 1): (10.0, 11.0), ("L2:opt", 0): (11.0, 13.0), ("L1", 1): (13.0, 14.0),
+                ("step boundary", 1): (8.0, 8.0), ("L0", 2): (22.0, 23.0)}
+    for key, (a, b) in expected.items():
+        got = at(*key)
+        assert math.isclose(got[0], a, abs_tol=1e-9) and math.isclose(got[1], b, abs_tol=1e-9), \
+            (key, got)
+    assert at("L0", 1)[0] < at("L2:grad/3", 0)[1]  # the next forward overlaps communication
+    assert len(comm(three, "gpu0")) == 3 * len(comm(one, "gpu0"))
+    for policy in (FifoPolicy(), DdpBucketPolicy(bucket_copies=False)):
+        steps = [simulate_data_parallel(g, cluster, ranks=2, policy=policy, steps=n).step_time_s
+                 for n in (1, 2, 4)]
+        assert all(close(s, steps[0]) for s in steps), (policy, steps)
+        if isinstance(policy, FifoPolicy):
+            assert close(steps[0], 13.1 * MS)
+    with pytest.raises(TrainschedError, match="steps must be an integer >= 1, got 0"):
+        simulate_data_parallel(g, cluster, ranks=2, policy=policy, steps=0)
+
+
+def test_steps_keep_symmetry_memory_and_determinism():
+    rng = random.Random(5)
+    cluster = make_cluster()
+    for _ in range(4):
+        g = random_graph(rng, rng.randrange(3, 8))
+        policy = rng.choice([PriorityPolicy(partition_bytes=MB, credit_bytes=2 * MB,
+                                            credit_mode="overdraft", cross_barrier=True),
+                             FifoPolicy(cross_barrier=True), DdpBucketPolicy()])
+        stragglers = {1: 1.5}
+        args = {"ranks": 3, "policy": policy, "stragglers": stragglers, "steps": 3}
+        collapsed = simulate_data_parallel(g, cluster, **args)
+        expanded = simulate_data_parallel(g, cluster, expand=True, **args)
+        assert collapsed.step_time_s == expanded.step_time_s
+        assert collapsed.to_json() == simulate_data_parallel(g, cluster, **args).to_json()
+        one = simulate_data_parallel(g, cluster, ranks=3, policy=policy, stragglers=stragglers)
+        # Parameters, optimizer state and gradients are held once, however many steps.
+        assert collapsed.peak_memory_bytes == one.peak_memory_bytes
+        if not policy.cross_barrier:  # the barrier: each step as the one before
+            assert math.isclose(collapsed.step_time_s, one.step_time_s, rel_tol=1e-9)

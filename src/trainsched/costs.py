@@ -22,6 +22,7 @@ __all__ = [
     "p2p_s",
     "parameter_server_s",
     "reduce_scatter_s",
+    "ring_allreduce_nodes_s",
     "ring_allreduce_s",
     "roofline_s",
     "tree_allreduce_s",
@@ -80,6 +81,29 @@ def ring_allreduce_s(size_bytes: float, n: int, link: Link) -> float:
     if n == 1 or size_bytes == 0:
         return 0.0
     return 2 * (n - 1) * link.latency_s + 2 * (n - 1) / n * size_bytes / link.bandwidth_bytes_per_s
+
+
+def ring_allreduce_nodes_s(size_bytes: float, n: int, nodes: int, intra: Link,
+                           cross: Link) -> float:
+    """Ring all-reduce over n ranks laid out node by node on ``nodes`` nodes, ``cross`` the
+    link of a hop between nodes: ``2(nodes−1)·α_cross + 2(n−nodes)·α_intra + 2(n−1)/n · S/B``,
+    B the slower of the two bandwidths.
+
+    A rank's step waits only for the chunk its ring neighbour sent the step before, so the
+    latency that accumulates over the 2(n−1) steps is that of the hops along the ring, of
+    which 2(nodes−1) cross the network (the count NCCL's tuning model uses for its ring), not
+    2(n−1) times the slowest hop. One node: :func:`ring_allreduce_s` on ``intra``.
+    """
+    _check(size_bytes, ("n", n, 1), ("nodes", nodes, 1))
+    if nodes > n:
+        raise TrainschedError(f"{n} ranks cannot span {nodes} nodes")
+    if nodes == 1:
+        return ring_allreduce_s(size_bytes, n, intra)
+    if size_bytes == 0:
+        return 0.0
+    bandwidth = min(intra.bandwidth_bytes_per_s, cross.bandwidth_bytes_per_s)
+    return (2 * (nodes - 1) * cross.latency_s + 2 * (n - nodes) * intra.latency_s
+            + 2 * (n - 1) / n * size_bytes / bandwidth)
 
 
 def reduce_scatter_s(size_bytes: float, n: int, link: Link) -> float:

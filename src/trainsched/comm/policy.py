@@ -27,9 +27,10 @@ The model every policy is run under (``specs/comm.md`` §3, the dispatch loop):
 
 Policies here: :class:`FifoPolicy` (one collective per gradient, in ready order),
 :class:`DdpBucketPolicy` (PyTorch DDP's buckets) and :class:`PriorityPolicy` (layer priority,
-optional partitions and credit: TicTac with whole tensors, P3 with partitions). ByteScheduler
-(fusion, overdraft credit by default, auto-tuning) is one more class satisfying
-:class:`CommPolicy`, registered in :data:`COMM_POLICIES`.
+optional partitions and credit: TicTac with whole tensors, P3 with partitions) and
+:class:`ByteSchedulerPolicy` (priority, partitions, fusion of small tensors, overdraft credit,
+crossing the barrier; its partition and credit are tuned by :mod:`trainsched.comm.tune`), all
+registered in :data:`COMM_POLICIES`.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ __all__ = [
     "CREDIT_MODES",
     "DDP_BUCKET_ORDERS",
     "QUEUES",
+    "ByteSchedulerPolicy",
     "Collective",
     "CommPolicy",
     "DdpBucketPolicy",
@@ -302,11 +304,83 @@ class PriorityPolicy:
         return tuple(out)
 
 
+@dataclass(frozen=True, kw_only=True)
+class ByteSchedulerPolicy:
+    """ByteScheduler (``specs/comm.md`` §2): layer priority, partitions, fusion of small
+    tensors, a credit window (overdraft by default) and each layer's update as soon as its
+    gradients are reduced (``cross_barrier``).
+
+    The plan walks the gradients in priority order (layer, then ready order). A gradient of
+    ``fusion_bytes`` or more is a task of its own, split into ``⌈S/p⌉`` partitions ``name/0``,
+    ``name/1``, ... of ``partition_bytes`` when larger (as :class:`PriorityPolicy`).
+    Neighbours below ``fusion_bytes`` are merged greedily into one task while the group stays
+    within ``partition_bytes``; the group is named after its first (most urgent) member plus
+    the count of the others (``conv1:grad+2``) and carries that member's priority. A fused
+    group is issued once its last member is ready, which in backward is its most urgent one
+    anyway. ``fusion_bytes=0`` fuses nothing.
+    """
+
+    partition_bytes: int = 4 * MiB
+    credit_bytes: float | None = 16 * MiB
+    credit_mode: str = "overdraft"
+    fusion_bytes: int = 1 * MiB
+    cross_barrier: bool = True
+    queue: ClassVar[str] = "priority"
+    ordered_issue: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        owner = "bytescheduler policy"
+        _check_bytes(owner, "partition_bytes", self.partition_bytes)
+        _check_credit(owner, self.credit_bytes, self.credit_mode)
+        if not (_is_int(self.fusion_bytes) and self.fusion_bytes >= 0):
+            raise TrainschedError(f"{owner}: fusion_bytes must be an integer >= 0 (0: no "
+                                  f"fusion), got {self.fusion_bytes!r}")
+        if (self.credit_mode == "strict" and self.credit_bytes is not None
+                and self.credit_bytes < self.partition_bytes):
+            raise TrainschedError(f"{owner}: with credit_mode 'strict' the credit "
+                                  f"({self.credit_bytes} bytes) must hold one partition "
+                                  f"({self.partition_bytes} bytes); raise credit_bytes or "
+                                  f"use credit_mode 'overdraft'")
+
+    def plan(self, gradients: Sequence[Gradient]) -> tuple[Collective, ...]:
+        p = self.partition_bytes
+        units: list[list[Gradient]] = []  # a gradient of its own, or a fused run
+        open_bytes = -1  # size of the fused run still open; -1: none
+        for g in sorted(gradients, key=lambda g: (g.layer_index, g.ready_index)):
+            if not (g.size_bytes < self.fusion_bytes and g.size_bytes <= p):
+                units.append([g])
+                open_bytes = -1
+            elif open_bytes >= 0 and open_bytes + g.size_bytes <= p:
+                units[-1].append(g)
+                open_bytes += g.size_bytes
+            else:
+                units.append([g])
+                open_bytes = g.size_bytes
+        out: list[Collective] = []
+        for unit in units:
+            g = unit[0]
+            if len(unit) > 1:
+                out.append(Collective(name=f"{g.name}+{len(unit) - 1}",
+                                      members=tuple(x.name for x in unit),
+                                      size_bytes=sum(x.size_bytes for x in unit),
+                                      priority=g.layer_index))
+            elif g.size_bytes <= p:
+                out.append(Collective(name=g.name, members=(g.name,), size_bytes=g.size_bytes,
+                                      priority=g.layer_index))
+            else:
+                out += [Collective(name=f"{g.name}/{i}", members=(g.name,),
+                                   size_bytes=min(p, g.size_bytes - i * p),
+                                   priority=g.layer_index)
+                        for i in range(-(-g.size_bytes // p))]  # fmt: skip
+        return tuple(out)
+
+
 #: Policy name -> the class (called with the policy's options) that builds it.
 COMM_POLICIES: Mapping[str, Callable[..., CommPolicy]] = MappingProxyType({
     "fifo": FifoPolicy,
     "ddp": DdpBucketPolicy,
     "priority": PriorityPolicy,
+    "bytescheduler": ByteSchedulerPolicy,
 })
 
 

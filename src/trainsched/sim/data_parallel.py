@@ -23,6 +23,14 @@ replays it:
   default) leaves compute untouched; γ = 1 makes communication and compute take turns.
 - **Optimizer.** Each optimizer op waits for the collectives holding its gradients
   (``cross_barrier``) or for all collectives (the baselines' barrier). Step time = last end.
+- **Steps.** ``steps`` > 1 repeats the step: step s+1 starts once step s's backward has
+  returned (with the barrier: once its optimizer has stepped too), a zero-time
+  ``step boundary`` task per rank; each forward op of step s+1 also waits for the optimizer
+  ops of its parameters in step s. So with ``cross_barrier`` layer 0's next forward runs while
+  later layers' gradients are still being reduced (ByteScheduler's gain), and the step time is
+  the steady period: the start of the last step's first op minus that of the step before.
+  Collectives of step s queue before those of step s+1; issue order (DDP) runs on across
+  steps. Without ``cross_barrier`` the period equals the one-step time.
 
 **Symmetry.** Ranks identical in device, costs, schedule and straggler state form a class
 (:func:`rank_classes`); only one representative per class is simulated (the lowest rank), the
@@ -33,11 +41,14 @@ collective's rendezvous is the latest representative issue time and its cost use
 **Link.** All ranks on one node (``ranks <= devices_per_node``): the intra-node link. Else the
 ring spans nodes and runs at the pace of its slowest hop: laid out node by node, one ring edge
 leaves each node and one enters it, so the NIC carries one edge's traffic: bandwidth
-``min(intra, NIC)``, latency ``max(intra, inter)``. A tree (recursive halving and doubling)
-sends from every device of a node across the network at once: ``min(intra, NIC /
-devices_per_node)``.
-Parameter-server traffic leaves the node: the worker link is the NIC share (intra-node link
-on a cluster of one node without an inter-node link), the server link ``cluster.ps_link``.
+``min(intra, NIC)``; latency ``max(intra, inter)`` for each of the 2(nodes−1) hops of the
+2(n−1) steps that cross the network, the intra-node latency for the others
+(``costs.ring_allreduce_nodes_s``). A tree (recursive halving and doubling) sends from every
+device of a node across the network at once: ``min(intra, NIC / devices_per_node)``.
+Parameter-server traffic leaves the node: ``ps`` gives each worker its NIC share
+(intra-node link on a cluster of one node without an inter-node link), the server link
+``cluster.ps_link``; ``ps-local`` first all-reduces inside each node (intra-node ring), then
+each node pushes and pulls once over its whole NIC (no server traffic on one node).
 
 The engine (:func:`trainsched.sim.engine.run_tasks`) has no byte-credit gate, so this executor
 replays its task graph with its own loop that follows the engine's rules (ready at in-degree
@@ -48,6 +59,7 @@ path, memory and traces are shared.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import math
@@ -66,7 +78,12 @@ from trainsched.comm.policy import (
     graph_gradients,
     may_dispatch,
 )
-from trainsched.costs import parameter_server_s, ring_allreduce_s, tree_allreduce_s
+from trainsched.costs import (
+    parameter_server_s,
+    ring_allreduce_nodes_s,
+    ring_allreduce_s,
+    tree_allreduce_s,
+)
 from trainsched.errors import TrainschedError
 from trainsched.graph import Graph
 from trainsched.sim.engine import Schedule, TaskGraph
@@ -76,7 +93,7 @@ from trainsched.sim.result import Allocation, SimResult, build_result
 __all__ = ["ALGORITHMS", "collective_link", "collective_s", "rank_classes",
            "simulate_data_parallel"]
 
-ALGORITHMS = ("ring", "tree", "ps")
+ALGORITHMS = ("ring", "tree", "ps", "ps-local")
 
 
 def _is_int(value: object) -> bool:
@@ -157,40 +174,60 @@ def _worker_link(cluster: Cluster) -> Link:
 def collective_s(size_bytes: float, ranks: int, cluster: Cluster,
                  algorithm: str = "ring") -> float:
     """How long an all-reduce of ``size_bytes`` over ``ranks`` ranks takes: ring
-    (``costs.ring_allreduce_s``), tree (Rabenseifner, ``costs.tree_allreduce_s``) or ``ps``
-    (push and pull through the cluster's parameter servers, ``costs.parameter_server_s``).
-    One rank communicates nothing (0 s)."""
+    (``costs.ring_allreduce_s`` on one node, ``costs.ring_allreduce_nodes_s`` across nodes),
+    tree (Rabenseifner, ``costs.tree_allreduce_s``), ``ps`` (every rank pushes and pulls
+    through the cluster's parameter servers, ``costs.parameter_server_s``) or ``ps-local``
+    (parameter servers with local aggregation: the ranks of a node all-reduce over the
+    intra-node ring, then the node pushes and pulls once over its whole NIC; on one node the
+    local all-reduce is all there is). One rank communicates nothing (0 s)."""
     if algorithm not in ALGORITHMS:
         raise TrainschedError(f"unknown collective algorithm {algorithm!r}; expected one of "
                               f"{', '.join(ALGORITHMS)}")
     _check_ranks(cluster, ranks)
     if ranks == 1:
         return 0.0
-    if algorithm == "ps":
+    per_node = cluster.devices_per_node
+    nodes = -(-ranks // per_node)
+    if algorithm in ("ps", "ps-local"):
         if cluster.parameter_servers == 0 or cluster.ps_link is None:
-            raise TrainschedError(f"algorithm 'ps' needs parameter servers, and cluster "
-                                  f"{cluster.name!r} has none")
-        return parameter_server_s(size_bytes, ranks, cluster.parameter_servers,
-                                  _worker_link(cluster), cluster.ps_link)
+            raise TrainschedError(f"algorithm {algorithm!r} needs parameter servers, and "
+                                  f"cluster {cluster.name!r} has none")
+        if algorithm == "ps":
+            return parameter_server_s(size_bytes, ranks, cluster.parameter_servers,
+                                      _worker_link(cluster), cluster.ps_link)
+        local = ring_allreduce_s(size_bytes, min(ranks, per_node), cluster.intra_node)
+        if nodes == 1:
+            return local
+        assert cluster.inter_node is not None  # more than one node
+        return local + parameter_server_s(size_bytes, nodes, cluster.parameter_servers,
+                                          cluster.inter_node, cluster.ps_link)
     link = collective_link(cluster, ranks, algorithm)
     if algorithm == "tree":
         return tree_allreduce_s(size_bytes, ranks, link)
-    return ring_allreduce_s(size_bytes, ranks, link)
+    return ring_allreduce_nodes_s(size_bytes, ranks, nodes, cluster.intra_node, link)
 
 
 def simulate_data_parallel(graph: Graph, cluster: Cluster, *, ranks: int,
                            policy: CommPolicy | str, algorithm: str = "ring",
                            stragglers: Mapping[int, float] | None = None, expand: bool = False,
-                           order: Sequence[str] | None = None) -> SimResult:
+                           order: Sequence[str] | None = None, steps: int = 1) -> SimResult:
     """One data-parallel step of training graph ``graph`` over ``ranks`` ranks (rank r on
     device r of ``cluster``), gradients reduced as ``policy`` (a :class:`CommPolicy` or a
     registered name such as ``"fifo"``, ``"ddp"``) says with ``algorithm`` (``ring``, ``tree``,
     ``ps``). ``stragglers`` maps ranks to compute slowdown factors. The result holds one
     representative rank per class (``expand=True``: every rank), named by its device.
     ``order`` (a topological order of all ops) sets the compute priority; default the graph's
-    topological order."""
+    topological order.
+
+    ``steps`` > 1 simulates that many consecutive steps, each layer's forward waiting for the
+    update of its parameters in the step before (module docstring, *Steps*); the result holds
+    every step's tasks, and its ``step_time_s`` is the period before the last step: when the
+    first op of the last step started minus when that of the step before started (3 steps
+    reach the steady state on the zoo models)."""
     began = time.perf_counter()
     _check_ranks(cluster, ranks)
+    if not (_is_int(steps) and steps >= 1):
+        raise TrainschedError(f"steps must be an integer >= 1, got {steps!r}")
     if algorithm not in ALGORITHMS:
         raise TrainschedError(f"unknown collective algorithm {algorithm!r}; expected one of "
                               f"{', '.join(ALGORITHMS)}")
@@ -209,15 +246,20 @@ def simulate_data_parallel(graph: Graph, cluster: Cluster, *, ranks: int,
         reps = [members[0] for members in classes]
         low = _Lowering(cluster, reps)
         lowered = _lower(low, graph, order, plan, gradients, policy, algorithm, ranks,
-                         [factor.get(r, 1.0) for r in reps], reps, [len(m) for m in classes])
+                         [factor.get(r, 1.0) for r in reps], reps, [len(m) for m in classes],
+                         steps)
         schedule, issued, dispatched = _replay(low.tasks, lowered, policy)
         for c, row in enumerate(lowered.parts):
             for t in row:
                 low.tasks.args[t].update(issued_s=issued[c], dispatched_s=dispatched[c])
-        return build_result(low.tasks, schedule, devices=low.names,
-                            allocations=low.allocations,
-                            memory_capacity_bytes=cluster.device.memory_bytes,
-                            wall_s=time.perf_counter() - began)  # fmt: skip
+        result = build_result(low.tasks, schedule, devices=low.names,
+                              allocations=low.allocations,
+                              memory_capacity_bytes=cluster.device.memory_bytes,
+                              wall_s=time.perf_counter() - began)  # fmt: skip
+    if steps == 1:
+        return result
+    starts = [schedule.start_s[t] for t in lowered.firsts]
+    return dataclasses.replace(result, step_time_s=starts[-1] - starts[-2])
 
 
 class _Lowered:
@@ -233,107 +275,149 @@ class _Lowered:
         self.pending: list[int] = []
         self.feeds: list[tuple[int, ...]] = []
         self.steals: list[list[int]] = []  # per collective: its compute-stream task per rep
+        self.after: list[int] = []  # per (collective, rep): the task that ends it there
+        self.firsts: list[int] = []  # per step: the first op's task on the first rep
 
 
 def _lower(low: _Lowering, graph: Graph, order: Sequence[str], plan: Sequence[Any],
            gradients: Sequence[Any], policy: CommPolicy, algorithm: str, ranks: int,
-           factors: Sequence[float], reps: Sequence[int], class_sizes: Sequence[int]) -> _Lowered:
+           factors: Sequence[float], reps: Sequence[int], class_sizes: Sequence[int],
+           steps: int = 1) -> _Lowered:
     tasks = low.tasks
     ops = [graph.op(name) for name in order]
     position = {name: k for k, name in enumerate(order)}
     pairs = sorted({(position[e.src], position[e.dst]) for e in graph.edges})
     users: list[list[int]] = [[] for _ in ops]
+    has_pred = [False] * len(ops)
     for a, b in pairs:
         users[a].append(b)
+        has_pred[b] = True
+    # forward op -> its optimizer ops: the next step's forward reads the updated parameters
+    updates: dict[str, list[int]] = {}
+    for p, op in enumerate(ops):
+        if op.kind == "optimizer" and op.forward_op in position:
+            updates.setdefault(op.forward_op, []).append(p)
     channels = [tasks.add_resource(f"{name}/channel", device=k, kind="channel",
                                    policy=policy.queue)
                 for k, name in enumerate(low.names)] if plan else []  # fmt: skip
-    base = []
-    for k, rank in enumerate(reps):
-        first = len(tasks)
-        f = factors[k]
-        for p, op in enumerate(ops):
-            low.compute(op.name, op.compute_s * f, k, priority=p, category=op.kind,
-                        args={"op": op.name, "bytes": op.output_bytes, "rank": rank,
-                              "represents": class_sizes[k]})  # fmt: skip
-        for a, b in pairs:
-            tasks.add_dependency(first + a, first + b)
-        base.append(first)
-        _allocate(low, ops, users, k, first)
-
     # The k-th gradient comes from the k-th backward_weight op of the order.
     weight_ops = [p for p, op in enumerate(ops) if op.kind == "backward_weight"]
     grad_pos = {g.name: p for g, p in zip(gradients, weight_ops, strict=True)}
     grad_of_op = {ops[p].name: name for name, p in grad_pos.items()}
     holders: dict[str, list[int]] = {g.name: [] for g in gradients}  # gradient -> collectives
+    for c, coll in enumerate(plan):
+        for m in coll.members:
+            holders[m].append(c)
+    optimizers = [p for p, op in enumerate(ops) if op.kind == "optimizer"]
     feeds: dict[int, list[int]] = {}
     out = _Lowered()
     share = low.cluster.device.comm_compute_share if low.cluster is not None else 0.0
     copies = bool(getattr(policy, "bucket_copies", False))
     copy_bw = low.cluster.device.memory_bandwidth_bytes_per_s if low.cluster is not None else 0
-    after: dict[tuple[int, int], int] = {}  # (collective, rep) -> the task that ends it there
-    for c, coll in enumerate(plan):
-        duration = collective_s(coll.size_bytes, ranks, low.cluster, algorithm)
-        if share:
-            out.steals.append([low.compute(f"{coll.name} (host)", share * duration, k,
-                                           priority=-1, category="comm-host",
-                                           args={"collective": coll.name, "rank": rank})
-                               for k, rank in enumerate(reps)])  # fmt: skip
-        row = []
-        for k, rank in enumerate(reps):
-            t = tasks.add_task(
-                coll.name, duration, (channels[k],), priority=len(ops) + c, category="comm",
-                device=k,
-                args={"collective": coll.name, "bytes": coll.size_bytes,
-                      "members": coll.members, "priority": coll.priority,
-                      "algorithm": algorithm, "ranks": ranks, "rank": rank},
-            )  # fmt: skip
-            after[c, k] = t
-            if copies:
-                copy = 2 * coll.size_bytes / copy_bw  # read and write every byte
-                info = {"collective": coll.name, "bytes": coll.size_bytes, "rank": rank}
-                into = low.compute(f"{coll.name} copy-in", copy, k, priority=-1,
-                                   category="comm-copy", args=info)
-                for m in coll.members:
-                    tasks.add_dependency(base[k] + grad_pos[m], into)
-                tasks.add_dependency(into, t)
-                feeds.setdefault(into, []).append(c)
-                back = low.compute(f"{coll.name} copy-out", copy, k, priority=-1,
-                                   category="comm-copy", args=info)
-                tasks.add_dependency(t, back)
-                after[c, k] = back
-            else:
-                for m in coll.members:
-                    dw = base[k] + grad_pos[m]
-                    tasks.add_dependency(dw, t)
-                    feeds.setdefault(dw, []).append(c)
-            row.append(t)
-        for m in coll.members:
-            holders[m].append(c)
-        out.parts.append(row)
-        out.sizes.append(coll.size_bytes)
-        out.priorities.append(coll.priority)
-        out.pending.append((1 if copies else len(coll.members)) * len(reps)
-                           + (1 if policy.ordered_issue and c > 0 else 0))
+    durations = [collective_s(coll.size_bytes, ranks, low.cluster, algorithm) for coll in plan]
+    n_ops, n_coll = len(ops), len(plan)
+    previous: list[int] = []  # per representative: the base task index of the step before
 
-    if plan:
-        optimizers = [p for p, op in enumerate(ops) if op.kind == "optimizer"]
+    for step in range(steps):
+        base = []
         for k, rank in enumerate(reps):
+            f = factors[k]
+            boundary = -1
+            if step:  # the next step starts when backward returned (and, with the barrier,
+                # the optimizer stepped): a zero-time task per rank
+                boundary = tasks.add_task("step boundary", 0.0, (), priority=step * n_ops,
+                                          category="barrier", device=k,
+                                          args={"rank": rank, "step": step})
+                for p, op in enumerate(ops):
+                    if policy.cross_barrier is False or op.kind != "optimizer":
+                        tasks.add_dependency(previous[k] + p, boundary)
+            first = len(tasks)
+            for p, op in enumerate(ops):
+                args = {"op": op.name, "bytes": op.output_bytes, "rank": rank,
+                        "represents": class_sizes[k]}
+                if steps > 1:
+                    args["step"] = step
+                low.compute(op.name, op.compute_s * f, k, priority=step * n_ops + p,
+                            category=op.kind, args=args)
+            for a, b in pairs:
+                tasks.add_dependency(first + a, first + b)
+            if step:
+                for p, op in enumerate(ops):
+                    if not has_pred[p]:
+                        tasks.add_dependency(boundary, first + p)
+                    for u in updates.get(op.name, ()) if op.kind == "forward" else ():
+                        tasks.add_dependency(previous[k] + u, first + p)
+            base.append(first)
+            _allocate(low, ops, users, k, first, resident=step == 0)
+
+        for c, coll in enumerate(plan):
+            g = step * n_coll + c  # collectives of every step in one plan order
+            duration = durations[c]
+            if share:
+                out.steals.append([low.compute(f"{coll.name} (host)", share * duration, k,
+                                               priority=-1, category="comm-host",
+                                               args={"collective": coll.name, "rank": rank})
+                                   for k, rank in enumerate(reps)])  # fmt: skip
+            row = []
+            for k, rank in enumerate(reps):
+                args = {"collective": coll.name, "bytes": coll.size_bytes,
+                        "members": coll.members, "priority": coll.priority,
+                        "algorithm": algorithm, "ranks": ranks, "rank": rank}
+                if steps > 1:
+                    args["step"] = step
+                t = tasks.add_task(coll.name, duration, (channels[k],),
+                                   priority=steps * n_ops + g, category="comm", device=k,
+                                   args=args)  # fmt: skip
+                out.after.append(t)
+                if copies:
+                    copy = 2 * coll.size_bytes / copy_bw  # read and write every byte
+                    info = {"collective": coll.name, "bytes": coll.size_bytes, "rank": rank}
+                    into = low.compute(f"{coll.name} copy-in", copy, k, priority=-1,
+                                       category="comm-copy", args=info)
+                    for m in coll.members:
+                        tasks.add_dependency(base[k] + grad_pos[m], into)
+                    tasks.add_dependency(into, t)
+                    feeds.setdefault(into, []).append(g)
+                    back = low.compute(f"{coll.name} copy-out", copy, k, priority=-1,
+                                       category="comm-copy", args=info)
+                    tasks.add_dependency(t, back)
+                    out.after[-1] = back
+                else:
+                    for m in coll.members:
+                        dw = base[k] + grad_pos[m]
+                        tasks.add_dependency(dw, t)
+                        feeds.setdefault(dw, []).append(g)
+                row.append(t)
+            out.parts.append(row)
+            out.sizes.append(coll.size_bytes)
+            out.priorities.append((step, coll.priority))
+            out.pending.append((1 if copies else len(coll.members)) * len(reps)
+                               + (1 if policy.ordered_issue and g > 0 else 0))
+
+        # this step's collective c ends on representative k with task ended[c][k]
+        ended = [out.after[(step * n_coll + c) * len(reps):][:len(reps)] for c in range(n_coll)]
+        for k, rank in enumerate(reps):
+            if not plan:
+                break
             if policy.cross_barrier:
                 for p in optimizers:
                     waits = sorted({c for pred in graph.predecessors(ops[p].name)
                                     if pred in grad_of_op
                                     for c in holders[grad_of_op[pred]]})  # fmt: skip
                     for c in waits:
-                        tasks.add_dependency(after[c, k], base[k] + p)
+                        tasks.add_dependency(ended[c][k], base[k] + p)
             else:
-                barrier = tasks.add_task("barrier", 0.0, (), priority=len(ops) + len(plan),
-                                         category="barrier", device=k,
-                                         args={"rank": rank, "represents": class_sizes[k]})
-                for c in range(len(out.parts)):
-                    tasks.add_dependency(after[c, k], barrier)
+                args = {"rank": rank, "represents": class_sizes[k]}
+                if steps > 1:
+                    args["step"] = step
+                barrier = tasks.add_task("barrier", 0.0, (), priority=steps * (n_ops + n_coll),
+                                         category="barrier", device=k, args=args)
+                for c in range(n_coll):
+                    tasks.add_dependency(ended[c][k], barrier)
                 for p in optimizers:
                     tasks.add_dependency(barrier, base[k] + p)
+        out.firsts.append(base[0])
+        previous = base
     out.feeds = [()] * len(tasks)
     for t, cs in feeds.items():
         out.feeds[t] = tuple(cs)
@@ -341,24 +425,25 @@ def _lower(low: _Lowering, graph: Graph, order: Sequence[str], plan: Sequence[An
 
 
 def _allocate(low: _Lowering, ops: Sequence[Any], users: Sequence[Sequence[int]], k: int,
-              first: int) -> None:
+              first: int, *, resident: bool = True) -> None:
     """Memory of representative k, by the rules of the other executors: parameters, buffers,
     optimizer state and gradients resident; outputs from their op's start to their last local
     consumer's end; workspace while the op runs. Collectives reduce in place (no buffers)."""
-    resident = 0
+    resident_bytes = 0
     allocations = low.allocations
     for p, op in enumerate(ops):
         t = first + p
-        resident += op.param_bytes + op.buffer_bytes + op.optimizer_state_bytes
+        resident_bytes += op.param_bytes + op.buffer_bytes + op.optimizer_state_bytes
         if op.kind == "backward_weight":
-            resident += op.output_bytes
+            resident_bytes += op.output_bytes
         elif op.output_bytes:
             allocations.append(Allocation(device=k, size_bytes=op.output_bytes, at_task=t,
                                           until_tasks=tuple(first + u for u in users[p])))
         if op.temp_bytes:
             allocations.append(Allocation(device=k, size_bytes=op.temp_bytes, at_task=t,
                                           until_tasks=(t,)))
-    allocations.append(Allocation(device=k, size_bytes=resident))
+    if resident:  # once per rank, however many steps
+        allocations.append(Allocation(device=k, size_bytes=resident_bytes))
 
 
 def _replay(tasks: TaskGraph, lowered: _Lowered,
