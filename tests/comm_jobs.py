@@ -168,6 +168,14 @@ def job_equality(cfg: dict) -> dict:
             out["bitwise"][f"{name}-vs-whole/{opt}"] = all(
                 torch.equal(a, b)
                 for a, b in zip(runs[name, opt], runs["priority-whole", opt], strict=True))
+    # Stepping each partition alone (update="partition", the default for these optimizers)
+    # is the same computation as stepping whole parameters.
+    for opt in OPTIMIZERS:
+        whole = train_sdp(rank, POLICIES["priority-strict"], opt, update="parameter")
+        out["bitwise"][f"partition-vs-parameter-update/{opt}"] = all(
+            torch.equal(a, b) for a, b in zip(whole, runs["priority-strict", opt], strict=True))
+    out["partition_update_refused"] = error_of(lambda: ScheduledDataParallel(
+        net(), "priority", optimizer=torch.optim.Adadelta, update="partition"))
     # Every rank ends with rank 0's parameters, bit for bit.
     mine = torch.cat([p.flatten() for p in runs["priority-strict", "adam"]])
     gathered = [torch.empty_like(mine) for _ in range(world)]

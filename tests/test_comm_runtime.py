@@ -48,6 +48,8 @@ def test_every_policy_and_optimizer_equals_ddp_and_plain_all_reduce(main_job):
         assert worst[1] <= 1e-6, (rank, worst)
         # Partitioned, credited, FIFO or whole-tensor: the same sums, bit for bit.
         assert all(r["bitwise"].values()), (rank, r["bitwise"])
+        assert len(r["bitwise"]) == 3 * 6
+        assert "only exact for elementwise optimizers" in r["partition_update_refused"]
         assert r["ranks_identical"]
 
 
@@ -101,6 +103,10 @@ def check_fuzz(tmp_path: Path, results: list[dict], steps: int) -> None:
         trace = json.loads((tmp_path / "timeline" / f"rank{rank}.trace.json").read_text())
         phases = {e["args"]["phase"] for e in trace["traceEvents"] if e["ph"] == "X"}
         assert phases >= {"FWD", "BWD", "UPDATE", "QUEUE", "COMM"}
+        # SGD is elementwise: the split parameters were stepped partition by partition.
+        parts = {e["args"].get("task") for e in trace["traceEvents"]
+                 if e["ph"] == "X" and e["args"]["phase"] == "UPDATE"}
+        assert {"fc1.weight/0", "fc1.weight/31", "conv2.weight/2"} <= parts
         # Strict credit on every rank: the dispatcher's count, and the trace's COMM slices.
         assert 0 < r["max_in_flight_bytes"] <= r["credit_bytes"]
         assert in_flight_peak(trace) <= r["credit_bytes"]

@@ -66,6 +66,11 @@ from trainsched.errors import TrainschedError
 __all__ = ["ORDERS", "ScheduledDataParallel"]
 
 ORDERS = ("leader", "local")
+UPDATES = ("auto", "parameter", "partition")
+#: Optimizers whose step is elementwise given per-element state: stepping a slice of a
+#: parameter equals stepping the whole parameter on that slice (bit for bit; tested).
+ELEMENTWISE = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad,
+               torch.optim.RMSprop, torch.optim.Adamax, torch.optim.NAdam)
 _INSTANCES: dict[tuple[int, ...], int] = {}  # process group ranks -> wrappers built so far
 
 
@@ -84,6 +89,12 @@ class ScheduledDataParallel(nn.Module):
     ``timeline``: a directory where ``close()`` writes ``rank<r>.trace.json`` covering steps
     ``timeline_steps`` (first, last; step 0 is the first backward pass). Construction is
     collective: every rank of the group must build its wrapper, in the same order.
+
+    ``update``: ``"parameter"`` steps a parameter's optimizer once all its partitions are
+    reduced; ``"partition"`` steps each partition's slice as soon as that partition is reduced
+    (an optimizer per slice; only for elementwise optimizers, :data:`ELEMENTWISE`, where it is
+    the same computation), so a large layer's update no longer waits for, and follows, its last
+    partition; ``"auto"`` (default) picks ``"partition"`` when the optimizer is elementwise.
     """
 
     def __init__(self, module: nn.Module, policy: CommPolicy | str = "priority", *,
@@ -91,7 +102,8 @@ class ScheduledDataParallel(nn.Module):
                  optimizer: Any = torch.optim.SGD, optimizer_kwargs: dict | None = None,
                  order: str = "leader", verify_order_every: int = 0, timeout_s: float = 300.0,
                  timeline: str | Path | None = None,
-                 timeline_steps: tuple[int, int] = (1, 3), store: Any = None) -> None:
+                 timeline_steps: tuple[int, int] = (1, 3), store: Any = None,
+                 update: str = "auto") -> None:
         super().__init__()
         if not dist.is_initialized():
             raise TrainschedError("ScheduledDataParallel needs torch.distributed: call "
@@ -104,6 +116,9 @@ class ScheduledDataParallel(nn.Module):
         check_sizes(self.policy)
         if order not in ORDERS:
             raise TrainschedError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
+        if update not in UPDATES:
+            raise TrainschedError(f"update must be one of {', '.join(UPDATES)}, got "
+                                  f"{update!r}")
         if not (isinstance(verify_order_every, int) and verify_order_every >= 0):
             raise TrainschedError(f"verify_order_every must be an integer >= 0, got "
                                   f"{verify_order_every!r}")
@@ -134,8 +149,18 @@ class ScheduledDataParallel(nn.Module):
         self._store = self._make_store(store)
         self._check_same_model()
         self._broadcast_state()
+        self._optimizer_spec = (optimizer, optimizer_kwargs)
         self._optimizers = [self._make_optimizer(optimizer, optimizer_kwargs, p, n)
                             for n, p in zip(self._names, self._params, strict=True)]
+        self._slice_optimizers: list[torch.optim.Optimizer] = []  # update="partition"
+        elementwise = all(type(o) in ELEMENTWISE for o in self._optimizers)
+        if update == "partition" and not elementwise:
+            odd = next(type(o).__name__ for o in self._optimizers if type(o) not in ELEMENTWISE)
+            raise TrainschedError(f"update='partition' steps slices of a parameter, which is "
+                                  f"only exact for elementwise optimizers "
+                                  f"({', '.join(c.__name__ for c in ELEMENTWISE)}), not {odd}; "
+                                  f"use update='parameter'")
+        self.update = "partition" if update != "parameter" and elementwise else "parameter"
 
         # State shared by the training thread and the dispatcher thread (under _cv).
         self._cv = threading.Condition()
@@ -318,7 +343,6 @@ class ScheduledDataParallel(nn.Module):
         """The most bytes this rank ever had in flight (the credit invariant's witness)."""
         return self._max_in_flight
 
-
     def drain(self, timeout_s: float | None = None) -> None:
         """Wait until every gradient handed over so far is reduced and applied (before
         evaluation, checkpoints, learning-rate changes and exit)."""
@@ -341,7 +365,7 @@ class ScheduledDataParallel(nn.Module):
     def set_lr(self, lr: float) -> None:
         """Drain, then set the learning rate of every per-parameter optimizer."""
         self.drain()
-        for opt in self._optimizers:
+        for opt in (*self._optimizers, *self._slice_optimizers):
             for group in opt.param_groups:
                 group["lr"] = lr
 
@@ -579,8 +603,10 @@ class _Dispatch:
         self.position = 0  # issues so far in this step
         self.readies = 0  # gradients ready so far in this step
         self.early: list[tuple[int, float]] = []  # ready before the task table exists
-        self.updates: list[tuple[int, int]] = []  # (layer, parameter) waiting for an update
-        self.deferred: list[int] = []  # without cross_barrier: reduced, waiting for the rest
+        # Units waiting for their optimizer step: (layer, collective or -1 for the whole
+        # parameter, parameter); without cross_barrier they wait in `deferred` for the step.
+        self.updates: list[tuple[int, int, int]] = []
+        self.deferred: list[tuple[int, int, int]] = []
         self.works: dict[int, Any] = {}
         self.tensors: dict[int, torch.Tensor] = {}  # in flight: the view or packed buffer
         self.issued_s: dict[int, float] = {}
@@ -603,6 +629,7 @@ class _Dispatch:
                                follow=sdp._follow)
         spans = partition_spans(gradients, plan)
         index = {n: k for k, n in enumerate(sdp._names)}
+        self.index = index
         self.layer = {index[g.name]: g.layer_index for g in gradients}
         self.parts: list[list[tuple[int, int, int]]] = []  # per collective: (param, lo, hi)
         self.holders: dict[int, list[int]] = {}
@@ -620,6 +647,28 @@ class _Dispatch:
         self.names = [c.name for c in plan]
         self.tracks = [f"comm/{sdp._names[row[0][0]]}" if len(row) == 1 else f"comm/{name}"
                        for row, name in zip(self.parts, self.names, strict=True)]
+        # update="partition": every part of a split, contiguous parameter is stepped alone,
+        # through a detached view and an optimizer of its own (hyperparameters copied from the
+        # parameter's optimizer, in case set_lr ran before this).
+        self.slices: dict[int, tuple[torch.Tensor, torch.optim.Optimizer]] = {}
+        self.units = [1] * len(sdp._params)  # update units per parameter
+        if sdp.update == "partition":
+            optimizer, kwargs = sdp._optimizer_spec
+            for k, cs in self.holders.items():
+                p = sdp._params[k]
+                if len(cs) < 2 or not p.is_contiguous():
+                    continue
+                self.units[k] = len(cs)
+                for c in cs:
+                    (_, lo, hi), = self.parts[c]
+                    view = p.detach().view(-1)[lo:hi]
+                    opt = sdp._make_optimizer(optimizer, kwargs, view, self.names[c])
+                    for key, value in sdp._optimizers[k].param_groups[0].items():
+                        if key != "params":
+                            opt.param_groups[0][key] = value
+                    self.slices[c] = (view, opt)
+                    sdp._slice_optimizers.append(opt)
+        self.units_left = list(self.units)
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -639,8 +688,7 @@ class _Dispatch:
             if self.core is not None:
                 self.core.pump()
             if self.updates:
-                _, k = heapq.heappop(self.updates)
-                self.update(k)
+                self.update(*heapq.heappop(self.updates))
 
     def handle(self, event: tuple[Any, ...]) -> None:
         kind = event[0]
@@ -773,35 +821,54 @@ class _Dispatch:
             sdp._comm_spans.append(Span(track=track, phase="COMM", label=self.names[c],
                                    start_s=self.issued_s[c], end_s=t, step=self.step,
                                    args=args))
-        reduced = core.done(c)
-        index = {n: k for k, n in enumerate(sdp._names)} if reduced else {}
-        for name in reduced:
-            k = index[name]
-            if sdp.policy.cross_barrier:
-                heapq.heappush(self.updates, (self.layer[k], k))
-            else:
-                self.deferred.append(k)
-        if core.finished and self.deferred:
-            for k in self.deferred:
-                heapq.heappush(self.updates, (self.layer[k], k))
-            self.deferred.clear()
+        units = []
+        if c in self.slices:
+            k = self.parts[c][0][0]
+            units.append((self.layer[k], c, k))
+        for name in core.done(c):
+            k = self.index[name]
+            if self.units[k] == 1:
+                units.append((self.layer[k], -1, k))
+        if sdp.policy.cross_barrier:
+            for unit in units:
+                heapq.heappush(self.updates, unit)
+        else:
+            self.deferred += units
+            if core.finished:
+                for unit in self.deferred:
+                    heapq.heappush(self.updates, unit)
+                self.deferred.clear()
 
-    def update(self, k: int) -> None:
+    def update(self, layer: int, c: int, k: int) -> None:
+        """Step the optimizer of a unit: part ``c`` of parameter ``k``, or all of it."""
         sdp = self.sdp
         p = sdp._params[k]
         grad = sdp._grads[k]
         assert grad is not None
         start = _now()
-        p.grad = grad
-        sdp._optimizers[k].step()
-        p.grad = None
-        sdp._grads[k] = None
+        if c >= 0:
+            view, opt = self.slices[c]
+            _, lo, hi = self.parts[c][0]
+            view.grad = grad.view(-1)[lo:hi]
+            opt.step()
+            view.grad = None
+        else:
+            p.grad = grad
+            sdp._optimizers[k].step()
         end = _now()
         if sdp._in_window(self.step):
+            args = {"layer": sdp._owner[k], "param": sdp._names[k]}
+            if c >= 0:
+                args["task"] = self.names[c]
             sdp._comm_spans.append(Span(track="update", phase="UPDATE", label=sdp._owner[k],
-                                   start_s=start - sdp._t0, end_s=end - sdp._t0,
-                                   step=self.step,
-                                   args={"layer": sdp._owner[k], "param": sdp._names[k]}))
+                                        start_s=start - sdp._t0, end_s=end - sdp._t0,
+                                        step=self.step, args=args))
+        self.units_left[k] -= 1
+        if self.units_left[k]:
+            return
+        self.units_left[k] = self.units[k]
+        p.grad = None
+        sdp._grads[k] = None
         with sdp._cv:
             sdp._applied[k] += 1
             sdp._cv.notify_all()
