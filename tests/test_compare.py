@@ -106,3 +106,23 @@ def test_placed_row_is_never_slower_than_one_device():
     assert placed.step_time_s == chosen.predicted_step_s
     assert f"{chosen.placer} placement on {placed.devices} of 4 devices" == placed.description
     assert results["placed-auto"].step_time_s == placed.step_time_s
+
+
+def test_bytescheduler_row_is_the_steady_step_and_beats_fifo_when_communication_bound():
+    from trainsched.comm import ByteSchedulerPolicy
+    from trainsched.sim import simulate_data_parallel
+
+    graph = _chain()
+    cluster = resolve_cluster("v100-tcp-25g:2")  # 16 V100s, 25 Gbit/s between the two nodes
+    rows, results = compare(graph, cluster, Options(ranks=16, microbatches=8, batch_size=16),
+                            ["single", "data-fifo", "data-ddp", "data-bytescheduler"])
+    row = {r.strategy: r for r in rows}
+    bs = row["data-bytescheduler"]
+    steady = simulate_data_parallel(graph, cluster, ranks=16, policy=ByteSchedulerPolicy(),
+                                    steps=3)
+    assert bs.step_time_s == steady.step_time_s == results["data-bytescheduler"].step_time_s
+    assert bs.samples_per_step == 16 * 16 and bs.devices == 16
+    assert bs.description.endswith("bytescheduler gradient communication, steady step of 3")
+    assert 0 <= bs.idle_fraction < 1
+    assert bs.samples_per_s > row["data-fifo"].samples_per_s
+    assert bs.samples_per_s > row["data-ddp"].samples_per_s

@@ -568,6 +568,12 @@ def test_steps_let_the_next_forward_cross_the_barrier():
         assert math.isclose(got[0], a, abs_tol=1e-9) and math.isclose(got[1], b, abs_tol=1e-9), \
             (key, got)
     assert at("L0", 1)[0] < at("L2:grad/3", 0)[1]  # the next forward overlaps communication
+    # Per-step figures over the period: 10.6 ms of compute (3 forward, 5 backward, 2.6 SGD).
+    assert math.isclose(three.busy_s["gpu0/compute"], 10.6 * MS, rel_tol=1e-9)
+    assert math.isclose(three.idle_s["gpu0/compute"], 1.4 * MS, rel_tol=1e-9)
+    # In the period [10, 22] the stream idles only over [20.3, 21.7] (after L1:opt, before
+    # L0:opt), while L2/2 and L0's all-reduce run: 1.4 ms of exposed communication.
+    assert math.isclose(three.exposed_comm_s, 1.4 * MS, rel_tol=1e-9)
     assert len(comm(three, "gpu0")) == 3 * len(comm(one, "gpu0"))
     for policy in (FifoPolicy(), DdpBucketPolicy(bucket_copies=False)):
         steps = [simulate_data_parallel(g, cluster, ranks=2, policy=policy, steps=n).step_time_s
@@ -575,6 +581,13 @@ def test_steps_let_the_next_forward_cross_the_barrier():
         assert all(close(s, steps[0]) for s in steps), (policy, steps)
         if isinstance(policy, FifoPolicy):
             assert close(steps[0], 13.1 * MS)
+        runs = [simulate_data_parallel(g, cluster, ranks=2, policy=policy, steps=n)
+                for n in (1, 3)]
+        for field in ("busy_s", "idle_s"):
+            a, b = (getattr(r, field) for r in runs)
+            assert a.keys() == b.keys()
+            assert all(math.isclose(a[k], b[k], rel_tol=1e-9, abs_tol=1e-15) for k in a), field
+        assert math.isclose(runs[0].exposed_comm_s, runs[1].exposed_comm_s, rel_tol=1e-9)
     with pytest.raises(TrainschedError, match="steps must be an integer >= 1, got 0"):
         simulate_data_parallel(g, cluster, ranks=2, policy=policy, steps=0)
 

@@ -66,11 +66,15 @@ def _single(graph: Graph, cluster: Cluster, o: Options) -> tuple[SimResult, int,
     return simulate_single(graph, cluster), 1, o.batch_size, "all ops on one device"
 
 
-def _data(policy: str) -> Strategy:
+def _data(policy: str, steps: int = 1) -> Strategy:
+    """Data parallelism with a registered comm policy; ``steps`` > 1: the steady step of that
+    many (a policy crossing the barrier gains only there; with the barrier it is the same)."""
     def run(graph: Graph, cluster: Cluster, o: Options) -> tuple[SimResult, int, int, str]:
-        result = simulate_data_parallel(graph, cluster, ranks=o.ranks, policy=comm_policy(policy))
+        result = simulate_data_parallel(graph, cluster, ranks=o.ranks, policy=comm_policy(policy),
+                                        steps=steps)
+        steady = f", steady step of {steps}" if steps > 1 else ""
         return result, o.ranks, o.ranks * o.batch_size, (
-            f"{o.ranks} replicas, ring all-reduce, {policy} gradient communication")
+            f"{o.ranks} replicas, ring all-reduce, {policy} gradient communication{steady}")
     return run
 
 
@@ -103,6 +107,7 @@ STRATEGIES: dict[str, Strategy] = {
     "single": _single,
     "data-fifo": _data("fifo"),
     "data-ddp": _data("ddp"),
+    "data-bytescheduler": _data("bytescheduler", steps=3),
     "pipeline-gpipe": _pipeline("gpipe"),
     "pipeline-1f1b": _pipeline("1f1b"),
     "placed-auto": _placed("auto"),

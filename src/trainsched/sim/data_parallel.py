@@ -67,6 +67,7 @@ import numbers
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from trainsched.cluster import Cluster, Link
@@ -88,7 +89,7 @@ from trainsched.errors import TrainschedError
 from trainsched.graph import Graph
 from trainsched.sim.engine import Schedule, TaskGraph
 from trainsched.sim.executors import _checked_order, _gc_paused, _Lowering
-from trainsched.sim.result import Allocation, SimResult, build_result
+from trainsched.sim.result import Allocation, SimResult, _merge, _subtract, build_result
 
 __all__ = ["ALGORITHMS", "collective_link", "collective_s", "rank_classes",
            "simulate_data_parallel"]
@@ -223,7 +224,8 @@ def simulate_data_parallel(graph: Graph, cluster: Cluster, *, ranks: int,
     update of its parameters in the step before (module docstring, *Steps*); the result holds
     every step's tasks, and its ``step_time_s`` is the period before the last step: when the
     first op of the last step started minus when that of the step before started (3 steps
-    reach the steady state on the zoo models)."""
+    reach the steady state on the zoo models); ``busy_s``, ``idle_s`` and ``exposed_comm_s``
+    are taken over that period, the rest over the whole run."""
     began = time.perf_counter()
     _check_ranks(cluster, ranks)
     if not (_is_int(steps) and steps >= 1):
@@ -259,7 +261,37 @@ def simulate_data_parallel(graph: Graph, cluster: Cluster, *, ranks: int,
     if steps == 1:
         return result
     starts = [schedule.start_s[t] for t in lowered.firsts]
-    return dataclasses.replace(result, step_time_s=starts[-1] - starts[-2])
+    return _steady(result, starts[-2], starts[-1])
+
+
+def _steady(result: SimResult, begin: float, end: float) -> SimResult:
+    """``result`` of several steps, its per-step figures taken over the window [begin, end)
+    (the last full period): ``step_time_s``, ``busy_s``/``idle_s`` and ``exposed_comm_s``.
+    Tasks, memory, the critical path and the dependency bound stay those of the whole run."""
+    def clip(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+        return [(max(a, begin), min(b, end)) for a, b in spans if a < end and b > begin]
+
+    busy = dict.fromkeys(result.busy_s, 0.0)
+    streams = {r.name for r in result.resources if r.kind == "compute"}
+    comm: dict[str, list[tuple[float, float]]] = {}
+    compute: dict[str, list[tuple[float, float]]] = {}
+    for t in result.tasks:
+        for a, b in clip([(t.start_s, t.end_s)]):
+            for r in t.resources:
+                busy[r] += b - a
+        if t.category == "comm":
+            comm.setdefault(t.device, []).append((t.start_s, t.end_s))
+        if streams.intersection(t.resources):
+            compute.setdefault(t.device, []).append((t.start_s, t.end_s))
+    exposed: list[tuple[float, float]] = []
+    for d in sorted(comm):
+        exposed += _subtract(_merge(comm[d]), _merge(compute.get(d, [])))
+    period = end - begin
+    capacity = {r.name: r.capacity for r in result.resources}
+    return dataclasses.replace(
+        result, step_time_s=period, busy_s=MappingProxyType(busy),
+        idle_s=MappingProxyType({r: capacity[r] * period - b for r, b in busy.items()}),
+        exposed_comm_s=math.fsum(b - a for a, b in clip(_merge(exposed))))
 
 
 class _Lowered:
