@@ -352,12 +352,15 @@ class _Scheduler:
     def urgent_ts(self, o: int) -> float:
         return max(self.est(o, x) for x in self.devices_for(o))
 
-    def best_urgent(self, d: int) -> tuple[float, int] | None:
-        """The ready op, placeable on d, whose inputs are available everywhere soonest."""
+    def best_urgent(self, d: int, bound: float) -> tuple[float, int] | None:
+        """The ready op, placeable on d, whose inputs are available everywhere soonest, if
+        that is no later than ``bound`` (heap keys are lower bounds: later ones stay stale)."""
         best = None
         for heap in (self.G_free, self.G_dev[d]):
             while heap:
                 key, o, t = heap[0]
+                if key > bound:
+                    break
                 if self.gtok[o] != t or self.dev[o] >= 0:
                     heapq.heappop(heap)
                     continue
@@ -397,7 +400,7 @@ class _Scheduler:
             f = self.reserved_for(d)
             if f >= 0:
                 best = (self.est(f, d), f)
-                urgent = self.best_urgent(d)
+                urgent = self.best_urgent(d, best[0])
                 if urgent is not None and urgent < best:
                     best = urgent
                 return best
