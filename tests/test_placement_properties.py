@@ -5,7 +5,8 @@ simulator's engine, with the simulator's memory accounting, reproduces every sta
 peak of the placer's own schedule, and m-ETF (ample memory) starts every op as early as those
 orders allow. ``simulate_placed`` itself is a list scheduler that serves each channel first come,
 first served and so may order transfers differently (docs/placement.md, "Placer and
-simulator"); ``auto`` scores candidates with it.
+simulator"); where no transfer waits for its channel in m-ETF's schedule and none is empty, it
+reproduces that schedule exactly. ``auto`` scores candidates with it.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from trainsched.graph import Edge, Graph, Op
 from trainsched.placement import Machine, Stall, place, reduce_graph, run_schedule
 from trainsched.placement.reduce import canonical_order
 from trainsched.placement.sct import m_sct
-from trainsched.sim import TaskGraph, build_result, run_tasks
+from trainsched.sim import TaskGraph, build_result, run_tasks, simulate_placed
 from trainsched.sim.result import Allocation
 
 PROPERTY = settings(max_examples=60, deadline=None,
@@ -166,6 +167,32 @@ def test_replaying_the_orders_reproduces_the_schedule(seed, n, m, comm, algorith
         # Semi-active: without the planned starts as release times, nothing moves earlier.
         free_run, op_task, _, _ = replay(problem, cluster, schedule, release=False)
         assert [free_run.start_s[t] for t in op_task] == list(schedule.start_s)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**6), n=st.integers(2, 40), m=st.integers(2, 4),
+       comm=st.sampled_from(["parallel", "sequential"]))
+def test_simulate_placed_agrees_when_no_transfer_queues(seed, n, m, comm):
+    graph = layered_dag(seed, n, groups=False)
+    graph = Graph(graph.ops, [Edge(src=e.src, dst=e.dst, size_bytes=max(e.size_bytes, 10),
+                                   tensor=e.tensor) for e in graph.edges])
+    cluster = make_cluster(m, comm)
+    problem = reduce_graph(graph, forward_only=False, coplacement=False, fusion=False,
+                           group_cap_bytes=math.inf)
+    schedule = run_schedule(problem, Machine.from_cluster(cluster))
+    producer_end = schedule.end_s
+    if any(x.start_s != producer_end[problem.tensor_producer[x.tensor]]
+           for x in schedule.transfers):
+        return  # a transfer waited for its channel: the simulator may serve them in another order
+    names = problem.names
+    order = [names[i] for i in sorted(range(problem.n), key=lambda i: (schedule.start_s[i], i))]
+    result = simulate_placed(problem.to_graph(), cluster,
+                             {names[i]: schedule.device[i] for i in range(problem.n)},
+                             order=order)
+    times = {t.name: (t.start_s, t.end_s) for t in result.tasks if t.category != "comm"}
+    assert [times[name] for name in names] == list(zip(schedule.start_s, schedule.end_s,
+                                                       strict=True))
+    assert result.step_time_s == schedule.makespan_s
 
 
 @PROPERTY

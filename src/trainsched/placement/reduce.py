@@ -38,7 +38,8 @@ class Problem:
     group's are charged when the group's first op lands); ``output[i]`` bytes allocated at its
     start, freed once its consumers on its device and its outgoing transfers have ended;
     ``temp[i]`` bytes while it runs; ``group[i]``. ``inputs[i]`` lists (producer, tensor,
-    bytes), ordered by (producer, tensor key); tensors are numbered in that order too.
+    bytes), ordered by (producer, tensor key); tensors are numbered in that order too, and a
+    tensor's bytes are the largest of its edges'.
     ``group_of`` maps every original op name to its group; ``members[i]`` are the original ops
     op ``i`` runs.
     """
@@ -350,7 +351,8 @@ def _build(graph: Graph, order: list[str], ops: list[Op], sched: list[int],
         tensor_producer.append(u)
         users = sorted(by_tensor[u, key])
         tensor_consumers.append(tuple(v for v, _ in users))
-        for v, size in users:
+        size = max(size for _, size in users)  # one tensor, one size (edges may disagree)
+        for v, _ in users:
             inputs[v].append((u, tid, size))
     successors = [sorted({index[s] for s in node_succ[r]}) for r in topo]
     return Problem(
