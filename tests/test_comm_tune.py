@@ -3,6 +3,7 @@ graph in the simulator, reproducible for a seed, bad input rejected."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -77,7 +78,7 @@ def test_tuner_searches_in_log_space_within_the_range():
         return 1.0 + abs(math.log2(partition / 3000))  # best partition 3000 B, credit irrelevant
 
     result = tune(objective, partition_range=(100, 100_000), credit_range=(50, 50),
-                  startup_trials=10, guided_trials=10, seed=0)
+                  startup_trials=10, guided_trials=10, seed=0, granularity_bytes=1)
     assert all(100 <= p <= 100_000 and c == 50 for p, c in seen)
     assert len(seen) == 20
     # Log-uniform: startup points spread over the decades, not crowded at the top.
@@ -85,8 +86,14 @@ def test_tuner_searches_in_log_space_within_the_range():
     assert abs(math.log2(result.partition_bytes / 3000)) < 1  # within 2x of the optimum
     calls = []
     tune(objective, partition_range=(100, 200), credit_range=(1, 2), startup_trials=2,
-         guided_trials=1, on_trial=calls.append)
+         guided_trials=1, on_trial=calls.append, granularity_bytes=1)
     assert [t.number for t in calls] == [0, 1, 2]
+    # Default granularity: whole 4 KiB multiples inside the range.
+    seen.clear()
+    tune(objective, partition_range=(5000, 3 * MiB), credit_range=(MiB, 2 * MiB),
+         startup_trials=6, guided_trials=2)
+    assert all(p % 4096 == 0 and c % 4096 == 0 for p, c in seen)
+    assert all(8192 <= p <= 3 * MiB and MiB <= c <= 2 * MiB for p, c in seen)
 
 
 def test_simulated_objective_is_the_simulators_step_time():
@@ -115,6 +122,8 @@ def test_simulated_objective_is_the_simulators_step_time():
     ({"startup_trials": 0}, "startup_trials must be an integer >= 1"),
     ({"guided_trials": -1}, "guided_trials must be an integer >= 0"),
     ({"seed": "x"}, "seed must be an integer"),
+    ({"partition_range": (5000, 8000)}, "5000-8000 B holds no multiple of the granularity"),
+    ({"granularity_bytes": 0}, "granularity_bytes must be an integer >= 1"),
 ])
 def test_bad_ranges_and_counts_are_rejected(kwargs, problem):
     with pytest.raises(TrainschedError, match=problem):
@@ -127,3 +136,35 @@ def test_bad_objective_values_are_reported():
             tune(lambda p, c, v=value: v, startup_trials=1, guided_trials=0)
     with pytest.raises(TrainschedError, match="at least one partition and one credit"):
         grid_search(lambda p, c: 1.0, [], [MiB])
+
+
+def test_train_autotune_runs_real_trials_and_reports_the_best(capsys):
+    from trainsched.cli import main
+
+    code = main(["train", "mlp", "--nproc", "2", "--autotune", "--tune-trials", "1",
+                 "--tune-partition", "64KiB-1MiB", "--tune-credit", "64KiB-4MiB",
+                 "--steps", "2", "--warmup", "1", "--timeout", "120", "--json"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    tuned = out["autotune"]
+    (trial,) = tuned["trials"]
+    assert trial["phase"] == "startup" and trial["step_time_s"] > 0
+    assert 64 << 10 <= trial["partition_bytes"] <= MiB and trial["partition_bytes"] % 4096 == 0
+    assert 64 << 10 <= trial["credit_bytes"] <= 4 * MiB
+    assert (tuned["partition_bytes"], tuned["step_time_s"]) == (trial["partition_bytes"],
+                                                               trial["step_time_s"])
+
+
+@pytest.mark.parametrize(("flags", "problem"), [
+    (["--comm", "ddp"], "--autotune tunes the priority scheduler's partition and credit"),
+    (["--tune-partition", "4MiB"], "--tune-partition takes LOW-HIGH"),
+    (["--tune-credit", "8MiB-1MiB"], "--tune-credit takes LOW-HIGH with 0 < LOW <= HIGH"),
+    (["--tune-trials", "0"], "--tune-trials must be >= 1"),
+    (["--timeline", "tl"], "--timeline records one run"),
+])
+def test_train_autotune_rejects_bad_flags_on_one_line(flags, problem, capsys):
+    from trainsched.cli import main
+
+    assert main(["train", "mlp", "--autotune", *flags]) == 2
+    err = capsys.readouterr().err
+    assert problem in err and err.count("\n") == 1

@@ -377,6 +377,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     partition = parse_size(args.partition)
     credit = (float("inf") if args.credit.strip().lower() in ("inf", "unlimited")
               else parse_size(args.credit))
+    if args.autotune:
+        return _autotune(args)
     result = train(args.model, args.comm, nproc=args.nproc, steps=args.steps,
                    warmup=args.warmup, partition_bytes=partition, credit_bytes=credit,
                    credit_mode=args.credit_mode, timeline_dir=args.timeline,
@@ -405,6 +407,58 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(f"  throughput {result.throughput():.2f} samples/s")
     if args.timeline:
         print(f"  wrote {args.timeline}/rank<r>.trace.json (open in ui.perfetto.dev)")
+    return 0
+
+
+def _autotune(args: argparse.Namespace) -> int:
+    """``train --autotune``: Bayesian search of (partition, credit), each trial a fresh run of
+    ``--steps`` steps on ``--nproc`` ranks (``runtime.train.run_trial``)."""
+    from trainsched.comm.tune import tune
+    from trainsched.runtime.train import run_trial
+    from trainsched.units import format_duration, format_size, parse_size
+
+    if args.comm != "priority":
+        raise TrainschedError("--autotune tunes the priority scheduler's partition and credit; "
+                              f"drop --comm {args.comm} (or use --comm priority)")
+    if args.timeline:
+        raise TrainschedError("--timeline records one run; give it without --autotune, at the "
+                              "partition and credit the tuner reports")
+    if args.tune_trials < 1:
+        raise TrainschedError(f"--tune-trials must be >= 1, got {args.tune_trials}")
+    ranges = [tuple(parse_size(v) for v in r.split("-", 1)) if "-" in r else None
+              for r in (args.tune_partition, args.tune_credit)]
+    for flag, r in zip(("--tune-partition", "--tune-credit"), ranges, strict=True):
+        if r is None or not 0 < r[0] <= r[1]:
+            raise TrainschedError(f"{flag} takes LOW-HIGH with 0 < LOW <= HIGH, e.g. "
+                                  f"1MiB-64MiB")
+    startup = min(10, args.tune_trials)
+
+    def show(t: Any) -> None:
+        if not args.json:
+            print(f"  trial {t.number + 1:>2} ({t.phase:<7}) partition "
+                  f"{format_size(t.partition_bytes):>10}  credit {format_size(t.credit_bytes):>10}"
+                  f"  median step {format_duration(t.step_time_s)}", flush=True)
+
+    def objective(partition: int, credit: int) -> float:
+        return run_trial(args.model, partition, credit, steps=args.steps, warmup=args.warmup,
+                         credit_mode=args.credit_mode, nproc=args.nproc,
+                         batch_size=args.batch_size, image_size=args.image_size,
+                         seq_len=args.seq_len, optimizer=args.optimizer, lr=args.lr,
+                         timeout_s=args.timeout)
+
+    if not args.json:
+        print(f"{args.model}: tuning partition and credit on {args.nproc} gloo ranks, "
+              f"{args.tune_trials} trials of {args.steps} steps")
+    result = tune(objective, partition_range=ranges[0], credit_range=ranges[1],
+                  startup_trials=startup, guided_trials=args.tune_trials - startup,
+                  seed=args.tune_seed, on_trial=show)
+    if args.json:
+        print(_dump({"comm": "priority", "credit_mode": args.credit_mode, "steps": args.steps,
+                     "warmup": args.warmup, "autotune": result.to_dict()}))
+        return 0
+    print(f"  best: --partition {result.partition_bytes} --credit {result.credit_bytes} "
+          f"({format_size(result.partition_bytes)}, {format_size(result.credit_bytes)}), "
+          f"median step {format_duration(result.step_time_s)}")
     return 0
 
 
@@ -617,6 +671,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeline", default=None,
                    help="directory for one Chrome trace per rank (first 3 timed steps)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds before giving up")
+    p.add_argument("--autotune", action="store_true",
+                   help="priority: pick partition and credit by Bayesian search over trial runs")
+    p.add_argument("--tune-trials", type=int, default=15,
+                   help="--autotune: trials (the first 10 random, the rest guided)")
+    p.add_argument("--tune-partition", default="1MiB-128MiB", help="--autotune: LOW-HIGH")
+    p.add_argument("--tune-credit", default="1MiB-256MiB", help="--autotune: LOW-HIGH")
+    p.add_argument("--tune-seed", type=int, default=0, help="--autotune: sampler seed")
     common(p)
     p.set_defaults(func=cmd_train)
 

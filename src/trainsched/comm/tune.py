@@ -87,6 +87,16 @@ def _check_range(name: str, value: Any) -> tuple[int, int]:
     return int(value[0]), int(value[1])
 
 
+def _snapped_range(name: str, value: Any, step: int) -> tuple[int, int]:
+    """The range's multiples of ``step``: its lowest and highest."""
+    lo, hi = _check_range(name, value)
+    first, last = -(-lo // step) * step, hi // step * step
+    if first > last:
+        raise TrainschedError(f"{name} {lo}-{hi} B holds no multiple of the granularity "
+                              f"({step} B); widen it or lower granularity_bytes")
+    return first, last
+
+
 def _check_count(name: str, value: Any, minimum: int) -> int:
     if not (isinstance(value, int) and not isinstance(value, bool) and value >= minimum):
         raise TrainschedError(f"{name} must be an integer >= {minimum}, got {value!r}")
@@ -106,13 +116,17 @@ def tune(objective: Objective, *,
          partition_range: tuple[int, int] = DEFAULT_PARTITION_RANGE,
          credit_range: tuple[int, int] = DEFAULT_CREDIT_RANGE,
          startup_trials: int = 10, guided_trials: int = 5, seed: int = 0,
+         granularity_bytes: int = 4096,
          on_trial: Callable[[Trial], None] | None = None) -> TuneResult:
     """Minimise ``objective(partition_bytes, credit_bytes)`` over the two ranges (bytes, both
-    ends included, searched in log space, rounded to whole bytes) in ``startup_trials`` random
-    and then ``guided_trials`` TPE-guided trials. The same ``seed`` and objective give the same
-    trials. ``on_trial`` is called after each trial (progress output)."""
-    p_lo, p_hi = _check_range("partition_range", partition_range)
-    c_lo, c_hi = _check_range("credit_range", credit_range)
+    ends included, searched in log space) in ``startup_trials`` random and then
+    ``guided_trials`` TPE-guided trials. Points are rounded to multiples of
+    ``granularity_bytes`` inside the range (4 KiB: a whole number of elements of any dtype,
+    as a real partition must be; 1 for any byte count). The same ``seed`` and objective give
+    the same trials. ``on_trial`` is called after each trial (progress output)."""
+    step = _check_count("granularity_bytes", granularity_bytes, 1)
+    p_lo, p_hi = _snapped_range("partition_range", partition_range, step)
+    c_lo, c_hi = _snapped_range("credit_range", credit_range, step)
     startup = _check_count("startup_trials", startup_trials, 1)
     guided = _check_count("guided_trials", guided_trials, 0)
     if not (isinstance(seed, int) and not isinstance(seed, bool)):
@@ -124,7 +138,7 @@ def tune(objective: Objective, *,
                               "(or pip install optuna)") from None
 
     def snap(value: float, lo: int, hi: int) -> int:
-        return min(hi, max(lo, round(value)))
+        return min(hi, max(lo, round(value / step) * step))
 
     trials: list[Trial] = []
 
@@ -142,7 +156,7 @@ def tune(objective: Objective, *,
         return seconds
 
     verbosity = optuna.logging.get_verbosity()
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # a failing trial raises, no log
     try:
         sampler = optuna.samplers.TPESampler(n_startup_trials=startup, seed=seed)
         study = optuna.create_study(direction="minimize", sampler=sampler)
