@@ -11,8 +11,9 @@ Every placer (m-SCT, m-ETF, m-TOPO, the contiguous splits, one device) and ``aut
   reductions and with none (so the placers see all 2,000 / 20,000 ops), and a ~15,000-op training
   graph built from 4,000 of them.
 
-Per case: placement time (``wall``: reduction, placer and scheduling its placement; ``placer``:
-the algorithm alone), ops before/after reduction, the simulator's step time on the full graph,
+Per case: placement time (``wall`` and ``cpu`` seconds: reduction, placer and scheduling its
+placement, for ``auto`` also its scoring simulations; ``placer``: the algorithm alone), ops
+before/after reduction, the simulator's step time on the full graph,
 the lower bound max(critical path, total compute / devices) and their ratio, devices used, the
 largest peak memory and whether a device runs out. Results: a table on stdout and a JSON file
 (``--out``), quoted in benchmarks/RESULTS.md with the machine.
@@ -21,6 +22,7 @@ largest peak memory and whether a device runs out. Results: a table on stdout an
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import platform
 import random
@@ -34,6 +36,7 @@ from trainsched.cluster import cluster_preset
 from trainsched.errors import TrainschedError
 from trainsched.graph import Edge, Graph, Op
 from trainsched.placement import PLACERS, place
+from trainsched.sim import simulate_placed
 from trainsched.training import to_training
 
 ALGORITHMS = (*PLACERS, "auto")
@@ -76,17 +79,25 @@ def run_case(name: str, graph: Graph, algorithms: tuple[str, ...], **options) ->
     cluster = cluster_preset(CLUSTER)
     rows = []
     for algorithm in algorithms:
-        began = time.perf_counter()
+        began, cpu = time.perf_counter(), time.process_time()
         row = {"case": name, "algorithm": algorithm, "ops": len(graph)}
         try:
-            r = place(graph, cluster, algorithm, **options)
+            # Timed without the final simulation (auto's scoring simulations are part of it).
+            r = place(graph, cluster, algorithm, simulate=algorithm == "auto", **options)
+            cpu = time.process_time() - cpu
         except TrainschedError as exc:
             row |= {"error": str(exc), "wall_s": time.perf_counter() - began}
             rows.append(row)
             continue
+        if r.predicted_step_s is None:
+            simulated = simulate_placed(graph, cluster, r.placement)
+            names = cluster.device_names()
+            r = dataclasses.replace(
+                r, predicted_step_s=simulated.step_time_s,
+                simulated_peak_bytes=tuple(simulated.peak_memory_bytes.get(d, 0) for d in names))
         peaks = r.simulated_peak_bytes or r.peak_bytes
         row |= {
-            "placer": r.placer, "wall_s": r.wall_s, "reduce_s": r.reduce_s,
+            "placer": r.placer, "wall_s": r.wall_s, "cpu_s": cpu, "reduce_s": r.reduce_s,
             "placer_s": r.placer_s, "ops_after": r.ops_after,
             "step_s": r.predicted_step_s, "lower_bound_s": r.lower_bound_s,
             "ratio": r.predicted_step_s / r.lower_bound_s if r.lower_bound_s else None,
@@ -100,15 +111,17 @@ def run_case(name: str, graph: Graph, algorithms: tuple[str, ...], **options) ->
 
 
 def print_rows(rows: list[dict]) -> None:
-    print(f"{'case':<28}{'algorithm':<20}{'ops':>7}{'after':>7}{'wall s':>9}{'placer s':>10}"
+    print(f"{'case':<30}{'algorithm':<22}{'ops':>6}{'after':>6}{'wall s':>8}{'cpu s':>8}"
+          f"{'placer s':>9}"
           f"{'step ms':>10}{'LB ms':>9}{'ratio':>7}{'dev':>4}{'peak GiB':>10}")
     for row in rows:
         if "error" in row:
-            print(f"{row['case']:<28}{row['algorithm']:<20}{row['ops']:>7}  "
+            print(f"{row['case']:<30}{row['algorithm']:<22}{row['ops']:>6}  "
                   f"infeasible: {row['error'][:70]}")
             continue
-        print(f"{row['case']:<28}{row['algorithm']:<20}{row['ops']:>7}{row['ops_after']:>7}"
-              f"{row['wall_s']:>9.3f}{row['placer_s']:>10.4f}{row['step_s'] * 1e3:>10.2f}"
+        print(f"{row['case']:<30}{row['algorithm']:<22}{row['ops']:>6}{row['ops_after']:>6}"
+              f"{row['wall_s']:>8.3f}{row['cpu_s']:>8.3f}{row['placer_s']:>9.4f}"
+              f"{row['step_s'] * 1e3:>10.2f}"
               f"{row['lower_bound_s'] * 1e3:>9.2f}{row['ratio']:>7.3f}{row['devices_used']:>4}"
               f"{row['peak_gib']:>9.2f}{'!' if row['oom'] else ' '}")
     sys.stdout.flush()

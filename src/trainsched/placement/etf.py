@@ -15,4 +15,4 @@ from trainsched.placement.reduce import Problem
 
 def m_etf(problem: Problem, machine: Machine) -> Schedule:
     """m-ETF's schedule of ``problem`` on ``machine`` (raises ``Stall`` when nothing fits)."""
-    return fewest_devices(machine, lambda on: run_schedule(problem, on))
+    return fewest_devices(machine, lambda on: run_schedule(problem, on), problem)

@@ -129,24 +129,31 @@ class Stall(Exception):
         self.needed_bytes = needed_bytes
 
 
-def fewest_devices(machine: Machine, schedule_on: Callable[[Machine], Schedule]) -> Schedule:
-    """The shortest of ``schedule_on`` over the first k devices, k = 1, 2, 4, ... and m (ties:
-    fewer devices), padded to all m devices. A greedy placer spreads work as soon as another
-    device can start it sooner; when transfers cost more than the parallelism gains, fewer
-    devices do better, and this finds it. Raises the :class:`Stall` of the full machine when
+def fewest_devices(machine: Machine, schedule_on: Callable[[Machine], Schedule],
+                   problem: Problem) -> Schedule:
+    """The shortest of ``schedule_on`` over the first k devices, k = m and then 1, 2, 4, ...
+    (ties: fewer devices), padded to all m devices. A greedy placer spreads work as soon as
+    another device can start it sooner; when transfers cost more than the parallelism gains,
+    fewer devices do better, and this finds it. A count whose lower bound max(critical path,
+    work / k) is already beaten is skipped. Raises the :class:`Stall` of the full machine when
     no count fits."""
     m = machine.num_devices
-    counts = sorted({m, *(2**i for i in range(m.bit_length()) if 2**i < m)})
+    work = sum(problem.compute_s)
+    critical = problem.critical_path_s()
+    counts = [m, *sorted(2**i for i in range(m.bit_length()) if 2**i < m)]
     best: Schedule | None = None
+    best_k = 0
     stall: Stall | None = None
     for k in counts:
+        if best is not None and best.makespan_s < max(critical, work / k):
+            continue
         try:
             schedule = schedule_on(machine.first(k))
         except Stall as exc:
-            stall = exc
+            stall = stall or exc
             continue
-        if best is None or schedule.makespan_s < best.makespan_s:
-            best = schedule
+        if best is None or (schedule.makespan_s, k) < (best.makespan_s, best_k):
+            best, best_k = schedule, k
     if best is None:
         assert stall is not None
         raise stall

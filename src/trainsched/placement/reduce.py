@@ -70,6 +70,14 @@ class Problem:
             totals[g] += self.resident[i]
         return totals
 
+    def critical_path_s(self) -> float:
+        """The longest path by compute (ops are numbered topologically)."""
+        finish = [0.0] * self.n
+        for v in range(self.n):
+            start = max((finish[u] for u, _, _ in self.inputs[v]), default=0.0)
+            finish[v] = start + self.compute_s[v]
+        return max(finish, default=0.0)
+
     def static_bytes(self) -> list[int]:
         """Per op, everything it may ever hold, charged for good (m-TOPO, contiguous): resident,
         output and temp bytes, and a copy of every input that comes from another group. A

@@ -132,5 +132,6 @@ def m_sct(problem: Problem, machine: Machine, threshold: float = 0.5
     edges = edge_costs(problem, machine)
     w_star, x = solve_lp(problem, edges)
     fav = favourites(problem.n, edges, x, threshold)
-    schedule = fewest_devices(machine, lambda on: run_schedule(problem, on, favourite=fav))
+    schedule = fewest_devices(machine, lambda on: run_schedule(problem, on, favourite=fav),
+                              problem)
     return schedule, w_star, fav
