@@ -64,7 +64,8 @@ OPTIMIZERS = ("sgd", "momentum", "adam")
 class Segment:
     """One configuration to time: ``kind`` (module docstring); for ``sdp`` the policy
     (``policy`` ``fifo`` or ``priority`` with ``partition_bytes``, ``credit_bytes``,
-    ``credit_mode``, ``cross_barrier``); for ``ddp`` the bucket cap in MB."""
+    ``credit_mode``, ``cross_barrier``) and ``update`` (``ScheduledDataParallel``'s); for
+    ``ddp`` the bucket cap in MB."""
 
     label: str
     kind: str
@@ -73,6 +74,7 @@ class Segment:
     credit_bytes: float | None = 16 * MiB
     credit_mode: str = "overdraft"
     cross_barrier: bool = True
+    update: str = "auto"
     bucket_mb: float = 25.0
     steps: int = 20
     warmup: int = 3
@@ -373,7 +375,8 @@ def _run_segment(model: Any, args: tuple, kwargs: dict, seg: Segment, cfg: dict[
         window = (seg.warmup, seg.warmup + min(seg.steps, 3) - 1)
         sdp = ScheduledDataParallel(model, policy, optimizer=opt_cls,
                                     optimizer_kwargs=opt_kwargs, timeout_s=cfg["timeout_s"],
-                                    timeline=seg.timeline_dir, timeline_steps=window)
+                                    timeline=seg.timeline_dir, timeline_steps=window,
+                                    update=seg.update)
         net = sdp
         opt = None
     elif seg.kind == "ddp":
