@@ -9,7 +9,8 @@ to 30%, so interleaving matters more than step count). Configurations:
   (the default, first bucket 1 MB) and 1 MB;
 - ``fifo``: trainsched's runtime, whole tensors in ready order, the full barrier;
 - ``priority p/c mode``: partitions of p, credit c, ``overdraft`` or ``strict``, crossing the
-  barrier;
+  barrier, each partition's slice stepped as soon as it is reduced (``update="auto"``, SGD);
+  one point again with whole-parameter updates, to show what partition updates add;
 - ``flat``: backward, then one all-reduce of every gradient packed flat (no overlap at all);
 - ``compute-2``: both ranks compute with no communication (the two cores both busy);
 - ``allreduce``: one flat all-reduce of all 553 MB of gradients, alone.
@@ -22,7 +23,7 @@ Per configuration: the median of each round's median (``median_s``), the rounds'
 and p90 over all timed steps. Printed as a table; written to ``--out``
 (benchmarks/results/comm_real.json).
 
-    python benchmarks/comm_real.py                 # the full run, about 20 minutes
+    python benchmarks/comm_real.py                 # the full run, about 25 minutes
     python benchmarks/comm_real.py --quick         # a smoke run: mlp, 3 steps, 1 round
 """
 
@@ -49,11 +50,14 @@ def configurations(steps: int, warmup: int) -> list[Segment]:
     out = [Segment(label="ddp-25MB", kind="ddp", bucket_mb=25.0, **common),
            Segment(label="ddp-1MB", kind="ddp", bucket_mb=1.0, **common),
            Segment(label="fifo", kind="sdp", policy="fifo", cross_barrier=False, **common)]
-    for p, c in ((4, 16), (16, 64), (64, 64)):
+    for p, c in ((4, 16), (16, 64), (64, 128)):
         for mode in ("overdraft", "strict"):
             out.append(Segment(label=f"priority {p}/{c}MiB {mode}", kind="sdp",
                                partition_bytes=p * MiB, credit_bytes=c * MiB, credit_mode=mode,
                                **common))
+    out.append(Segment(label="priority 16/64MiB overdraft, whole-parameter updates",
+                       kind="sdp", partition_bytes=16 * MiB, credit_bytes=64 * MiB,
+                       update="parameter", **common))
     out += [Segment(label="flat", kind="flat", **common),
             Segment(label="compute-2", kind="compute", **common),
             Segment(label="allreduce", kind="allreduce", steps=max(5, steps // 4), warmup=1)]
@@ -120,12 +124,12 @@ def main() -> int:
 
     print(f"{args.model} {args.image_size}x{args.image_size}, batch {args.batch_size} per rank, "
           f"2 gloo ranks; medians of {args.repeats} rounds x {args.steps} steps")
-    print(f"{'configuration':<28} {'median s':>9} {'p10':>7} {'p90':>7} {'vs ddp-25MB':>12}  "
+    print(f"{'configuration':<52} {'median s':>9} {'p10':>7} {'p90':>7} {'DDP/this':>9}  "
           f"round medians")
     for label, s in summary.items():
         rounds = " ".join(f"{m:.3f}" for m in s["round_medians_s"])
-        print(f"{label:<28} {s['median_s']:>9.3f} {s['p10_s']:>7.3f} {s['p90_s']:>7.3f} "
-              f"{ddp / s['median_s']:>11.2f}x  {rounds}")
+        print(f"{label:<52} {s['median_s']:>9.3f} {s['p10_s']:>7.3f} {s['p90_s']:>7.3f} "
+              f"{ddp / s['median_s']:>8.2f}x  {rounds}")
     print(f"ideal max(compute-1, allreduce) = {ideal:.3f} s; best priority {best} "
           f"{best_s:.3f} s = {ddp / best_s:.2f}x DDP, closes "
           f"{100 * (verdict['gap_closed'] or 0):.0f}% of the gap; worst scheduled {worst} "
