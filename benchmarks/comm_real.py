@@ -31,10 +31,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import platform
 import statistics
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from _common import cpu_model, write_results
@@ -61,6 +64,30 @@ def configurations(steps: int, warmup: int) -> list[Segment]:
     out += [Segment(label="flat", kind="flat", **common),
             Segment(label="compute-2", kind="compute", **common),
             Segment(label="allreduce", kind="allreduce", steps=max(5, steps // 4), warmup=1)]
+    return out
+
+
+def union_s(spans: list[tuple[float, float]]) -> float:
+    """Total time covered by possibly overlapping (start, end) spans."""
+    total, reach = 0.0, float("-inf")
+    for a, b in sorted(spans):
+        if b > reach:
+            total += b - max(a, reach)
+            reach = b
+    return total
+
+
+def anatomy(trace_path: Path) -> dict[str, float]:
+    """Where one rank's steps go, from its timeline: per step, seconds of forward, backward,
+    waiting at forward gates, updating, and the link busy (union of COMM slices)."""
+    events = [e for e in json.loads(trace_path.read_text())["traceEvents"] if e["ph"] == "X"]
+    steps = sorted({e["args"]["step"] for e in events})
+    out = {}
+    for phase in ("FWD", "BWD", "WAIT", "UPDATE"):
+        spans = [(e["ts"], e["ts"] + e["dur"]) for e in events if e["args"]["phase"] == phase]
+        out[f"{phase.lower()}_s"] = union_s(spans) / 1e6 / len(steps)
+    comm = [(e["ts"], e["ts"] + e["dur"]) for e in events if e["args"]["phase"] == "COMM"]
+    out["comm_busy_s"] = union_s(comm) / 1e6 / len(steps)
     return out
 
 
@@ -99,6 +126,13 @@ def main() -> int:
                                                   steps=args.steps, warmup=args.warmup)] *
                              args.repeats, nproc=1, batch_size=args.batch_size,
                              image_size=args.image_size, timeout_s=3600)
+    # One more short run of a priority point with the timeline on, to see where time goes.
+    with tempfile.TemporaryDirectory() as tmp:
+        traced = Segment(label="traced", kind="sdp", partition_bytes=16 * MiB,
+                         credit_bytes=64 * MiB, steps=3, warmup=args.warmup, timeline_dir=tmp)
+        run_segments(args.model, [traced], nproc=2, batch_size=args.batch_size,
+                     image_size=args.image_size, timeout_s=3600)
+        parts = anatomy(Path(tmp) / "rank0.trace.json")
     rows: dict[str, list[list[float]]] = {}
     for seg in (*job.segments, *compute_1.segments):
         rows.setdefault(seg.label, []).append(list(seg.step_times_s))
@@ -130,6 +164,8 @@ def main() -> int:
         rounds = " ".join(f"{m:.3f}" for m in s["round_medians_s"])
         print(f"{label:<52} {s['median_s']:>9.3f} {s['p10_s']:>7.3f} {s['p90_s']:>7.3f} "
               f"{ddp / s['median_s']:>8.2f}x  {rounds}")
+    print("anatomy of priority 16/64MiB overdraft, rank 0, per step: " + ", ".join(
+        f"{k[:-2]} {v:.3f} s" for k, v in parts.items()))
     print(f"ideal max(compute-1, allreduce) = {ideal:.3f} s; best priority {best} "
           f"{best_s:.3f} s = {ddp / best_s:.2f}x DDP, closes "
           f"{100 * (verdict['gap_closed'] or 0):.0f}% of the gap; worst scheduled {worst} "
@@ -144,7 +180,7 @@ def main() -> int:
                      "image_size": args.image_size, "steps": args.steps,
                      "warmup": args.warmup, "repeats": args.repeats, "nproc": 2,
                      "optimizer": "sgd", "order": [c.label for c in configs]},
-        "summary": summary, "verdict": verdict,
+        "summary": summary, "verdict": verdict, "anatomy_priority_16_64": parts,
         "raw": {label: rounds for label, rounds in rows.items()},
     }
     write_results(args.out, results)
