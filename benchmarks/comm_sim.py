@@ -1,22 +1,25 @@
 """Simulated communication scheduling on the setups ByteScheduler published.
 
-For VGG-16, ResNet-50 (batch 32 per GPU, 224x224) and a Transformer (BERT-base, batch 8 x 128
-tokens), captured with roofline costs for a V100, one data-parallel step is simulated on 8 to
-64 V100 (8 per node, NVLink inside a node) with 10, 25 and 100 Gbit/s between nodes, by ring
-all-reduce and by parameter servers (one per node, on the node's network), for:
+VGG-16 and ResNet-50 (batch 32 per GPU, 224x224) and a Transformer (BERT-base, batch 8 x 128
+tokens), captured with roofline costs for a V100; one data-parallel step on 8 to 64 V100s (8 per
+node on NVLink) with 10 and 25 Gbit/s TCP (50 us) or 100 Gbit/s RDMA (5 us) between nodes, by
+ring all-reduce and by parameter servers with local aggregation (``ps-local``: one server per
+node on its own link of the network's speed). Every policy is simulated over 3 steps and its
+steady step is reported (``simulate_data_parallel(steps=3)``):
 
-* ``fifo``: one collective per gradient in ready order, optimizer after all of them;
-* ``ddp``: PyTorch DDP's buckets (25 MiB, 1 MiB first), launched in order, then the optimizer;
-* ``bytescheduler``: layer priority, 4 MiB partitions, 16 MiB credit (overdraft), each layer's
-  update as soon as its gradients are reduced (crossing the barrier);
-* ``bytescheduler-best``: the same with the best (partition, credit) of a small grid.
+* ``fifo``: one collective per gradient in ready order, the optimizer after all of them;
+* ``ddp``: PyTorch DDP's buckets (25 MiB, 1 MiB first) with their copies, then the optimizer;
+* ``bs``: ByteSchedulerPolicy at its defaults (4 MiB partitions, 16 MiB overdraft credit,
+  1 MiB fusion, crossing the barrier);
+* ``tuned``: ByteSchedulerPolicy at the point ``comm.tune`` picks in 15 trials (10 random,
+  5 guided, seed 0; partition 1-128 MiB, credit 1-256 MiB; small tensors fused up to a
+  partition), next to ``grid``, the best of 8 partitions x 5 credits (powers of 2 and 4).
 
-``ideal`` is max(compute, communication): the single-GPU step and the time the policy's
-collectives occupy the wire back to back. The table gives each step time, the speedups of
-ByteScheduler over FIFO and DDP, and ByteScheduler's step over the ideal. Results: a table on
-stdout and ``benchmarks/results/comm_sim.json``.
+``ideal`` is max(compute, communication): the single-GPU step (the linear-scaling ceiling) and
+one all-reduce of every gradient at once. Results: a table on stdout and
+``benchmarks/results/comm_sim.json``.
 
-    python benchmarks/comm_sim.py            # about a minute on 2 cores
+    python benchmarks/comm_sim.py            # about 4 minutes on 2 cores
 """
 
 from __future__ import annotations
@@ -29,15 +32,22 @@ from typing import Any
 
 from _common import cpu_model, write_results
 from trainsched.cluster import Link, resolve_cluster
-from trainsched.comm import DdpBucketPolicy, FifoPolicy, PriorityPolicy, graph_gradients
+from trainsched.comm import ByteSchedulerPolicy, DdpBucketPolicy, FifoPolicy, graph_gradients
+from trainsched.comm.tune import grid_search, simulated_objective, tune
 from trainsched.sim import collective_s, simulate_data_parallel, simulate_single
 
 MiB = 1 << 20
 MODELS = [("vgg16", 32, None), ("resnet50", 32, None), ("bert-base", 8, 128)]
 GPUS = [8, 16, 32, 64]
 GBITS = [10, 25, 100]
-ALGORITHMS = ["ring", "ps"]
-GRID = [(p * MiB, c * MiB) for p in (1, 4, 16) for c in (4, 16, 64)]
+ALGORITHMS = ["ring", "ps-local"]
+GRID_PARTITIONS = [p * MiB for p in (1, 2, 4, 8, 16, 32, 64, 128)]
+GRID_CREDITS = [c * MiB for c in (1, 4, 16, 64, 256)]
+STEPS = 3
+# ByteScheduler's README, MXNet PS over 100 Gb/s RoCE, 8 V100 per server: speedup over vanilla
+# at 16, 32 and 64 GPUs (chart readings, specs/comm.md §10); no gain on one machine.
+PUBLISHED = {"vgg16": (2.2, 2.0, 2.0), "resnet50": (1.16, 1.11, 1.05),
+             "bert-base": (2.7, 1.7, 1.34)}
 
 
 def capture_graph(name: str, batch: int, seq: int | None) -> Any:
@@ -51,17 +61,13 @@ def capture_graph(name: str, batch: int, seq: int | None) -> Any:
 
 
 def cluster(gpus: int, gbit: float, algorithm: str) -> Any:
-    base = resolve_cluster(f"v100-tcp-25g:{gpus // 8}")
+    preset = "v100-rdma-100g" if gbit >= 100 else "v100-tcp-25g"
+    base = resolve_cluster(f"{preset}:{gpus // 8}")
     nic = Link(bandwidth_bytes_per_s=gbit * 1e9 / 8, latency_s=base.inter_node.latency_s)
     out = dataclasses.replace(base, name=f"{gpus}xV100-{gbit:g}g", inter_node=nic)
-    if algorithm == "ps":
+    if algorithm.startswith("ps"):
         out = dataclasses.replace(out, parameter_servers=gpus // 8, ps_link=nic)
     return out
-
-
-def bytescheduler(partition: int = 4 * MiB, credit: int = 16 * MiB) -> PriorityPolicy:
-    return PriorityPolicy(partition_bytes=partition, credit_bytes=credit,
-                          credit_mode="overdraft", cross_barrier=True)
 
 
 def scenario(graph: Any, compute_s: float, gpus: int, gbit: float,
@@ -69,35 +75,47 @@ def scenario(graph: Any, compute_s: float, gpus: int, gbit: float,
     c = cluster(gpus, gbit, algorithm)
 
     def step(policy: Any) -> float:
-        return simulate_data_parallel(graph, c, ranks=gpus, policy=policy,
-                                      algorithm=algorithm).step_time_s
+        return simulate_data_parallel(graph, c, ranks=gpus, policy=policy, algorithm=algorithm,
+                                      steps=STEPS).step_time_s
 
     fifo = step(FifoPolicy())
     ddp = step(DdpBucketPolicy())
-    bs = step(bytescheduler())
-    grid = {(p, cr): step(bytescheduler(p, cr)) for p, cr in GRID}
-    (best_p, best_c), best = min(grid.items(), key=lambda kv: (kv[1], kv[0]))
-    plan = bytescheduler(best_p, best_c).plan(graph_gradients(graph))
-    comm = sum(collective_s(x.size_bytes, gpus, c, algorithm) for x in plan)
+    bs = step(ByteSchedulerPolicy())
+    objective = simulated_objective(graph, c, gpus, algorithm, steps=STEPS)
+    tuned = tune(objective, seed=0)
+    grid = grid_search(objective, GRID_PARTITIONS, GRID_CREDITS)
+    total = sum(g.size_bytes for g in graph_gradients(graph))
+    comm = collective_s(total, gpus, c, algorithm)
     ideal = max(compute_s, comm)
     return {"gpus": gpus, "gbit": gbit, "algorithm": algorithm, "fifo_s": fifo, "ddp_s": ddp,
-            "bytescheduler_s": bs, "best_s": best, "best_partition": best_p,
-            "best_credit": best_c, "compute_s": compute_s, "comm_s": comm, "ideal_s": ideal,
-            "speedup_vs_fifo": fifo / best, "speedup_vs_ddp": ddp / best,
-            "best_over_ideal": best / ideal}
+            "bytescheduler_s": bs, "tuned_s": tuned.step_time_s,
+            "tuned_partition": tuned.partition_bytes, "tuned_credit": tuned.credit_bytes,
+            "tuned_trials": len(tuned.trials), "grid_s": grid.step_time_s,
+            "grid_partition": grid.partition_bytes, "grid_credit": grid.credit_bytes,
+            "compute_s": compute_s, "comm_s": comm, "ideal_s": ideal,
+            "tuned_vs_fifo": fifo / tuned.step_time_s, "tuned_vs_ddp": ddp / tuned.step_time_s,
+            "bs_vs_fifo": fifo / bs, "bs_vs_ddp": ddp / bs,
+            "tuned_over_ideal": tuned.step_time_s / ideal, "bs_over_ideal": bs / ideal,
+            "fifo_over_ideal": fifo / ideal, "ddp_over_ideal": ddp / ideal,
+            "tuned_over_grid": tuned.step_time_s / grid.step_time_s}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="benchmarks/results/comm_sim.json")
+    ap.add_argument("--models", nargs="*", default=[m[0] for m in MODELS])
     args = ap.parse_args()
     began = time.perf_counter()
     rows = []
-    header = (f"{'model':<10} {'GPUs':>4} {'Gb/s':>4} {'algo':>4} {'fifo ms':>8} {'ddp ms':>8} "
-              f"{'bs ms':>8} {'best ms':>8} {'p/c MiB':>7} {'ideal ms':>8} {'xFIFO':>6} "
-              f"{'xDDP':>5} {'/ideal':>6}")
+    header = (f"{'model':<9} {'GPUs':>4} {'Gb/s':>4} {'algo':>8} {'ideal':>7} {'fifo':>7} "
+              f"{'ddp':>7} {'bs':>7} {'tuned':>7} {'p/c MiB':>9} {'grid':>7} {'xFIFO':>5} "
+              f"{'xDDP':>5} {'bs/id':>5} {'tu/id':>5} {'tu/gr':>5}")
+    print("step times in ms; x: tuned ByteScheduler's speedup; /id: over the ideal; "
+          "tu/gr: tuned over the grid's best")
     print(header)
     for name, batch, seq in MODELS:
+        if name not in args.models:
+            continue
         graph = capture_graph(name, batch, seq)
         compute_s = simulate_single(graph).step_time_s
         for algorithm in ALGORITHMS:
@@ -105,18 +123,29 @@ def main() -> None:
                 for gpus in GPUS:
                     r = {"model": name, **scenario(graph, compute_s, gpus, gbit, algorithm)}
                     rows.append(r)
-                    print(f"{name:<10} {gpus:>4} {gbit:>4g} {algorithm:>4} "
-                          f"{r['fifo_s'] * 1e3:>8.1f} {r['ddp_s'] * 1e3:>8.1f} "
-                          f"{r['bytescheduler_s'] * 1e3:>8.1f} {r['best_s'] * 1e3:>8.1f} "
-                          f"{r['best_partition'] // MiB:>3}/{r['best_credit'] // MiB:<3} "
-                          f"{r['ideal_s'] * 1e3:>8.1f} {r['speedup_vs_fifo']:>6.2f} "
-                          f"{r['speedup_vs_ddp']:>5.2f} {r['best_over_ideal']:>6.3f}",
-                          flush=True)
+                    pc = f"{r['tuned_partition'] / MiB:.0f}/{r['tuned_credit'] / MiB:.0f}"
+                    print(f"{name:<9} {gpus:>4} {gbit:>4g} {algorithm:>8} "
+                          f"{r['ideal_s'] * 1e3:>7.1f} {r['fifo_s'] * 1e3:>7.1f} "
+                          f"{r['ddp_s'] * 1e3:>7.1f} {r['bytescheduler_s'] * 1e3:>7.1f} "
+                          f"{r['tuned_s'] * 1e3:>7.1f} {pc:>9} {r['grid_s'] * 1e3:>7.1f} "
+                          f"{r['tuned_vs_fifo']:>5.2f} {r['tuned_vs_ddp']:>5.2f} "
+                          f"{r['bs_over_ideal']:>5.2f} {r['tuned_over_ideal']:>5.2f} "
+                          f"{r['tuned_over_grid']:>5.2f}", flush=True)
+    print("\nByteScheduler's published shape (MXNet PS, 100 Gb/s RoCE; speedup over vanilla) "
+          "next to tuned over FIFO here, ps-local at 100 Gbit/s:")
+    for name, published in PUBLISHED.items():
+        ours = {r["gpus"]: r["tuned_vs_fifo"] for r in rows
+                if r["model"] == name and r["algorithm"] == "ps-local" and r["gbit"] == 100}
+        if ours:
+            cells = "  ".join(f"{g} GPUs {p:.2f}x / {ours[g]:.2f}x"
+                              for g, p in zip((16, 32, 64), published, strict=True))
+            print(f"  {name:<9} 8 GPUs -/{ours[8]:.2f}x  {cells}")
     import torch
 
     write_results(args.out, {"benchmark": "comm_sim", "machine": cpu_model(),
                              "python": platform.python_version(), "torch": torch.__version__,
-                             "rows": rows, "wall_s": time.perf_counter() - began})
+                             "steps": STEPS, "published": PUBLISHED, "rows": rows,
+                             "wall_s": time.perf_counter() - began})
 
 
 if __name__ == "__main__":
