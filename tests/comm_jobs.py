@@ -140,6 +140,30 @@ def train_sdp(rank: int, policy, optimizer: str, steps: int = STEPS, sleeps: ran
     return params(m)
 
 
+def lr_change(rank: int, scheduled: bool) -> list[torch.Tensor]:
+    """Momentum SGD at lr 0.05 for two steps, then 0.01 (set_lr drains first)."""
+    m = net()
+    cls, kwargs = OPTIMIZERS["momentum"]
+    if scheduled:
+        sdp = ScheduledDataParallel(m, POLICIES["priority-strict"], optimizer=cls,
+                                    optimizer_kwargs=kwargs)
+        for s in range(4):
+            if s == 2:
+                sdp.set_lr(0.01)
+            loss_of(sdp(batch(s, rank))).backward()
+        sdp.close()
+        return params(m)
+    ddp = nn.parallel.DistributedDataParallel(m)
+    opt = cls(m.parameters(), **kwargs)
+    for s in range(4):
+        if s == 2:
+            opt.param_groups[0]["lr"] = 0.01
+        opt.zero_grad()
+        loss_of(ddp(batch(s, rank))).backward()
+        opt.step()
+    return params(m)
+
+
 def error_of(fn) -> str:
     try:
         fn()
@@ -176,6 +200,7 @@ def job_equality(cfg: dict) -> dict:
             torch.equal(a, b) for a, b in zip(whole, runs["priority-strict", opt], strict=True))
     out["partition_update_refused"] = error_of(lambda: ScheduledDataParallel(
         net(), "priority", optimizer=torch.optim.Adadelta, update="partition"))
+    out["set_lr_vs_ddp"] = max_diff(lr_change(rank, True), lr_change(rank, False))
     # Every rank ends with rank 0's parameters, bit for bit.
     mine = torch.cat([p.flatten() for p in runs["priority-strict", "adam"]])
     gathered = [torch.empty_like(mine) for _ in range(world)]
