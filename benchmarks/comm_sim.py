@@ -19,7 +19,7 @@ steady step is reported (``simulate_data_parallel(steps=3)``):
 one all-reduce of every gradient at once. Results: a table on stdout and
 ``benchmarks/results/comm_sim.json``.
 
-    python benchmarks/comm_sim.py            # about 4 minutes on 2 cores
+    python benchmarks/comm_sim.py            # 4 to 6 minutes on 2 cores
 """
 
 from __future__ import annotations
