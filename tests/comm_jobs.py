@@ -198,6 +198,11 @@ def job_equality(cfg: dict) -> dict:
         whole = train_sdp(rank, POLICIES["priority-strict"], opt, update="parameter")
         out["bitwise"][f"partition-vs-parameter-update/{opt}"] = all(
             torch.equal(a, b) for a, b in zip(whole, runs["priority-strict", opt], strict=True))
+    # On a gloo group of our own with one worker thread (one FIFO wire): the same sums.
+    for opt in ("sgd", "adam"):
+        one = train_sdp(rank, POLICIES["priority-overdraft"], opt, comm_threads=1)
+        out["bitwise"][f"one-thread-group/{opt}"] = all(
+            torch.equal(a, b) for a, b in zip(one, runs["priority-overdraft", opt], strict=True))
     out["partition_update_refused"] = error_of(lambda: ScheduledDataParallel(
         net(), "priority", optimizer=torch.optim.Adadelta, update="partition"))
     out["set_lr_vs_ddp"] = max_diff(lr_change(rank, True), lr_change(rank, False))

@@ -95,6 +95,10 @@ class ScheduledDataParallel(nn.Module):
     (an optimizer per slice; only for elementwise optimizers, :data:`ELEMENTWISE`, where it is
     the same computation), so a large layer's update no longer waits for, and follows, its last
     partition; ``"auto"`` (default) picks ``"partition"`` when the optimizer is elementwise.
+
+    ``comm_threads`` (gloo only): reduce gradients on a gloo group of our own with that many
+    worker threads (gloo's default is 2; 1 makes the transport one FIFO wire, on which the
+    credit and the priority order hold exactly).
     """
 
     def __init__(self, module: nn.Module, policy: CommPolicy | str = "priority", *,
@@ -103,7 +107,7 @@ class ScheduledDataParallel(nn.Module):
                  order: str = "leader", verify_order_every: int = 0, timeout_s: float = 300.0,
                  timeline: str | Path | None = None,
                  timeline_steps: tuple[int, int] = (1, 3), store: Any = None,
-                 update: str = "auto") -> None:
+                 update: str = "auto", comm_threads: int | None = None) -> None:
         super().__init__()
         if not dist.is_initialized():
             raise TrainschedError("ScheduledDataParallel needs torch.distributed: call "
@@ -149,6 +153,9 @@ class ScheduledDataParallel(nn.Module):
         self._store = self._make_store(store)
         self._check_same_model()
         self._broadcast_state()
+        self._data_group = self._group
+        if comm_threads is not None:
+            self._data_group = self._gloo_group(comm_threads)
         self._optimizer_spec = (optimizer, optimizer_kwargs)
         self._optimizers = [self._make_optimizer(optimizer, optimizer_kwargs, p, n)
                             for n, p in zip(self._names, self._params, strict=True)]
@@ -264,6 +271,22 @@ class ScheduledDataParallel(nn.Module):
                 raise TrainschedError(
                     f"the models differ between rank {self.rank} and rank {r} (parameter "
                     f"name, shape, dtype: {first}); every rank must wrap the same model")
+
+    def _gloo_group(self, threads: Any) -> Any:
+        """A gloo process group over our ranks with ``threads`` worker threads, built directly
+        (``new_group`` does not pass a thread count on)."""
+        if not (isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1):
+            raise TrainschedError(f"comm_threads must be a positive integer, got {threads!r}")
+        if dist.get_backend(self._group) != "gloo":
+            raise TrainschedError("comm_threads sets gloo's worker threads; the process group "
+                                  f"uses {dist.get_backend(self._group)}")
+        gloo = dist.ProcessGroupGloo
+        options = gloo._Options()
+        options._threads = threads
+        options._timeout = timedelta(seconds=self.timeout_s)
+        options._devices = [gloo.create_default_device()]
+        store = dist.PrefixStore(self._store_prefix + "gloo/", self._base_store)
+        return gloo(store, self.rank, self.world_size, options)
 
     def _broadcast_state(self) -> None:
         if self.world_size == 1:
@@ -754,7 +777,7 @@ class _Dispatch:
         sdp._max_in_flight = self.core.max_in_flight_bytes
         t = _now() - sdp._t0
         self.issued_s[c] = t
-        work = dist.all_reduce(tensor, group=sdp._group, async_op=True)
+        work = dist.all_reduce(tensor, group=sdp._data_group, async_op=True)
         self.works[c] = work
         inbox = sdp._inbox
         work.get_future().add_done_callback(

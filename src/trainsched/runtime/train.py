@@ -64,8 +64,8 @@ OPTIMIZERS = ("sgd", "momentum", "adam")
 class Segment:
     """One configuration to time: ``kind`` (module docstring); for ``sdp`` the policy
     (``policy`` ``fifo`` or ``priority`` with ``partition_bytes``, ``credit_bytes``,
-    ``credit_mode``, ``cross_barrier``) and ``update`` (``ScheduledDataParallel``'s); for
-    ``ddp`` the bucket cap in MB."""
+    ``credit_mode``, ``cross_barrier``), ``update`` and ``comm_threads``
+    (``ScheduledDataParallel``'s); for ``ddp`` the bucket cap in MB."""
 
     label: str
     kind: str
@@ -75,6 +75,7 @@ class Segment:
     credit_mode: str = "overdraft"
     cross_barrier: bool = True
     update: str = "auto"
+    comm_threads: int | None = None
     bucket_mb: float = 25.0
     steps: int = 20
     warmup: int = 3
@@ -376,7 +377,7 @@ def _run_segment(model: Any, args: tuple, kwargs: dict, seg: Segment, cfg: dict[
         sdp = ScheduledDataParallel(model, policy, optimizer=opt_cls,
                                     optimizer_kwargs=opt_kwargs, timeout_s=cfg["timeout_s"],
                                     timeline=seg.timeline_dir, timeline_steps=window,
-                                    update=seg.update)
+                                    update=seg.update, comm_threads=seg.comm_threads)
         net = sdp
         opt = None
     elif seg.kind == "ddp":
