@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainsched.comm import DdpBucketPolicy, FifoPolicy, PriorityPolicy
+from trainsched.comm import ByteSchedulerPolicy, DdpBucketPolicy, FifoPolicy, PriorityPolicy
 from trainsched.errors import TrainschedError
 from trainsched.runtime.data_parallel import ScheduledDataParallel
 
@@ -43,6 +43,9 @@ POLICIES = {
     "priority-unlimited": PriorityPolicy(partition_bytes=2 * KiB, credit_bytes=math.inf,
                                          cross_barrier=True),
     "priority-whole": PriorityPolicy(cross_barrier=True),
+    # Partitions, and the small tensors (biases, conv1's weight) fused into flat buffers.
+    "bytescheduler": ByteSchedulerPolicy(partition_bytes=2 * KiB, credit_bytes=4 * KiB,
+                                         fusion_bytes=KiB),
 }
 
 
@@ -188,7 +191,8 @@ def job_equality(cfg: dict) -> dict:
         plain = train_plain(rank, world, opt)
         out["bitwise"][f"plain-vs-priority-whole/{opt}"] = all(
             torch.equal(a, b) for a, b in zip(plain, runs["priority-whole", opt], strict=True))
-        for name in ("priority-strict", "priority-overdraft", "priority-unlimited", "fifo"):
+        for name in ("priority-strict", "priority-overdraft", "priority-unlimited", "fifo",
+                     "bytescheduler"):
             out["bitwise"][f"{name}-vs-whole/{opt}"] = all(
                 torch.equal(a, b)
                 for a, b in zip(runs[name, opt], runs["priority-whole", opt], strict=True))

@@ -43,12 +43,12 @@ def main_job(tmp_path_factory) -> tuple[Path, list[dict]]:
 def test_every_policy_and_optimizer_equals_ddp_and_plain_all_reduce(main_job):
     _, results = main_job
     for rank, r in enumerate(r["equality"] for r in results):
-        assert len(r["vs_ddp"]) == 7 * 3
+        assert len(r["vs_ddp"]) == 8 * 3
         worst = max(r["vs_ddp"].items(), key=lambda item: item[1])
         assert worst[1] <= 1e-6, (rank, worst)
         # Partitioned, credited, FIFO or whole-tensor: the same sums, bit for bit.
         assert all(r["bitwise"].values()), (rank, r["bitwise"])
-        assert len(r["bitwise"]) == 3 * 6 + 2
+        assert len(r["bitwise"]) == 3 * 7 + 2
         assert "only exact for elementwise optimizers" in r["partition_update_refused"]
         assert r["set_lr_vs_ddp"] <= 1e-6
         assert r["ranks_identical"]
