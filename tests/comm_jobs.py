@@ -7,6 +7,7 @@ writes ``<out>/rank<r>.json`` with what it measured; the test asserts on those n
 
 from __future__ import annotations
 
+import atexit
 import json
 import math
 import os
@@ -318,7 +319,10 @@ def main() -> None:
     dist.barrier()  # rank 0 hosts the store: keep it until every rank is done with it
     # Exit normally with a wrapper still open and its last step in flight: the exit hook
     # drains and closes it, and the process must not hang (the launcher's deadline would
-    # fail the test).
+    # fail the test). Exit hooks run last-registered first, so the wrapper's (registered when
+    # it is built) drains before the process group is destroyed, as a script should end;
+    # leaving a gloo group to interpreter teardown can abort the process inside torch.
+    atexit.register(dist.destroy_process_group)
     sdp = ScheduledDataParallel(net(), PriorityPolicy(partition_bytes=KiB, credit_bytes=KiB,
                                                       cross_barrier=True))
     for s in range(2):
