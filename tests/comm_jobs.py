@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch import nn
 
 from trainsched.comm import ByteSchedulerPolicy, DdpBucketPolicy, FifoPolicy, PriorityPolicy
+from trainsched.comm.tune import OnlineTuner
 from trainsched.errors import TrainschedError
 from trainsched.runtime.data_parallel import ScheduledDataParallel
 
@@ -292,12 +293,104 @@ def job_fault(cfg: dict) -> dict:
     return {"error": None, "seconds": time.monotonic() - start}
 
 
+def switches_of(sdp: ScheduledDataParallel) -> list:
+    return [[step, policy.partition_bytes, policy.credit_bytes] for step, policy in sdp.switches]
+
+
+def job_retune(cfg: dict) -> dict:
+    """Rank 0 switches partition and credit mid-run (by hand, then an online tuner): every rank
+    must switch at the same step, and the parameters must stay those of an unswitched run."""
+    rank = cfg["rank"]
+    out: dict = {"bitwise": {}, "vs_ddp": {}}
+    start = PriorityPolicy(partition_bytes=KiB, credit_bytes=4 * KiB, cross_barrier=True)
+    timeline = Path(cfg["out"]) / "retune-timeline"
+    timeline.mkdir(exist_ok=True)
+    steps = 8
+    for opt in ("momentum", "adam"):
+        m = net()
+        cls, kwargs = OPTIMIZERS[opt]
+        sdp = ScheduledDataParallel(m, start, optimizer=cls, optimizer_kwargs=kwargs,
+                                    timeout_s=60, timeline=timeline if opt == "momentum" else
+                                    None, timeline_steps=(1, 3))
+        errors: dict = {}
+        try:
+            for s in range(steps):
+                if s == 1 and rank == 0:
+                    # Larger partitions from step 2; then whole tensors, a credit of one
+                    # tensor at a time, and overdraft mode from step 5.
+                    out[f"at/{opt}"] = [
+                        sdp.retune(partition_bytes=4 * KiB, credit_bytes=8 * KiB),
+                        sdp.retune(partition_bytes=None, credit_bytes=None,
+                                   credit_mode="overdraft", at_step=5)]
+                    errors["past"] = error_of(lambda sdp=sdp: sdp.retune(partition_bytes=2 * KiB,
+                                                                 at_step=1))
+                    errors["unaligned"] = error_of(lambda sdp=sdp: sdp.retune(partition_bytes=6))
+                    errors["field"] = error_of(lambda sdp=sdp: sdp.retune(bucket_bytes=KiB))
+                    errors["kind"] = error_of(lambda sdp=sdp: sdp.retune(FifoPolicy()))
+                if s == 1 and rank == 1:
+                    errors["follower"] = error_of(
+                        lambda sdp=sdp: sdp.retune(partition_bytes=2 * KiB))
+                loss_of(sdp(batch(s, rank))).backward()
+            sdp.drain()
+        finally:
+            sdp.close()
+        out[f"switches/{opt}"] = switches_of(sdp)
+        out[f"errors/{opt}"] = errors
+        plain = train_sdp(rank, start, opt, steps=steps)
+        out["bitwise"][opt] = all(torch.equal(a, b)
+                                  for a, b in zip(params(m), plain, strict=True))
+        out["vs_ddp"][opt] = max_diff(params(m), train_ddp(rank, opt, steps=steps))
+
+    # `optimizers` folds the partitions' state into whole parameters: fc1.weight (32 slices
+    # of 1 KiB) has DDP's momentum buffer after 3 steps.
+    m = net()
+    with ScheduledDataParallel(m, start, optimizer=torch.optim.SGD,
+                               optimizer_kwargs=OPTIMIZERS["momentum"][1]) as sdp:
+        for s in range(3):
+            loss_of(sdp(batch(s, rank))).backward()
+        k = [n for n, _ in m.named_parameters()].index("fc1.weight")
+        mine = sdp.optimizers[k].state[m.fc1.weight]["momentum_buffer"]
+    ref = net()
+    ddp = nn.parallel.DistributedDataParallel(ref)
+    opt = torch.optim.SGD(ref.parameters(), **OPTIMIZERS["momentum"][1])
+    for s in range(3):
+        opt.zero_grad()
+        loss_of(ddp(batch(s, rank))).backward()
+        opt.step()
+    theirs = opt.state[ref.fc1.weight]["momentum_buffer"]
+    out["folded_buffer"] = [list(mine.shape) == list(theirs.shape),
+                            float((mine - theirs).abs().max()), float(theirs.abs().max())]
+
+    # An online tuner: 1 warm-up step, the start point, 3 random and 1 guided trials of 2
+    # steps each, then the best point.
+    tuner = OnlineTuner(partition_range=(KiB, 16 * KiB), credit_range=(KiB, 64 * KiB),
+                        startup_trials=3, guided_trials=1, granularity_bytes=KiB,
+                        warmup_steps=1, settle_steps=1, trial_steps=2, seed=3)
+    steps = tuner.total_steps + 2
+    m = net()
+    cls, kwargs = OPTIMIZERS["momentum"]
+    with ScheduledDataParallel(m, start, optimizer=cls, optimizer_kwargs=kwargs, timeout_s=60,
+                               tuner=tuner) as sdp:
+        for s in range(steps):
+            loss_of(sdp(batch(s, rank))).backward()
+        sdp.drain()
+    out["tuner"] = {"total_steps": tuner.total_steps, "steps": steps,
+                    "switches": switches_of(sdp),
+                    "decided": [[at, p, c] for at, (p, c) in tuner.switches],
+                    "trials": [t.to_dict() for t in tuner.trials]}
+    out["tuner_vs_ddp"] = max_diff(params(m), train_ddp(rank, "momentum", steps=steps))
+    out["tuner_fifo"] = error_of(lambda: ScheduledDataParallel(net(), "fifo", tuner=tuner))
+    return out
+
+
 def job_main(cfg: dict) -> dict:
-    """The default suite's one job: equality, then the fuzz and the order hazard."""
-    return {"equality": job_equality(cfg), "fuzz": job_fuzz(cfg)}
+    """The default suite's one job: equality, then the fuzz and the order hazard, then
+    switching sizes mid-run."""
+    return {"equality": job_equality(cfg), "fuzz": job_fuzz(cfg), "retune": job_retune(cfg)}
 
 
-JOBS = {"main": job_main, "equality": job_equality, "fuzz": job_fuzz, "fault": job_fault}
+JOBS = {"main": job_main, "equality": job_equality, "fuzz": job_fuzz, "fault": job_fault,
+        "retune": job_retune}
 
 
 def main() -> None:

@@ -124,6 +124,61 @@ def test_order_fuzz_crossing_bad_input_and_the_local_order_hazard(main_job):
     check_fuzz(tmp, [r["fuzz"] for r in results], steps=30)
 
 
+def check_retune(tmp_path: Path, results: list[dict]) -> None:
+    KiB = 1024
+    r0 = results[0]
+    assert r0["at/momentum"] == r0["at/adam"] == [2, 5]
+    for rank, r in enumerate(results):
+        for opt in ("momentum", "adam"):
+            # Every rank switched at rank 0's steps, to rank 0's sizes.
+            assert r[f"switches/{opt}"] == [[2, 4 * KiB, 8 * KiB], [5, None, None]], rank
+            # Partition sizes and credit change no sum: bit for bit the unswitched run, DDP's
+            # parameters (the optimizer state moved between partitionings intact).
+            assert r["bitwise"][opt], (rank, opt)
+            assert r["vs_ddp"][opt] <= 1e-6, (rank, opt, r["vs_ddp"][opt])
+        same_shape, diff, scale = r["folded_buffer"]
+        assert same_shape and scale > 0 and diff <= 1e-7 * max(1.0, scale), r["folded_buffer"]
+        tuner = r["tuner"]
+        # 1 warm-up step, the start point and 4 trials of (1 settle + 2 measured + 1 publish)
+        # steps: the best point applies at step 20, on every rank.
+        assert tuner["total_steps"] == 20 and tuner["steps"] == 22
+        assert [s[0] for s in tuner["switches"]] == [4, 8, 12, 16, 20], tuner["switches"]
+        assert tuner["switches"] == results[0]["tuner"]["switches"]
+        assert r["tuner_vs_ddp"] <= 1e-6
+        assert "no partition and credit to tune" in r["tuner_fifo"]
+    errors = r0["errors/momentum"]
+    assert "at_step must be an integer >= 2" in errors["past"]
+    assert "not a multiple of the element size" in errors["unaligned"]
+    assert "no such field" in errors["field"] and "bucket_bytes" in errors["field"]
+    assert "keeps the policy's kind" in errors["kind"]
+    assert "rank 0's call" in results[1]["errors/momentum"]["follower"]
+    # Rank 0's tuner: the start point, 3 random and 1 guided trial; the switch it decided
+    # after each is the one every rank made (a strict credit is raised to one partition).
+    tuner = r0["tuner"]
+    assert [t["phase"] for t in tuner["trials"]] == ["start"] + ["startup"] * 3 + ["guided"]
+    assert [d[:2] for d in tuner["decided"]] == [s[:2] for s in tuner["switches"]]
+    for (_, p, c), (_, _, sc) in zip(tuner["decided"], tuner["switches"], strict=True):
+        assert sc == max(c, p) and KiB <= p <= 16 * KiB
+    trials = tuner["trials"]
+    best = min(trials, key=lambda t: t["step_time_s"])
+    assert tuner["switches"][-1][1] == best["partition_bytes"]
+    for rank in range(len(results)):  # the trace: a SWITCH at step 2, larger partitions after
+        trace = json.loads((tmp_path / "retune-timeline" / f"rank{rank}.trace.json")
+                           .read_text())
+        slices = [e["args"] for e in trace["traceEvents"] if e["ph"] == "X"]
+        assert [(a["step"], a["partition_bytes"]) for a in slices
+                if a["phase"] == "SWITCH"] == [(2, 4 * KiB)]
+        sizes = {step: max(a["bytes"] for a in slices
+                           if a["phase"] == "COMM" and a["step"] == step) for step in (1, 2, 3)}
+        assert sizes == {1: KiB, 2: 4 * KiB, 3: 4 * KiB}, sizes
+
+
+@pytest.mark.timeout(400)
+def test_rank_zero_switches_sizes_mid_run_and_every_rank_follows_at_that_step(main_job):
+    tmp, results = main_job
+    check_retune(tmp, [r["retune"] for r in results])
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_order_fuzz_on_four_ranks_for_a_hundred_steps(tmp_path):

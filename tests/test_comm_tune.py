@@ -10,7 +10,13 @@ import pytest
 
 from trainsched.cluster import resolve_cluster
 from trainsched.comm.policy import ByteSchedulerPolicy
-from trainsched.comm.tune import grid_search, simulated_objective, tune
+from trainsched.comm.tune import (
+    OnlineTuner,
+    grid_search,
+    simulated_objective,
+    tune,
+    tuned_policy,
+)
 from trainsched.errors import TrainschedError
 from trainsched.graph import Edge, Graph, Op
 from trainsched.sim import simulate_data_parallel
@@ -138,21 +144,127 @@ def test_bad_objective_values_are_reported():
         grid_search(lambda p, c: 1.0, [], [MiB])
 
 
-def test_train_autotune_runs_real_trials_and_reports_the_best(capsys):
+def feed(tuner: OnlineTuner, objective, start: tuple[int, int], noise: float = 1e6) -> list:
+    """Drive ``tuner`` as the runtime does: step s runs the point switched to last (at or
+    before s) and takes ``objective`` of it; steps the tuner must ignore (warm-up, settling,
+    the publishing step) take ``noise`` instead, which must change nothing."""
+    tuner.begin(*start)
+    point, switches, applies = start, [], {}
+    ignored = set(range(tuner.warmup_steps))
+    for k in range(1, tuner.search.total + 1):
+        first = tuner.trial_start(k)
+        ignored |= set(range(first, first + tuner.settle_steps)) | {first - 1}
+    for step in range(tuner.total_steps + 3):
+        point = applies.pop(step, point)
+        seconds = noise if step in ignored else objective(*point)
+        switch = tuner.observe(step, seconds)
+        if switch is not None:
+            at, new = switch
+            assert at == step + 2
+            applies[at] = new
+            switches.append(switch)
+    return switches
+
+
+def test_online_tuner_searches_as_the_offline_one_on_a_fixed_schedule(vgg_objective):
+    offline = tune(vgg_objective, seed=4, startup_trials=4, guided_trials=3)
+    tuner = OnlineTuner(seed=4, startup_trials=4, guided_trials=3, warmup_steps=3,
+                        settle_steps=2, trial_steps=3)
+    # 3 warm-up steps, the start point's 3, then 7 trials of 2 + 3 + 1 steps.
+    assert tuner.total_steps == 3 + 3 + 1 + 7 * 6 == 49
+    start = (64 * MiB, 64 * MiB)
+    switches = feed(tuner, vgg_objective, start)
+    assert tuner.finished and len(tuner.trials) == 8
+    assert tuner.trials[0].phase == "start"
+    assert (tuner.trials[0].partition_bytes, tuner.trials[0].credit_bytes) == start
+    assert tuner.trials[0].step_time_s == vgg_objective(*start)
+    # The same points in the same order with the same times as the offline search: the
+    # ignored steps' huge times reached nobody.
+    assert [(t.partition_bytes, t.credit_bytes, t.step_time_s, t.phase)
+            for t in tuner.trials[1:]] == [(t.partition_bytes, t.credit_bytes, t.step_time_s,
+                                            t.phase) for t in offline.trials]
+    assert [at for at, _ in switches] == [tuner.trial_start(k) for k in range(1, 9)]
+    best = tuner.result
+    assert switches[-1] == (tuner.total_steps, (best.partition_bytes, best.credit_bytes))
+    assert best.step_time_s == min(offline.step_time_s, vgg_objective(*start))
+
+
+def test_online_tuner_ends_on_the_start_point_when_nothing_beats_it():
+    tuner = OnlineTuner(startup_trials=2, guided_trials=0, warmup_steps=0, settle_steps=0,
+                        trial_steps=1, partition_range=(MiB, 8 * MiB),
+                        credit_range=(MiB, 8 * MiB))
+    start = (3 * MiB, 5 * MiB)
+    switches = feed(tuner, lambda p, c: 1.0 if (p, c) == start else 2.0, start)
+    assert len(switches) == 3 and switches[-1] == (tuner.total_steps, start)
+    assert tuner.result.trials[0].phase == "start" and tuner.result.step_time_s == 1.0
+    # Trials of one step: the median of one value; a median over several.
+    median = OnlineTuner(startup_trials=1, guided_trials=0, warmup_steps=0, trial_steps=3)
+    median.begin(MiB, MiB)
+    for step, seconds in enumerate([5.0, 1.0, 2.0]):
+        median.observe(step, seconds)
+    assert median.trials[0].step_time_s == 2.0
+
+
+def test_online_tuner_rejects_misuse():
+    tuner = OnlineTuner(startup_trials=1, guided_trials=0, warmup_steps=1, trial_steps=2)
+    with pytest.raises(TrainschedError, match="begin"):
+        tuner.observe(0, 1.0)
+    tuner.begin(MiB, MiB)
+    tuner.observe(0, 1.0)
+    with pytest.raises(TrainschedError, match="observed after step 0"):
+        tuner.observe(0, 1.0)
+    with pytest.raises(TrainschedError, match="without it: observe every step"):
+        tuner.observe(3, 1.0)  # step 1 and 2 are trial 0's, step 3 skips them
+    for value in (0.0, float("inf"), "1s"):
+        with pytest.raises(TrainschedError, match="must be seconds > 0"):
+            fresh = OnlineTuner(warmup_steps=0)
+            fresh.begin(MiB, MiB)
+            fresh.observe(0, value)
+    for bad in ({"trial_steps": 0}, {"warmup_steps": -1}, {"settle_steps": 1.5}):
+        with pytest.raises(TrainschedError, match="must be an integer"):
+            OnlineTuner(**bad)
+
+
+def test_tuned_policy_fuses_to_a_partition_and_keeps_a_strict_credit_whole():
+    from trainsched.comm.policy import FifoPolicy, PriorityPolicy
+
+    bs = tuned_policy(ByteSchedulerPolicy(), 8 * MiB, 2 * MiB)
+    assert (bs.partition_bytes, bs.credit_bytes, bs.fusion_bytes) == (8 * MiB, 2 * MiB, 8 * MiB)
+    strict = tuned_policy(PriorityPolicy(partition_bytes=MiB, credit_bytes=4 * MiB),
+                          8 * MiB, 2 * MiB)
+    assert (strict.partition_bytes, strict.credit_bytes) == (8 * MiB, 8 * MiB)
+    with pytest.raises(TrainschedError, match="no partition and credit to tune"):
+        tuned_policy(FifoPolicy(), MiB, MiB)
+
+
+@pytest.mark.timeout(300)
+def test_train_autotune_tunes_online_in_one_job_and_times_the_best(capsys):
     from trainsched.cli import main
 
-    code = main(["train", "mlp", "--nproc", "2", "--autotune", "--tune-trials", "1",
-                 "--tune-partition", "64KiB-1MiB", "--tune-credit", "64KiB-4MiB",
-                 "--steps", "2", "--warmup", "1", "--timeout", "120", "--json"])
+    code = main(["train", "mlp", "--nproc", "2", "--autotune", "--tune-trials", "2",
+                 "--tune-steps", "2", "--tune-partition", "64KiB-1MiB", "--tune-credit",
+                 "64KiB-4MiB", "--steps", "3", "--warmup", "1", "--timeout", "120", "--json"])
     assert code == 0
     out = json.loads(capsys.readouterr().out)
     tuned = out["autotune"]
-    (trial,) = tuned["trials"]
-    assert trial["phase"] == "startup" and trial["step_time_s"] > 0
-    assert 64 << 10 <= trial["partition_bytes"] <= MiB and trial["partition_bytes"] % 4096 == 0
-    assert 64 << 10 <= trial["credit_bytes"] <= 4 * MiB
-    assert (tuned["partition_bytes"], tuned["step_time_s"]) == (trial["partition_bytes"],
-                                                               trial["step_time_s"])
+    start, *trials = tuned["trials"]
+    assert (start["phase"], start["partition_bytes"], start["credit_bytes"]) == (
+        "start", 4 * MiB, 16 * MiB)  # the --partition and --credit defaults
+    assert [t["phase"] for t in trials] == ["startup", "startup"]
+    for t in trials:
+        assert t["step_time_s"] > 0
+        assert 64 << 10 <= t["partition_bytes"] <= MiB and t["partition_bytes"] % 4096 == 0
+        assert 64 << 10 <= t["credit_bytes"] <= 4 * MiB
+    best = min(tuned["trials"], key=lambda t: t["step_time_s"])
+    assert (tuned["partition_bytes"], tuned["step_time_s"]) == (best["partition_bytes"],
+                                                               best["step_time_s"])
+    # 1 warm-up step, the start point's 2, then 2 trials of 1 + 2 + 1 steps: switches at 4
+    # and 8 and to the best at 12; then 1 warm-up and 3 timed steps there.
+    assert tuned["total_steps"] == 12
+    assert [s[0] for s in tuned["switches"]] == [4, 8, 12]
+    assert tuned["switches"][-1][1:] == [best["partition_bytes"], best["credit_bytes"]]
+    (segment,) = out["segments"]
+    assert len(segment["step_times_s"]) == 3 and out["median_s"] > 0
 
 
 @pytest.mark.parametrize(("flags", "problem"), [
@@ -160,6 +272,7 @@ def test_train_autotune_runs_real_trials_and_reports_the_best(capsys):
     (["--tune-partition", "4MiB"], "--tune-partition takes LOW-HIGH"),
     (["--tune-credit", "8MiB-1MiB"], "--tune-credit takes LOW-HIGH with 0 < LOW <= HIGH"),
     (["--tune-trials", "0"], "--tune-trials must be >= 1"),
+    (["--tune-steps", "0"], "--tune-steps must be >= 1"),
     (["--timeline", "tl"], "--timeline records one run"),
 ])
 def test_train_autotune_rejects_bad_flags_on_one_line(flags, problem, capsys):

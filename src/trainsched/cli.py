@@ -411,10 +411,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _autotune(args: argparse.Namespace) -> int:
-    """``train --autotune``: Bayesian search of (partition, credit), each trial a fresh run of
-    ``--steps`` steps on ``--nproc`` ranks (``runtime.train.run_trial``)."""
-    from trainsched.comm.tune import tune
-    from trainsched.runtime.train import run_trial
+    """``train --autotune``: Bayesian search of (partition, credit) online, in one job: rank 0
+    switches every rank to each trial point for ``--tune-steps`` steps, then to the best; the
+    ``--steps`` timed steps run there."""
+    from trainsched.runtime.train import train
     from trainsched.units import format_duration, format_size, parse_size
 
     if args.comm != "priority":
@@ -425,6 +425,8 @@ def _autotune(args: argparse.Namespace) -> int:
                               "partition and credit the tuner reports")
     if args.tune_trials < 1:
         raise TrainschedError(f"--tune-trials must be >= 1, got {args.tune_trials}")
+    if args.tune_steps < 1:
+        raise TrainschedError(f"--tune-steps must be >= 1, got {args.tune_steps}")
     ranges = [tuple(parse_size(v) for v in r.split("-", 1)) if "-" in r else None
               for r in (args.tune_partition, args.tune_credit)]
     for flag, r in zip(("--tune-partition", "--tune-credit"), ranges, strict=True):
@@ -432,33 +434,46 @@ def _autotune(args: argparse.Namespace) -> int:
             raise TrainschedError(f"{flag} takes LOW-HIGH with 0 < LOW <= HIGH, e.g. "
                                   f"1MiB-64MiB")
     startup = min(10, args.tune_trials)
-
-    def show(t: Any) -> None:
-        if not args.json:
-            print(f"  trial {t.number + 1:>2} ({t.phase:<7}) partition "
-                  f"{format_size(t.partition_bytes):>10}  credit {format_size(t.credit_bytes):>10}"
-                  f"  median step {format_duration(t.step_time_s)}", flush=True)
-
-    def objective(partition: int, credit: int) -> float:
-        return run_trial(args.model, partition, credit, steps=args.steps, warmup=args.warmup,
-                         credit_mode=args.credit_mode, nproc=args.nproc,
-                         batch_size=args.batch_size, image_size=args.image_size,
-                         seq_len=args.seq_len, optimizer=args.optimizer, lr=args.lr,
-                         timeout_s=args.timeout)
-
+    options = {"partition_range": list(ranges[0]), "credit_range": list(ranges[1]),
+               "startup_trials": startup, "guided_trials": args.tune_trials - startup,
+               "seed": args.tune_seed, "warmup_steps": args.warmup, "settle_steps": 1,
+               "trial_steps": args.tune_steps}
+    partition = parse_size(args.partition)
+    credit = (float("inf") if args.credit.strip().lower() in ("inf", "unlimited")
+              else parse_size(args.credit))
     if not args.json:
-        print(f"{args.model}: tuning partition and credit on {args.nproc} gloo ranks, "
-              f"{args.tune_trials} trials of {args.steps} steps")
-    result = tune(objective, partition_range=ranges[0], credit_range=ranges[1],
-                  startup_trials=startup, guided_trials=args.tune_trials - startup,
-                  seed=args.tune_seed, on_trial=show)
+        steps = args.warmup + (1 + args.tune_trials) * (args.tune_steps + 2) - 1
+        print(f"{args.model}: tuning partition and credit online on {args.nproc} gloo ranks: "
+              f"the start point and {args.tune_trials} trials of {args.tune_steps} steps "
+              f"({steps} steps), then {args.warmup} + {args.steps} at the best point",
+              flush=True)
+    result = train(args.model, "priority", nproc=args.nproc, steps=args.steps,
+                   warmup=args.warmup, partition_bytes=partition, credit_bytes=credit,
+                   credit_mode=args.credit_mode, tune=options, batch_size=args.batch_size,
+                   image_size=args.image_size, seq_len=args.seq_len,
+                   optimizer=args.optimizer, lr=args.lr, timeout_s=args.timeout)
+    seg = result.first
+    tuned = seg.autotune
+    if tuned is None:
+        raise TrainschedError("the tuner reported nothing (rank 0 ran no trial)")
     if args.json:
         print(_dump({"comm": "priority", "credit_mode": args.credit_mode, "steps": args.steps,
-                     "warmup": args.warmup, "autotune": result.to_dict()}))
+                     "warmup": args.warmup, "autotune": tuned, "median_s": seg.median_s,
+                     "p10_s": seg.quantile_s(0.1), "p90_s": seg.quantile_s(0.9),
+                     "throughput_samples_per_s": result.throughput(), **result.to_dict()}))
         return 0
-    print(f"  best: --partition {result.partition_bytes} --credit {result.credit_bytes} "
-          f"({format_size(result.partition_bytes)}, {format_size(result.credit_bytes)}), "
-          f"median step {format_duration(result.step_time_s)}")
+    for t in tuned["trials"]:
+        print(f"  trial {t['number']:>2} ({t['phase']:<7}) partition "
+              f"{format_size(t['partition_bytes']):>10}  credit "
+              f"{format_size(t['credit_bytes']):>10}  median step "
+              f"{format_duration(t['step_time_s'])}")
+    print(f"  best: --partition {tuned['partition_bytes']} --credit {tuned['credit_bytes']} "
+          f"({format_size(tuned['partition_bytes'])}, {format_size(tuned['credit_bytes'])}), "
+          f"from step {tuned['total_steps']} on every rank")
+    print(f"  step time there  median {format_duration(seg.median_s)}  p10 "
+          f"{format_duration(seg.quantile_s(0.1))}  p90 {format_duration(seg.quantile_s(0.9))}"
+          f"  ({len(seg.step_times_s)} steps after {args.warmup} warm-up)")
+    print(f"  throughput {result.throughput():.2f} samples/s")
     return 0
 
 
@@ -672,9 +687,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="directory for one Chrome trace per rank (first 3 timed steps)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds before giving up")
     p.add_argument("--autotune", action="store_true",
-                   help="priority: pick partition and credit by Bayesian search over trial runs")
+                   help="priority: pick partition and credit by Bayesian search, online (every "
+                   "rank switches to each trial point in one job), then time the best")
     p.add_argument("--tune-trials", type=int, default=15,
                    help="--autotune: trials (the first 10 random, the rest guided)")
+    p.add_argument("--tune-steps", type=int, default=5,
+                   help="--autotune: measured steps per trial (after 1 settling step)")
     p.add_argument("--tune-partition", default="1MiB-128MiB", help="--autotune: LOW-HIGH")
     p.add_argument("--tune-credit", default="1MiB-256MiB", help="--autotune: LOW-HIGH")
     p.add_argument("--tune-seed", type=int, default=0, help="--autotune: sampler seed")

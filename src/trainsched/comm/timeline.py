@@ -7,7 +7,8 @@ byte-stable JSON. One file per rank; ``pid`` is 1 + the rank. Tracks (threads):
 - ``compute``: ``FWD`` and ``BWD`` per layer (a module owning parameters), in the training
   thread;
 - ``update``: ``UPDATE`` per parameter (the per-parameter optimizer step, in the dispatcher
-  thread, which runs beside compute);
+  thread, which runs beside compute), and ``SWITCH`` (zero length) where the policy changed
+  (``args``: the new policy's fields);
 - ``comm/<parameter>``: per collective, ``QUEUE`` (ready → issued) and ``COMM`` (issued →
   done). Overlapping slices of one track go on lanes (``comm/<parameter> (lane 2)``), the lowest
   free lane first, so slices on a thread always nest.
@@ -31,7 +32,7 @@ from trainsched.graph import atomic_write_bytes
 
 __all__ = ["PHASES", "Span", "timeline_json", "timeline_trace", "write_timeline"]
 
-PHASES = ("FWD", "BWD", "UPDATE", "QUEUE", "COMM", "WAIT")
+PHASES = ("FWD", "BWD", "UPDATE", "QUEUE", "COMM", "WAIT", "SWITCH")
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,17 @@ layer's update as soon as its gradients are reduced.
   training thread as :class:`~trainsched.errors.TrainschedError`. Models that differ between
   ranks (parameter names, shapes, dtypes) are rejected at construction.
 
+- **Switching sizes mid-run** (``specs/comm.md`` §7). :meth:`ScheduledDataParallel.retune`
+  on rank 0 changes the policy (partition, credit, ...) from a later step on every rank: at the
+  first gradient of each step rank 0 publishes the store key ``cfg/<s+1>``, the policy of the
+  next step (empty: unchanged), and every other rank reads ``cfg/<s>`` at the first gradient of
+  step s. Rank 0 wrote that key before it issued any collective of step s-1, and a rank cannot
+  start step s before all of step s-1's collectives completed, so the read never waits. At the
+  switch every rank finishes the last step's updates, folds the per-partition optimizer state
+  back into whole parameters and rebuilds its collectives, so all ranks change at one step.
+  An :class:`~trainsched.comm.tune.OnlineTuner` (``tuner=``) drives this from rank 0's step
+  times: Bayesian search of partition and credit within one job.
+
 Call :meth:`ScheduledDataParallel.drain` before evaluation, checkpoints and learning-rate
 changes, and :meth:`ScheduledDataParallel.close` at the end (also run at exit).
 """
@@ -41,6 +52,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import hashlib
 import heapq
 import json
@@ -61,6 +73,7 @@ from torch import nn
 from trainsched.comm.dispatch import Dispatcher, check_sizes, partition_spans
 from trainsched.comm.policy import CommPolicy, Gradient, check_plan, comm_policy
 from trainsched.comm.timeline import Span, write_timeline
+from trainsched.comm.tune import OnlineTuner, tuned_policy
 from trainsched.errors import TrainschedError
 
 __all__ = ["ORDERS", "ScheduledDataParallel"]
@@ -99,6 +112,12 @@ class ScheduledDataParallel(nn.Module):
     ``comm_threads`` (gloo only): reduce gradients on a gloo group of our own with that many
     worker threads (gloo's default is 2; 1 makes the transport one FIFO wire, on which the
     credit and the priority order hold exactly).
+
+    ``tuner``: an :class:`~trainsched.comm.tune.OnlineTuner` that rank 0 feeds with its step
+    times (a step: from one forward after a backward pass to the next) and follows with
+    :meth:`retune`; the other ranks ignore theirs (pass one everywhere: its
+    ``total_steps`` tells every rank when tuning is over). Needs a policy with a partition size
+    and a credit (``priority``, ``bytescheduler``).
     """
 
     def __init__(self, module: nn.Module, policy: CommPolicy | str = "priority", *,
@@ -107,7 +126,8 @@ class ScheduledDataParallel(nn.Module):
                  order: str = "leader", verify_order_every: int = 0, timeout_s: float = 300.0,
                  timeline: str | Path | None = None,
                  timeline_steps: tuple[int, int] = (1, 3), store: Any = None,
-                 update: str = "auto", comm_threads: int | None = None) -> None:
+                 update: str = "auto", comm_threads: int | None = None,
+                 tuner: OnlineTuner | None = None) -> None:
         super().__init__()
         if not dist.is_initialized():
             raise TrainschedError("ScheduledDataParallel needs torch.distributed: call "
@@ -138,6 +158,20 @@ class ScheduledDataParallel(nn.Module):
         self._group_ranks = tuple(dist.get_process_group_ranks(self._group))
         self._follow = order == "leader" and self.rank != 0
         self._publish = order == "leader" and self.rank == 0 and self.world_size > 1
+        # Who may switch the policy: rank 0 of a leader-ordered group, or a lone rank.
+        self._decides = self.rank == 0 and (order == "leader" or self.world_size == 1)
+        if tuner is not None:
+            if not isinstance(tuner, OnlineTuner):
+                raise TrainschedError(f"tuner must be an OnlineTuner, got {type(tuner).__name__}")
+            tuned_policy(self.policy, 4096, 4096)  # a policy without sizes to tune fails here
+            if order != "leader" and self.world_size > 1:
+                raise TrainschedError("online tuning switches every rank at rank 0's word: it "
+                                      "needs order='leader'")
+        self._tuner = tuner if self._decides else None
+        if self._tuner is not None:
+            self._tuner.begin(self.policy.partition_bytes, self.policy.credit_bytes)
+        self._planned: list[tuple[int, CommPolicy]] = [(0, self.policy)]  # rank 0's retunes
+        self._switches: list[tuple[int, CommPolicy]] = []  # applied, by the dispatcher
 
         self._names: list[str] = []
         self._params: list[nn.Parameter] = []
@@ -147,7 +181,7 @@ class ScheduledDataParallel(nn.Module):
                 self._params.append(p)
         if not self._params:
             raise TrainschedError("the module has no parameter that requires a gradient")
-        self._check_partition_alignment()
+        self._check_partition_alignment(self.policy)
 
         self._store_prefix = self._agree_prefix()
         self._store = self._make_store(store)
@@ -181,6 +215,8 @@ class ScheduledDataParallel(nn.Module):
         # Training-thread state.
         self._t0 = _now()
         self._backwards = 0  # completed backward passes (= the next forward's step)
+        self._forward_step = -1  # the step whose first forward ran last
+        self._step_start = 0.0
         self._in_backward = False
         self._seen: set[int] = set()
         self._forward_order: list[int] = []  # parameters by first use in forward 0
@@ -201,6 +237,7 @@ class ScheduledDataParallel(nn.Module):
         # The dispatcher side.
         self._inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._reader_inbox: queue.SimpleQueue[tuple[int, int] | None] = queue.SimpleQueue()
+        self._dispatch = _Dispatch(self)
         self._dispatcher = threading.Thread(target=self._run, name="trainsched-dispatcher",
                                             daemon=True)
         self._dispatcher.start()
@@ -214,8 +251,8 @@ class ScheduledDataParallel(nn.Module):
 
     # -- construction helpers ---------------------------------------------------------------
 
-    def _check_partition_alignment(self) -> None:
-        partition = getattr(self.policy, "partition_bytes", None)
+    def _check_partition_alignment(self, policy: CommPolicy) -> None:
+        partition = getattr(policy, "partition_bytes", None)
         if partition is None:
             return
         for name, p in zip(self._names, self._params, strict=True):
@@ -342,7 +379,7 @@ class ScheduledDataParallel(nn.Module):
                 self._hooks.append(m.register_forward_hook(
                     lambda mod, args, out, g=g, label=label: self._forward_done(g, label)))
         self._hooks.append(self.module.register_forward_pre_hook(
-            lambda mod, args: self._before_forward()))
+            lambda mod, args: self._before_forward(), prepend=True))
         self._hooks.append(self.module.register_forward_hook(
             lambda mod, args, out: self._after_forward()))
 
@@ -353,8 +390,65 @@ class ScheduledDataParallel(nn.Module):
 
     @property
     def optimizers(self) -> tuple[torch.optim.Optimizer, ...]:
-        """The per-parameter optimizers, in parameter order."""
+        """The per-parameter optimizers, in parameter order, after a :meth:`drain`. With
+        ``update="partition"`` the state of each partition's optimizer is first copied into
+        its parameter's optimizer, so these hold the whole state (for checkpoints)."""
+        self.drain()
+        self._dispatch.fold_slices()
         return tuple(self._optimizers)
+
+    @property
+    def switches(self) -> tuple[tuple[int, CommPolicy], ...]:
+        """Every policy switch this rank made: (step, the policy from that step on). The same
+        on every rank."""
+        return tuple(self._switches)
+
+    def policy_at(self, step: int) -> CommPolicy:
+        """The policy rank 0 has planned for ``step`` (rank 0; elsewhere: the last one
+        switched to)."""
+        planned = self._planned if self._decides else [(0, self.policy), *self._switches]
+        return next(policy for first, policy in reversed(planned) if first <= step)
+
+    def retune(self, policy: CommPolicy | None = None, *, at_step: int | None = None,
+               **changes: Any) -> int:
+        """Rank 0: run ``policy`` (the same class as the current one), or the current policy
+        with ``changes`` to its fields (``partition_bytes=``, ``credit_bytes=``, ...), from
+        step ``at_step`` on, on every rank. The earliest step, and the default, is
+        ``steps + 1``: the next backward pass after the one about to run. Call it between
+        steps (not from inside backward). Returns the step at which the switch happens."""
+        if not self._decides:
+            raise TrainschedError(
+                f"retune is rank 0's call (with order='leader'); rank {self.rank} follows at "
+                f"the same step" if self.order == "leader" else
+                "retune needs order='leader': with order='local' no rank can tell the others "
+                "when to switch")
+        if self._in_backward:
+            raise TrainschedError("retune between steps, not during a backward pass")
+        if self._closed:
+            raise TrainschedError("this ScheduledDataParallel was closed")
+        earliest = self._backwards + 1
+        step = earliest if at_step is None else at_step
+        if not (isinstance(step, int) and not isinstance(step, bool) and step >= earliest):
+            raise TrainschedError(f"at_step must be an integer >= {earliest} (the next backward "
+                                  f"pass that can still switch), got {at_step!r}")
+        current = self.policy_at(step)
+        if policy is None:
+            try:
+                policy = dataclasses.replace(current, **changes)
+            except TypeError as exc:
+                raise TrainschedError(f"retune: {type(current).__name__} has no such field "
+                                      f"({exc})") from None
+        elif changes:
+            raise TrainschedError("retune takes a policy or field changes, not both")
+        if type(policy) is not type(current) or not dataclasses.is_dataclass(policy):
+            raise TrainschedError(f"retune keeps the policy's kind: {type(current).__name__}, "
+                                  f"got {type(policy).__name__}")
+        check_sizes(policy)
+        self._check_partition_alignment(policy)
+        json.dumps(_policy_fields(policy))  # what the other ranks will read
+        self._planned = [(s, p) for s, p in self._planned if s < step] + [(step, policy)]
+        self._inbox.put(("retune", step, policy))
+        return step
 
     @property
     def steps(self) -> int:
@@ -442,6 +536,17 @@ class ScheduledDataParallel(nn.Module):
         self._raise_error()
         if self._closed:
             raise TrainschedError("this ScheduledDataParallel was closed")
+        n = self._backwards
+        if n == self._forward_step:
+            return  # a second forward in one step (evaluation): not a new step
+        now = _now()
+        if self._tuner is not None and n >= 1 and self._forward_step == n - 1:
+            switch = self._tuner.observe(n - 1, now - self._step_start)
+            if switch is not None:
+                step, (partition, credit) = switch
+                self.retune(tuned_policy(self.policy_at(step), partition, credit), at_step=step)
+        self._forward_step = n
+        self._step_start = now
 
     def _after_forward(self) -> None:
         self._last_ready_s = _now() - self._t0  # where the first BWD slice starts
@@ -572,7 +677,7 @@ class ScheduledDataParallel(nn.Module):
 
     def _run(self) -> None:
         try:
-            _Dispatch(self).loop()
+            self._dispatch.loop()
         except TrainschedError as exc:
             self._fail(exc)
         except Exception as exc:  # a bug or a torch error: still reach the training thread
@@ -595,6 +700,18 @@ class ScheduledDataParallel(nn.Module):
         except TrainschedError as exc:
             if not self._closed:
                 self._inbox.put(("error", exc))
+
+
+def _policy_fields(policy: CommPolicy) -> dict[str, Any]:
+    return {f.name: getattr(policy, f.name) for f in dataclasses.fields(policy)}
+
+
+def _slice_state(value: Any, p: torch.Tensor, lo: int, hi: int) -> Any:
+    """Elements ``lo:hi`` of one optimizer state entry of parameter ``p`` (a copy): per-element
+    tensors are sliced, anything else (Adam's step count) is copied whole."""
+    if torch.is_tensor(value) and value.shape == p.shape:
+        return value.detach().reshape(-1)[lo:hi].clone()
+    return value.clone() if torch.is_tensor(value) else value
 
 
 def _close_at_exit(ref: weakref.ref) -> None:
@@ -638,11 +755,16 @@ class _Dispatch:
         self.sequence = 0  # issues since the start, for the order check
         self.digest = hashlib.sha1(b"trainsched")
         self.checks = 0
+        self.gradients: tuple[Gradient, ...] = ()
+        self.pending: dict[int, CommPolicy] = {}  # rank 0: retunes not yet published
+        self.switch_at: dict[int, CommPolicy] = {}  # the policy to switch to at a step
+        self.slices: dict[int, tuple[torch.Tensor, torch.optim.Optimizer]] = {}
 
     # -- setup ---------------------------------------------------------------------------------
 
     def build(self, gradients: Sequence[Gradient]) -> None:
         sdp = self.sdp
+        self.gradients = tuple(gradients)
         policy = sdp.policy
         plan = tuple(policy.plan(gradients))
         check_plan(gradients, plan, f"comm policy {type(policy).__name__}")
@@ -673,7 +795,12 @@ class _Dispatch:
         # update="partition": every part of a split, contiguous parameter is stepped alone,
         # through a detached view and an optimizer of its own (hyperparameters copied from the
         # parameter's optimizer, in case set_lr ran before this).
-        self.slices: dict[int, tuple[torch.Tensor, torch.optim.Optimizer]] = {}
+        # update="partition": every part of a split, contiguous parameter is stepped alone,
+        # through a detached view and an optimizer of its own, which starts from that part of
+        # the parameter optimizer's hyperparameters and state (set_lr may have run, a switch
+        # may have folded the last plan's partitions back into it).
+        self.slices = {}
+        slice_optimizers = []
         self.units = [1] * len(sdp._params)  # update units per parameter
         if sdp.update == "partition":
             optimizer, kwargs = sdp._optimizer_spec
@@ -682,16 +809,61 @@ class _Dispatch:
                 if len(cs) < 2 or not p.is_contiguous():
                     continue
                 self.units[k] = len(cs)
+                whole = sdp._optimizers[k]
+                state = whole.state.get(p, {})
                 for c in cs:
                     (_, lo, hi), = self.parts[c]
                     view = p.detach().view(-1)[lo:hi]
                     opt = sdp._make_optimizer(optimizer, kwargs, view, self.names[c])
-                    for key, value in sdp._optimizers[k].param_groups[0].items():
+                    for key, value in whole.param_groups[0].items():
                         if key != "params":
                             opt.param_groups[0][key] = value
+                    if state:
+                        opt.state[view] = {key: _slice_state(value, p, lo, hi)
+                                           for key, value in state.items()}  # fmt: skip
                     self.slices[c] = (view, opt)
-                    sdp._slice_optimizers.append(opt)
+                    slice_optimizers.append(opt)
+        sdp._slice_optimizers = slice_optimizers
         self.units_left = list(self.units)
+
+    def fold_slices(self) -> None:
+        """Copy every partition optimizer's state into its parameter's optimizer (only
+        between steps: nothing may be updating)."""
+        sdp = self.sdp
+        by_param: dict[int, list[int]] = {}
+        for c in self.slices:
+            by_param.setdefault(self.parts[c][0][0], []).append(c)
+        for k, cs in by_param.items():
+            p = sdp._params[k]
+            whole: dict[str, Any] = {}
+            for c in cs:
+                view, opt = self.slices[c]
+                _, lo, hi = self.parts[c][0]
+                for key, value in opt.state.get(view, {}).items():
+                    if torch.is_tensor(value) and value.shape == view.shape:
+                        if key not in whole:
+                            whole[key] = torch.empty(p.shape, dtype=value.dtype)
+                        whole[key].view(-1)[lo:hi].copy_(value)
+                    elif key not in whole:  # per-parameter scalars (Adam's step): all equal
+                        whole[key] = value.clone() if torch.is_tensor(value) else value
+            if whole:
+                sdp._optimizers[k].state[p] = whole
+
+    def switch(self, step: int, policy: CommPolicy) -> None:
+        """Run ``policy`` from ``step`` on: at the first gradient of that step, with the last
+        step's collectives all done."""
+        sdp = self.sdp
+        while self.updates:  # the last step's updates first: they belong to the old plan
+            self.update(*heapq.heappop(self.updates))
+        self.fold_slices()
+        sdp.policy = policy
+        self.build(self.gradients)
+        sdp._switches.append((step, policy))
+        if sdp._in_window(step):
+            t = _now() - sdp._t0
+            sdp._comm_spans.append(Span(track="update", phase="SWITCH", label="switch",
+                                        start_s=t, end_s=t, step=step,
+                                        args=_policy_fields(policy)))
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -726,6 +898,12 @@ class _Dispatch:
             for k, t in self.early:
                 self.ready(k, t)
             self.early.clear()
+        elif kind == "retune":
+            _, step, policy = event
+            if step <= self.step + 1:
+                raise TrainschedError(f"internal: a retune for step {step} arrived at step "
+                                      f"{self.step}")
+            self.pending[step] = policy
         elif kind == "decision":
             assert self.core is not None
             self.core.decide(event[1])
@@ -741,6 +919,8 @@ class _Dispatch:
         if self.readies == 0:
             if self.step >= 0 and not core.finished:
                 raise TrainschedError("a new step began before the last one was reduced")
+            self.step_boundary(self.step + 1)
+            core = self.core
             core.new_step()
             self.step += 1
             self.position = 0
@@ -753,6 +933,28 @@ class _Dispatch:
             self.missing[c] -= 1
             if not self.missing[c]:
                 self.queued_s[c] = t
+
+    def step_boundary(self, step: int) -> None:
+        """The first gradient of ``step``: switch if this step's policy changes, and (rank 0)
+        publish the next step's policy."""
+        sdp = self.sdp
+        policy = self.switch_at.pop(step, None)
+        if sdp._follow and step >= 1:
+            text = sdp._store_get(self.store, f"cfg/{step}", f"rank 0's policy for step {step}")
+            if text:
+                fields = json.loads(text)
+                policy = type(sdp.policy)(**fields)
+        if policy is not None:
+            self.switch(step, policy)
+        if sdp._decides:
+            upcoming = self.pending.pop(step + 1, None)
+            if upcoming is not None:
+                self.switch_at[step + 1] = upcoming
+            if sdp._publish:
+                text = "" if upcoming is None else json.dumps(_policy_fields(upcoming))
+                self.store.set(f"cfg/{step + 1}", text)
+                if step >= 2:
+                    self.store.delete_key(f"cfg/{step - 2}")
 
     # -- issuing -------------------------------------------------------------------------------
 
@@ -774,7 +976,7 @@ class _Dispatch:
         else:
             tensor = torch.cat([sdp._grads[k].view(-1)[lo:hi] for k, lo, hi in row])
         self.tensors[c] = tensor
-        sdp._max_in_flight = self.core.max_in_flight_bytes
+        sdp._max_in_flight = max(sdp._max_in_flight, self.core.max_in_flight_bytes)
         t = _now() - sdp._t0
         self.issued_s[c] = t
         work = dist.all_reduce(tensor, group=sdp._data_group, async_op=True)

@@ -19,7 +19,11 @@ communication tail overlaps the next step's forward); the last one ends after a 
 times after ``warmup`` steps are reported: median, p10, p90, and the throughput ``nproc x batch /
 median``. The parent process never imports torch.
 
-:func:`run_trial` is the hook for a tuner: one (partition, credit) point, its median step time.
+:func:`run_trial` is the hook for an offline tuner: one (partition, credit) point, its median
+step time in a fresh job. A ``priority`` segment with ``tune`` options tunes online instead: an
+:class:`~trainsched.comm.tune.OnlineTuner` on rank 0 switches every rank to each trial point
+within the one job (``trainsched train --autotune``); the segment's timed steps then run at the
+best point, after ``tune`` steps and a fresh warm-up.
 """
 
 from __future__ import annotations
@@ -80,6 +84,19 @@ class Segment:
     steps: int = 20
     warmup: int = 3
     timeline_dir: str | None = None
+    tune: dict[str, Any] | None = None  # OnlineTuner options: tune online (priority only)
+
+    def tuner(self) -> Any:
+        """A fresh :class:`~trainsched.comm.tune.OnlineTuner` from ``tune`` (or ``None``)."""
+        if self.tune is None:
+            return None
+        from trainsched.comm.tune import OnlineTuner
+
+        options = dict(self.tune)
+        for key in ("partition_range", "credit_range"):
+            if key in options:
+                options[key] = tuple(options[key])
+        return OnlineTuner(**options)
 
     def check(self) -> None:
         if self.kind not in KINDS:
@@ -103,6 +120,14 @@ class Segment:
         if self.timeline_dir is not None and self.kind != "sdp":
             raise TrainschedError("--timeline records the scheduled runtime: use --comm fifo "
                                   "or --comm priority")
+        if self.tune is not None:
+            if self.kind != "sdp" or self.policy != "priority":
+                raise TrainschedError("online tuning sets the priority scheduler's partition "
+                                      "and credit: use --comm priority")
+            try:
+                self.tuner()
+            except TypeError as exc:
+                raise TrainschedError(f"tuning options: {exc}") from None
 
     def priority_policy(self) -> PriorityPolicy:
         return PriorityPolicy(partition_bytes=self.partition_bytes,
@@ -113,16 +138,18 @@ class Segment:
 def segment_for(comm: str, *, partition_bytes: int | None = 4 * MiB,
                 credit_bytes: float | None = 16 * MiB, credit_mode: str = "overdraft",
                 steps: int = 20, warmup: int = 3, timeline_dir: str | None = None,
-                bucket_mb: float = 25.0) -> Segment:
+                bucket_mb: float = 25.0, tune: dict[str, Any] | None = None) -> Segment:
     """The segment ``trainsched train --comm COMM`` runs: ``fifo`` (whole tensors in ready
-    order, the barrier), ``ddp`` (stock DDP) or ``priority`` (partitions, credit, crossing)."""
+    order, the barrier), ``ddp`` (stock DDP) or ``priority`` (partitions, credit, crossing;
+    ``tune``: :class:`~trainsched.comm.tune.OnlineTuner` options to tune them online first)."""
     if comm not in COMMS:
         raise TrainschedError(f"--comm must be one of {', '.join(COMMS)}, got {comm!r}")
     kind = "ddp" if comm == "ddp" else "sdp"
     return Segment(label=comm, kind=kind, policy=comm if kind == "sdp" else "priority",
                    partition_bytes=partition_bytes, credit_bytes=credit_bytes,
                    credit_mode=credit_mode, cross_barrier=comm == "priority",
-                   bucket_mb=bucket_mb, steps=steps, warmup=warmup, timeline_dir=timeline_dir)
+                   bucket_mb=bucket_mb, steps=steps, warmup=warmup, timeline_dir=timeline_dir,
+                   tune=tune)
 
 
 @dataclass(frozen=True)
@@ -132,6 +159,7 @@ class SegmentResult:
     label: str
     kind: str
     step_times_s: tuple[float, ...]
+    autotune: Mapping[str, Any] | None = None  # online tuning: trials, switches, best point
 
     @property
     def median_s(self) -> float:
@@ -147,9 +175,12 @@ class SegmentResult:
         return times[lo] + (times[hi] - times[lo]) * (pos - lo)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"label": self.label, "kind": self.kind, "median_s": self.median_s,
-                "p10_s": self.quantile_s(0.1), "p90_s": self.quantile_s(0.9),
-                "step_times_s": list(self.step_times_s)}
+        out = {"label": self.label, "kind": self.kind, "median_s": self.median_s,
+               "p10_s": self.quantile_s(0.1), "p90_s": self.quantile_s(0.9),
+               "step_times_s": list(self.step_times_s)}
+        if self.autotune is not None:
+            out["autotune"] = dict(self.autotune)
+        return out
 
 
 @dataclass(frozen=True)
@@ -216,7 +247,8 @@ def run_segments(model: str, segments: Sequence[Segment], *, nproc: int = 2,
     return TrainResult(model=data["model"], nproc=nproc, batch_size=data["batch_size"],
                        optimizer=optimizer, host=data["host"],
                        segments=tuple(SegmentResult(label=s["label"], kind=s["kind"],
-                                                    step_times_s=tuple(s["step_times_s"]))
+                                                    step_times_s=tuple(s["step_times_s"]),
+                                                    autotune=s.get("autotune"))
                                       for s in data["segments"]))  # fmt: skip
 
 
@@ -233,11 +265,14 @@ def _failure_line(tmpdir: Path, failure: WorkerFailure) -> str:
 def train(model: str, comm: str = "priority", *, nproc: int = 2, steps: int = 20,
           warmup: int = 3, partition_bytes: int | None = 4 * MiB,
           credit_bytes: float | None = 16 * MiB, credit_mode: str = "overdraft",
-          timeline_dir: str | None = None, **options: Any) -> TrainResult:
-    """Train ``model`` with ``comm`` (``fifo``, ``ddp``, ``priority``) and time its steps."""
+          timeline_dir: str | None = None, tune: dict[str, Any] | None = None,
+          **options: Any) -> TrainResult:
+    """Train ``model`` with ``comm`` (``fifo``, ``ddp``, ``priority``) and time its steps;
+    with ``tune`` (OnlineTuner options, ``priority`` only) tune partition and credit online
+    first and time the steps at the best point."""
     segment = segment_for(comm, partition_bytes=partition_bytes, credit_bytes=credit_bytes,
                           credit_mode=credit_mode, steps=steps, warmup=warmup,
-                          timeline_dir=timeline_dir)
+                          timeline_dir=timeline_dir, tune=tune)
     return run_segments(model, [segment], nproc=nproc, **options)
 
 
@@ -292,9 +327,15 @@ def _work(cfg: dict[str, Any]) -> dict[str, Any]:  # pragma: no cover - in the w
     results = []
     for raw in cfg["segments"]:
         seg = Segment(**raw)
-        times = _run_segment(model, args, kwargs, seg, cfg, rank, n)
-        results.append({"label": seg.label, "kind": seg.kind,
-                        "step_times_s": times[seg.warmup:]})
+        tuner = seg.tuner()
+        times = _run_segment(model, args, kwargs, seg, cfg, rank, n, tuner)
+        skip = seg.warmup + (tuner.total_steps if tuner is not None else 0)
+        result = {"label": seg.label, "kind": seg.kind, "step_times_s": times[skip:]}
+        if tuner is not None and tuner.result is not None:  # rank 0's tuner decided
+            best = tuner.result
+            result["autotune"] = {**best.to_dict(), "total_steps": tuner.total_steps,
+                                  "switches": [[at, p, c] for at, (p, c) in tuner.switches]}
+        results.append(result)
     host = {"torch": torch.__version__, "threads": torch.get_num_threads(),
             "python": sys.version.split()[0], "cpu_count": os.cpu_count()}
     return {"model": zoo.name, "batch_size": zoo.batch_size, "segments": results, "host": host}
@@ -346,7 +387,8 @@ def _optimizer(name: str, lr: float) -> tuple[Any, dict[str, Any]]:
 
 
 def _run_segment(model: Any, args: tuple, kwargs: dict, seg: Segment, cfg: dict[str, Any],
-                 rank: int, n: int) -> list[float]:  # pragma: no cover - in the workers
+                 rank: int, n: int,
+                 tuner: Any = None) -> list[float]:  # pragma: no cover - in the workers
     import torch
     import torch.distributed as dist
 
@@ -354,7 +396,7 @@ def _run_segment(model: Any, args: tuple, kwargs: dict, seg: Segment, cfg: dict[
     from trainsched.runtime.data_parallel import ScheduledDataParallel
 
     opt_cls, opt_kwargs = _optimizer(cfg["optimizer"], cfg["lr"])
-    total = seg.warmup + seg.steps
+    total = seg.warmup + seg.steps + (tuner.total_steps if tuner is not None else 0)
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
         p.grad = None
@@ -373,11 +415,13 @@ def _run_segment(model: Any, args: tuple, kwargs: dict, seg: Segment, cfg: dict[
     if seg.kind == "sdp":
         policy = (FifoPolicy(cross_barrier=seg.cross_barrier) if seg.policy == "fifo"
                   else seg.priority_policy())
-        window = (seg.warmup, seg.warmup + min(seg.steps, 3) - 1)
+        first = seg.warmup + (tuner.total_steps if tuner is not None else 0)
+        window = (first, first + min(seg.steps, 3) - 1)
         sdp = ScheduledDataParallel(model, policy, optimizer=opt_cls,
                                     optimizer_kwargs=opt_kwargs, timeout_s=cfg["timeout_s"],
                                     timeline=seg.timeline_dir, timeline_steps=window,
-                                    update=seg.update, comm_threads=seg.comm_threads)
+                                    update=seg.update, comm_threads=seg.comm_threads,
+                                    tuner=tuner)
         net = sdp
         opt = None
     elif seg.kind == "ddp":
