@@ -15,6 +15,11 @@ to 30%, so interleaving matters more than step count). Configurations:
 - ``compute-2``: both ranks compute with no communication (the two cores both busy);
 - ``allreduce``: one flat all-reduce of all 553 MB of gradients, alone.
 
+Before the rounds, one 2-rank job tunes partition and credit online (``--tune-trials`` trials of
+``--tune-steps`` steps: optuna's TPE, every rank switching at the same step, as ``trainsched
+train --autotune``); its best point joins the rounds as ``priority tuned p/c``, so the tuner's
+pick is timed beside the hand-picked grid of priority points in the same interleaved run.
+
 A separate 1-rank job measures compute alone (``compute-1``). The ideal step time is max(compute,
 communication) = max(compute-1, allreduce); "gap closed" is how much of DDP's distance to it the
 best priority configuration removes: (ddp - priority) / (ddp - ideal).
@@ -23,7 +28,7 @@ Per configuration: the median of each round's median (``median_s``), the rounds'
 and p90 over all timed steps. Printed as a table; written to ``--out``
 (benchmarks/results/comm_real.json).
 
-    python benchmarks/comm_real.py                 # the full run, about 25 minutes
+    python benchmarks/comm_real.py                 # the full run, about 30 minutes
     python benchmarks/comm_real.py --quick         # a smoke run: mlp, 3 steps, 1 round
 """
 
@@ -46,6 +51,13 @@ from trainsched.runtime.train import Segment, run_segments
 MiB = 1 << 20
 TARGET_SPEEDUP = 1.10
 TOLERANCE = 0.03
+
+
+def tuned_segment(point: tuple[int, int], steps: int, warmup: int) -> Segment:
+    p, c = point
+    return Segment(label=f"priority tuned {p / MiB:.1f}/{c / MiB:.1f}MiB overdraft", kind="sdp",
+                   partition_bytes=p, credit_bytes=c, credit_mode="overdraft", steps=steps,
+                   warmup=warmup)
 
 
 def configurations(steps: int, warmup: int) -> list[Segment]:
@@ -111,14 +123,30 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--tune-trials", type=int, default=15)
+    parser.add_argument("--tune-steps", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="mlp, 3 steps, 1 round")
     parser.add_argument("--out", default="benchmarks/results/comm_real.json")
     args = parser.parse_args()
     if args.quick:
         args.model, args.image_size, args.steps, args.warmup, args.repeats = "mlp", None, 3, 1, 1
         args.batch_size = 32
-    configs = configurations(args.steps, args.warmup)
+        args.tune_trials, args.tune_steps = 2, 1
     began = time.time()
+    startup = min(10, args.tune_trials)
+    tune_options = {"startup_trials": startup, "guided_trials": args.tune_trials - startup,
+                    "seed": 0, "warmup_steps": args.warmup, "settle_steps": 1,
+                    "trial_steps": args.tune_steps}
+    tuning = run_segments(args.model, [Segment(
+        label="online-tune", kind="sdp", partition_bytes=4 * MiB, credit_bytes=16 * MiB,
+        steps=args.steps, warmup=args.warmup, tune=tune_options)], nproc=2,
+        batch_size=args.batch_size, image_size=args.image_size, optimizer="sgd", lr=0.01,
+        timeout_s=7200).first
+    tuned = dict(tuning.autotune)
+    tuned_config = tuned_segment((tuned["partition_bytes"], tuned["credit_bytes"]), args.steps,
+                                 args.warmup)
+    configs = configurations(args.steps, args.warmup)
+    configs.insert(-3, tuned_config)
     schedule = [c for _ in range(args.repeats) for c in configs]
     job = run_segments(args.model, schedule, nproc=2, batch_size=args.batch_size,
                        image_size=args.image_size, optimizer="sgd", lr=0.01, timeout_s=7200)
@@ -145,6 +173,9 @@ def main() -> int:
     scheduled = [s for s in summary if s == "fifo" or s.startswith("priority")]
     best = min((s for s in scheduled if s.startswith("priority")),
                key=lambda s: summary[s]["median_s"])
+    grid_best = min((s for s in scheduled if s.startswith("priority") and s != tuned_config.label),
+                    key=lambda s: summary[s]["median_s"])
+    tuned_s = summary[tuned_config.label]["median_s"]
     best_s = summary[best]["median_s"]
     worst = max(scheduled, key=lambda s: summary[s]["median_s"])
     verdict = {
@@ -154,6 +185,9 @@ def main() -> int:
         "worst_scheduled": worst, "worst_vs_ddp": summary[worst]["median_s"] / ddp,
         "target_speedup_met": ddp / best_s >= TARGET_SPEEDUP,
         "no_config_3pct_slower": summary[worst]["median_s"] <= ddp * (1 + TOLERANCE),
+        "tuned": tuned_config.label, "tuned_s": tuned_s, "grid_best": grid_best,
+        "tuned_vs_grid_best": tuned_s / summary[grid_best]["median_s"],
+        "tuning_wall_steps": tuned["total_steps"],
     }
 
     print(f"{args.model} {args.image_size}x{args.image_size}, batch {args.batch_size} per rank, "
@@ -166,6 +200,11 @@ def main() -> int:
               f"{ddp / s['median_s']:>8.2f}x  {rounds}")
     print("anatomy of priority 16/64MiB overdraft, rank 0, per step: " + ", ".join(
         f"{k[:-2]} {v:.3f} s" for k, v in parts.items()))
+    print("online tuning (rank 0's trials, median step of each): " + "; ".join(
+        f"{t['partition_bytes'] / MiB:.1f}/{t['credit_bytes'] / MiB:.1f}MiB "
+        f"{t['step_time_s']:.3f} s" for t in tuned["trials"]))
+    print(f"tuned point {tuned_s:.3f} s in the rounds = {verdict['tuned_vs_grid_best']:.3f}x the "
+          f"best hand-picked point ({grid_best})")
     print(f"ideal max(compute-1, allreduce) = {ideal:.3f} s; best priority {best} "
           f"{best_s:.3f} s = {ddp / best_s:.2f}x DDP, closes "
           f"{100 * (verdict['gap_closed'] or 0):.0f}% of the gap; worst scheduled {worst} "
@@ -181,6 +220,8 @@ def main() -> int:
                      "warmup": args.warmup, "repeats": args.repeats, "nproc": 2,
                      "optimizer": "sgd", "order": [c.label for c in configs]},
         "summary": summary, "verdict": verdict, "anatomy_priority_16_64": parts,
+        "online_tuning": {"options": tune_options, **tuned,
+                          "after_tuning_step_times_s": list(tuning.step_times_s)},
         "raw": {label: rounds for label, rounds in rows.items()},
     }
     write_results(args.out, results)
