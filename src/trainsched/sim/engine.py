@@ -14,8 +14,9 @@ task in its queue whose other resources are free too: a task that needs two reso
 on sequential channels holds the sender's and the receiver's) never makes a free resource idle
 while another queued task could use it.
 
-Events live on a heap of ``(time_s, priority, seq, task)``: ``seq`` is one global counter, so ties
-break by insertion and never by payload; the priority slot holds the task's priority key, so
+Events live on a heap of ``(time_s, entry)`` pairs; the int ``entry`` packs the task's priority
+key, ``seq`` and the task so that it orders as the tuple ``(priority, seq, task)``. ``seq`` is one
+global counter, so ties break by insertion and never by payload; with the priority key first,
 tasks ending at one instant are handled in a stable order that does not depend on how they were
 started. Queues are served only after every event of the current instant has been handled, so a
 priority queue chooses among all tasks that became ready at that instant. Nothing depends on the
@@ -26,8 +27,10 @@ dependency) raises :class:`TrainschedError` naming the blocked tasks and what th
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
-from collections.abc import Iterable, Mapping
+import operator
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -162,16 +165,23 @@ def run_tasks(tasks: TaskGraph) -> Schedule:
     nres = len(tasks.resources)
     avail = [r.capacity for r in tasks.resources]
     by_key = [r.policy == "priority" for r in tasks.resources]
-    # Queue entries are ints, ``(key · span + seq) · n + task``, which order exactly as the
-    # tuples (key, seq) and compare far faster on long queues. ``key`` is the task's priority
-    # (its rank among all priorities unless they are all ints) on a priority queue and 0 on a
-    # FIFO queue, where arrival order is ready-time order; ``span`` bounds ``seq``.
+    # Events and queue entries are ints made of three bit fields, key | seq | task, which order
+    # exactly as the tuples (key, seq, task) and compare far faster; ``entry & mask`` is the
+    # task. ``key`` is the task's priority (its rank among all priorities unless they are all
+    # ints) in the event heap and on a priority queue, and 0 on a FIFO queue, where arrival
+    # order is ready-time order. ``keyed[t]`` holds t's key and t, ``stamp`` holds seq, so an
+    # entry is one addition; seq counts pushes and stays below 2 ** seq_bits.
     prio = tasks.priority  # also breaks ties between simultaneous ends
-    if not all(type(key) is int for key in prio):
+    if not set(map(type, prio)) <= {int}:
         rank = {key: k for k, key in enumerate(sorted(set(prio)))}
         prio = [rank[key] for key in prio]
-    span = n + sum(map(len, needs)) + 1
-    base = [p * span * n for p in prio]
+    task_bits = max(n - 1, 0).bit_length()
+    mask = (1 << task_bits) - 1
+    unit = 1 << task_bits  # adding it to an entry adds 1 to its seq
+    seq_bits = (n + sum(map(len, needs)) + 1).bit_length()
+    # prio · 2 ** (seq_bits + task_bits) + t, built in C rather than a Python loop.
+    keyed = list(map(operator.add, map(operator.mul, prio, itertools.repeat(unit << seq_bits)),
+                     range(n)))
     queues: list[list[int]] = [[] for _ in range(nres)]
     last_user = [-1] * nres
     busy = [0.0] * nres
@@ -180,30 +190,29 @@ def run_tasks(tasks: TaskGraph) -> Schedule:
     ready = [0.0] * n
     fixed = [-1] * n
     via = [False] * n
-    started = bytearray(n)
-    dirty: list[int] = []
-    is_dirty = bytearray(nres)
-    heap: list[tuple[float, int, int, int]] = []
-    push = heapq.heappush
+    started = [False] * n  # lists of bools: indexed faster than a bytearray
+    dirty: list[int] = []  # resources to serve once the current instant is over
+    is_dirty = [False] * nres
+    heap: list[tuple[float, int]] = []  # (end time, entry): flat pairs, ties by the entry
+    push = heapq.heappush  # bound once, not looked up per event
     pop = heapq.heappop
-    seq = 0
+    stamp = 0
     now = 0.0
 
-    # Tasks without predecessors are ready at time 0, in index order.
-    for t in range(n):
-        if indeg[t] == 0:
-            if needs[t]:
-                for x in needs[t]:
-                    push(queues[x], (base[t] if by_key[x] else 0) + seq * n + t)
-                    seq += 1
-                    if not is_dirty[x]:
-                        is_dirty[x] = 1
-                        dirty.append(x)
-            else:
-                started[t] = 1
-                end[t] = dur[t]
-                push(heap, (dur[t], prio[t], seq, t))
-                seq += 1
+    # Tasks without predecessors are ready at time 0, in index order (picked out in C).
+    for t in itertools.compress(range(n), map(operator.not_, indeg)):
+        if needs[t]:
+            for x in needs[t]:
+                push(queues[x], (keyed[t] if by_key[x] else t) + stamp)
+                stamp += unit
+                if not is_dirty[x]:
+                    is_dirty[x] = True
+                    dirty.append(x)
+        else:
+            started[t] = True
+            end[t] = dur[t]
+            push(heap, (dur[t], keyed[t] + stamp))
+            stamp += unit
 
     while True:
         # Serve the queues of resources that changed, once the current instant is over.
@@ -211,33 +220,38 @@ def run_tasks(tasks: TaskGraph) -> Schedule:
             if len(dirty) > 1:
                 dirty.sort()
             for r in dirty:
-                is_dirty[r] = 0
+                is_dirty[r] = False
                 q = queues[r]
-                while q and avail[r]:
-                    t = q[0] % n
-                    if started[t]:
+                while avail[r] and q:  # avail first: it ends the loop after a start
+                    t = q[0] & mask
+                    if started[t]:  # a multi-resource task started from another queue
                         pop(q)
                         continue
                     rs = needs[t]
-                    d = dur[t]
                     if len(rs) == 1:
                         pop(q)
+                        d = dur[t]
                         avail[r] -= 1
                         busy[r] += d
                         if now > ready[t]:  # waited: the task that last held r fixed it
                             fixed[t] = last_user[r]
                             via[t] = True
                     else:
-                        if min(map(avail.__getitem__, rs)):
+                        if len(rs) == 2:  # inlined for the common two-channel transfer
+                            a, b = rs
+                            free = avail[a] and avail[b]
+                        else:
+                            free = all(map(avail.__getitem__, rs))
+                        if free:
                             pop(q)
                         elif len(q) == 1:
                             break
                         else:
-                            t = _first_startable(q, n, needs, avail, started)
+                            t = _first_startable(q, mask, needs, avail, started)
                             if t < 0:
                                 break
                             rs = needs[t]  # left in its queues; skipped there as started
-                            d = dur[t]
+                        d = dur[t]
                         for x in rs:
                             avail[x] -= 1
                             busy[x] += d
@@ -248,20 +262,21 @@ def run_tasks(tasks: TaskGraph) -> Schedule:
                                 if u >= 0 and end[u] > best:
                                     best, fixed[t] = end[u], u
                             via[t] = True
-                    started[t] = 1
+                    started[t] = True
                     start[t] = now
                     end[t] = d = now + d
-                    push(heap, (d, prio[t], seq, t))
-                    seq += 1
-            dirty.clear()
+                    push(heap, (d, keyed[t] + stamp))
+                    stamp += unit
+            dirty = []  # cheaper than dirty.clear()
         if not heap:
             break
-        now, _, _, t = pop(heap)
+        now, t = pop(heap)
+        t &= mask
         for x in needs[t]:
             avail[x] += 1
             last_user[x] = t
             if queues[x] and not is_dirty[x]:
-                is_dirty[x] = 1
+                is_dirty[x] = True
                 dirty.append(x)
         for s in succ[t]:
             k = indeg[s] - 1
@@ -272,19 +287,21 @@ def run_tasks(tasks: TaskGraph) -> Schedule:
                 rs = needs[s]
                 if rs:
                     for x in rs:
-                        push(queues[x], (base[s] if by_key[x] else 0) + seq * n + s)
-                        seq += 1
-                        if not is_dirty[x]:
-                            is_dirty[x] = 1
+                        push(queues[x], (keyed[s] if by_key[x] else s) + stamp)
+                        stamp += unit
+                        # Only a free resource needs serving: a busy one is marked when it frees
+                        # (its queue is not empty then), and serving it now would do nothing.
+                        if avail[x] and not is_dirty[x]:
+                            is_dirty[x] = True
                             dirty.append(x)
                 else:
-                    started[s] = 1
+                    started[s] = True
                     start[s] = now
                     end[s] = d = now + dur[s]
-                    push(heap, (d, prio[s], seq, s))
-                    seq += 1
+                    push(heap, (d, keyed[s] + stamp))
+                    stamp += unit
 
-    done = n - started.count(0)  # with the heap empty, every task that started has ended
+    done = n - started.count(False)  # with the heap empty, every task that started has ended
     if done < n:
         raise TrainschedError(_stuck_message(tasks, indeg, started, now, n - done))
     return Schedule(
@@ -298,16 +315,17 @@ def run_tasks(tasks: TaskGraph) -> Schedule:
     )
 
 
-def _first_startable(q: list[int], n: int, needs: list[tuple[int, ...]], avail: list[int],
-                     started: bytearray) -> int:
+def _first_startable(q: list[int], mask: int, needs: list[tuple[int, ...]], avail: list[int],
+                     started: list[bool]) -> int:
     """The first task in queue order (after the blocked head) whose resources are all free,
     or -1. A long queue is walked lazily in heap order (a frontier of positions), so finding a
     task near the head costs O(k log k) for the k entries inspected, not a sort of the queue."""
+    free = avail.__getitem__  # bound once, not per entry
     size = len(q)
     if size <= 32:
         for item in sorted(q)[1:]:
-            t = item % n
-            if not started[t] and min(map(avail.__getitem__, needs[t])):
+            t = item & mask
+            if not started[t] and all(map(free, needs[t])):
                 return t
         return -1
     frontier = [(q[1], 1)]
@@ -315,8 +333,8 @@ def _first_startable(q: list[int], n: int, needs: list[tuple[int, ...]], avail: 
         frontier.append((q[2], 2))
     while frontier:
         item, i = heapq.heappop(frontier)
-        t = item % n
-        if not started[t] and min(map(avail.__getitem__, needs[t])):
+        t = item & mask
+        if not started[t] and all(map(free, needs[t])):
             return t
         i = 2 * i + 1
         if i < size:
@@ -326,7 +344,7 @@ def _first_startable(q: list[int], n: int, needs: list[tuple[int, ...]], avail: 
     return -1
 
 
-def _stuck_message(tasks: TaskGraph, indeg: list[int], started: bytearray, now: float,
+def _stuck_message(tasks: TaskGraph, indeg: list[int], started: Sequence[int], now: float,
                    left: int) -> str:
     preds = tasks.predecessors()
     label = tasks.label
