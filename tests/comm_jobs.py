@@ -361,11 +361,12 @@ def job_retune(cfg: dict) -> dict:
     out["folded_buffer"] = [list(mine.shape) == list(theirs.shape),
                             float((mine - theirs).abs().max()), float(theirs.abs().max())]
 
-    # An online tuner: 1 warm-up step, the start point, 3 random and 1 guided trials of 2
-    # steps each, then the best point.
+    # An online tuner: 1 warm-up step, the start point, 3 random and 1 guided trials, the 2
+    # fastest points again, each trial 2 steps, then the chosen point.
     tuner = OnlineTuner(partition_range=(KiB, 16 * KiB), credit_range=(KiB, 64 * KiB),
                         startup_trials=3, guided_trials=1, granularity_bytes=KiB,
-                        warmup_steps=1, settle_steps=1, trial_steps=2, seed=3)
+                        warmup_steps=1, settle_steps=1, trial_steps=2, seed=3,
+                        confirm_points=2, confirm_rounds=1)
     steps = tuner.total_steps + 2
     m = net()
     cls, kwargs = OPTIMIZERS["momentum"]

@@ -139,10 +139,10 @@ def check_retune(tmp_path: Path, results: list[dict]) -> None:
         same_shape, diff, scale = r["folded_buffer"]
         assert same_shape and scale > 0 and diff <= 1e-7 * max(1.0, scale), r["folded_buffer"]
         tuner = r["tuner"]
-        # 1 warm-up step, the start point and 4 trials of (1 settle + 2 measured + 1 publish)
-        # steps: the best point applies at step 20, on every rank.
-        assert tuner["total_steps"] == 20 and tuner["steps"] == 22
-        assert [s[0] for s in tuner["switches"]] == [4, 8, 12, 16, 20], tuner["switches"]
+        # 1 warm-up step, the start point and 4 + 2 trials of (1 settle + 2 measured + 1
+        # publish) steps: the chosen point applies at step 28, on every rank.
+        assert tuner["total_steps"] == 28 and tuner["steps"] == 30
+        assert [s[0] for s in tuner["switches"]] == list(range(4, 29, 4)), tuner["switches"]
         assert tuner["switches"] == results[0]["tuner"]["switches"]
         assert r["tuner_vs_ddp"] <= 1e-6
         assert "no partition and credit to tune" in r["tuner_fifo"]
@@ -152,16 +152,18 @@ def check_retune(tmp_path: Path, results: list[dict]) -> None:
     assert "no such field" in errors["field"] and "bucket_bytes" in errors["field"]
     assert "keeps the policy's kind" in errors["kind"]
     assert "rank 0's call" in results[1]["errors/momentum"]["follower"]
-    # Rank 0's tuner: the start point, 3 random and 1 guided trial; the switch it decided
-    # after each is the one every rank made (a strict credit is raised to one partition).
+    # Rank 0's tuner: the start point, 3 random and 1 guided trial, 2 confirmations; the
+    # switch it decided after each is the one every rank made (a strict credit is raised to
+    # one partition).
     tuner = r0["tuner"]
-    assert [t["phase"] for t in tuner["trials"]] == ["start"] + ["startup"] * 3 + ["guided"]
+    assert [t["phase"] for t in tuner["trials"]] == (["start"] + ["startup"] * 3 + ["guided"]
+                                                     + ["confirm"] * 2)
     assert [d[:2] for d in tuner["decided"]] == [s[:2] for s in tuner["switches"]]
     for (_, p, c), (_, _, sc) in zip(tuner["decided"], tuner["switches"], strict=True):
         assert sc == max(c, p) and KiB <= p <= 16 * KiB
-    trials = tuner["trials"]
-    best = min(trials, key=lambda t: t["step_time_s"])
-    assert tuner["switches"][-1][1] == best["partition_bytes"]
+    confirms = [t for t in tuner["trials"] if t["phase"] == "confirm"]
+    best = min(confirms, key=lambda t: (t["step_time_s"], t["number"]))
+    assert tuner["decided"][-1][1:] == [best["partition_bytes"], best["credit_bytes"]]
     for rank in range(len(results)):  # the trace: a SWITCH at step 2, larger partitions after
         trace = json.loads((tmp_path / "retune-timeline" / f"rank{rank}.trace.json")
                            .read_text())

@@ -151,7 +151,7 @@ def feed(tuner: OnlineTuner, objective, start: tuple[int, int], noise: float = 1
     tuner.begin(*start)
     point, switches, applies = start, [], {}
     ignored = set(range(tuner.warmup_steps))
-    for k in range(1, tuner.search.total + 1):
+    for k in range(1, tuner.n_trials + 1):
         first = tuner.trial_start(k)
         ignored |= set(range(first, first + tuner.settle_steps)) | {first - 1}
     for step in range(tuner.total_steps + 3):
@@ -169,7 +169,7 @@ def feed(tuner: OnlineTuner, objective, start: tuple[int, int], noise: float = 1
 def test_online_tuner_searches_as_the_offline_one_on_a_fixed_schedule(vgg_objective):
     offline = tune(vgg_objective, seed=4, startup_trials=4, guided_trials=3)
     tuner = OnlineTuner(seed=4, startup_trials=4, guided_trials=3, warmup_steps=3,
-                        settle_steps=2, trial_steps=3)
+                        settle_steps=2, trial_steps=3, confirm_rounds=0)
     # 3 warm-up steps, the start point's 3, then 7 trials of 2 + 3 + 1 steps.
     assert tuner.total_steps == 3 + 3 + 1 + 7 * 6 == 49
     start = (64 * MiB, 64 * MiB)
@@ -192,21 +192,65 @@ def test_online_tuner_searches_as_the_offline_one_on_a_fixed_schedule(vgg_object
 def test_online_tuner_ends_on_the_start_point_when_nothing_beats_it():
     tuner = OnlineTuner(startup_trials=2, guided_trials=0, warmup_steps=0, settle_steps=0,
                         trial_steps=1, partition_range=(MiB, 8 * MiB),
-                        credit_range=(MiB, 8 * MiB))
+                        credit_range=(MiB, 8 * MiB), confirm_rounds=0)
     start = (3 * MiB, 5 * MiB)
     switches = feed(tuner, lambda p, c: 1.0 if (p, c) == start else 2.0, start)
     assert len(switches) == 3 and switches[-1] == (tuner.total_steps, start)
     assert tuner.result.trials[0].phase == "start" and tuner.result.step_time_s == 1.0
     # Trials of one step: the median of one value; a median over several.
-    median = OnlineTuner(startup_trials=1, guided_trials=0, warmup_steps=0, trial_steps=3)
+    median = OnlineTuner(startup_trials=1, guided_trials=0, warmup_steps=0, trial_steps=3,
+                         confirm_rounds=0)
     median.begin(MiB, MiB)
     for step, seconds in enumerate([5.0, 1.0, 2.0]):
         median.observe(step, seconds)
     assert median.trials[0].step_time_s == 2.0
 
 
+def test_confirmation_rounds_cancel_a_linear_drift():
+    """Step times fall by 2% of the best time per step (the machine grows quieter while the
+    search runs), which makes later trials look faster than they are. The search alone then
+    picks a late point; the alternating confirmation rounds pick the truly fastest candidate."""
+    def truth(p: int, c: int) -> float:
+        return 1.0 + abs(math.log2(p / (8 * MiB))) / 10 + abs(math.log2(c / (16 * MiB))) / 40
+
+    options = {"startup_trials": 6, "guided_trials": 2, "warmup_steps": 1, "settle_steps": 1,
+               "trial_steps": 2, "partition_range": (MiB, 64 * MiB),
+               "credit_range": (MiB, 256 * MiB), "seed": 5}
+    clock = {"step": 0}
+
+    def drifting(p: int, c: int) -> float:
+        return truth(p, c) + 0.02 * (200 - clock["step"])
+
+    def run(tuner: OnlineTuner) -> OnlineTuner:
+        tuner.begin(32 * MiB, 32 * MiB)
+        point, applies = (32 * MiB, 32 * MiB), {}
+        for step in range(tuner.total_steps + 1):
+            clock["step"] = step
+            point = applies.pop(step, point)
+            switch = tuner.observe(step, drifting(*point))
+            if switch is not None:
+                applies[switch[0]] = switch[1]
+        return tuner
+
+    plain = run(OnlineTuner(confirm_rounds=0, **options))
+    confirmed = run(OnlineTuner(confirm_points=3, confirm_rounds=2, **options))
+    assert confirmed.total_steps == plain.total_steps + 6 * plain.period
+    phases = [t.phase for t in confirmed.trials]
+    assert phases == ["start"] + ["startup"] * 6 + ["guided"] * 2 + ["confirm"] * 6
+    a, b, c = confirmed.candidates
+    assert confirmed.confirm_order == [a, b, c, c, b, a]
+    # The candidates are the three fastest-looking trials (the latest ones, here), and the
+    # search alone takes the last of them; confirmation takes the truly fastest.
+    plain_pick = (plain.result.partition_bytes, plain.result.credit_bytes)
+    chosen = (confirmed.result.partition_bytes, confirmed.result.credit_bytes)
+    assert chosen == min(confirmed.candidates, key=lambda pc: truth(*pc))
+    assert truth(*plain_pick) > truth(*chosen)
+    assert confirmed.switches[-1] == (confirmed.total_steps, chosen)
+
+
 def test_online_tuner_rejects_misuse():
-    tuner = OnlineTuner(startup_trials=1, guided_trials=0, warmup_steps=1, trial_steps=2)
+    tuner = OnlineTuner(startup_trials=1, guided_trials=0, warmup_steps=1, trial_steps=2,
+                        confirm_rounds=0)
     with pytest.raises(TrainschedError, match="begin"):
         tuner.observe(0, 1.0)
     tuner.begin(MiB, MiB)
@@ -220,7 +264,8 @@ def test_online_tuner_rejects_misuse():
             fresh = OnlineTuner(warmup_steps=0)
             fresh.begin(MiB, MiB)
             fresh.observe(0, value)
-    for bad in ({"trial_steps": 0}, {"warmup_steps": -1}, {"settle_steps": 1.5}):
+    for bad in ({"trial_steps": 0}, {"warmup_steps": -1}, {"settle_steps": 1.5},
+                {"confirm_points": 0}, {"confirm_rounds": -1}):
         with pytest.raises(TrainschedError, match="must be an integer"):
             OnlineTuner(**bad)
 
@@ -250,19 +295,25 @@ def test_train_autotune_tunes_online_in_one_job_and_times_the_best(capsys):
     start, *trials = tuned["trials"]
     assert (start["phase"], start["partition_bytes"], start["credit_bytes"]) == (
         "start", 4 * MiB, 16 * MiB)  # the --partition and --credit defaults
-    assert [t["phase"] for t in trials] == ["startup", "startup"]
-    for t in trials:
+    assert [t["phase"] for t in trials] == ["startup", "startup"] + ["confirm"] * 6
+    for t in trials[:2]:
         assert t["step_time_s"] > 0
         assert 64 << 10 <= t["partition_bytes"] <= MiB and t["partition_bytes"] % 4096 == 0
         assert 64 << 10 <= t["credit_bytes"] <= 4 * MiB
-    best = min(tuned["trials"], key=lambda t: t["step_time_s"])
-    assert (tuned["partition_bytes"], tuned["step_time_s"]) == (best["partition_bytes"],
-                                                               best["step_time_s"])
-    # 1 warm-up step, the start point's 2, then 2 trials of 1 + 2 + 1 steps: switches at 4
-    # and 8 and to the best at 12; then 1 warm-up and 3 timed steps there.
-    assert tuned["total_steps"] == 12
-    assert [s[0] for s in tuned["switches"]] == [4, 8, 12]
-    assert tuned["switches"][-1][1:] == [best["partition_bytes"], best["credit_bytes"]]
+    # The three points re-measured twice, in alternating order; the chosen one has the lowest
+    # median over its two confirmation trials.
+    points = [(t["partition_bytes"], t["credit_bytes"]) for t in tuned["trials"]]
+    assert points[3:6] == points[6:9][::-1] and len(set(points[3:6])) == 3
+    confirm = {pc: sorted(t["step_time_s"] for t, q in zip(trials[2:], points[3:], strict=True)
+                          if q == pc) for pc in points[3:6]}
+    chosen = (tuned["partition_bytes"], tuned["credit_bytes"])
+    assert tuned["step_time_s"] == sum(confirm[chosen]) / 2 == min(
+        sum(v) / 2 for v in confirm.values())
+    # 1 warm-up step, the start point's 2, then 8 trials of 1 + 2 + 1 steps: switches at 4,
+    # 8, ..., 32 and to the chosen point at 36; then 1 warm-up and 3 timed steps there.
+    assert tuned["total_steps"] == 36
+    assert [s[0] for s in tuned["switches"]] == list(range(4, 37, 4))
+    assert tuned["switches"][-1][1:] == list(chosen)
     (segment,) = out["segments"]
     assert len(segment["step_times_s"]) == 3 and out["median_s"] > 0
 
@@ -273,6 +324,7 @@ def test_train_autotune_tunes_online_in_one_job_and_times_the_best(capsys):
     (["--tune-credit", "8MiB-1MiB"], "--tune-credit takes LOW-HIGH with 0 < LOW <= HIGH"),
     (["--tune-trials", "0"], "--tune-trials must be >= 1"),
     (["--tune-steps", "0"], "--tune-steps must be >= 1"),
+    (["--tune-confirm", "-1"], "--tune-confirm must be >= 0"),
     (["--timeline", "tl"], "--timeline records one run"),
 ])
 def test_train_autotune_rejects_bad_flags_on_one_line(flags, problem, capsys):

@@ -427,6 +427,8 @@ def _autotune(args: argparse.Namespace) -> int:
         raise TrainschedError(f"--tune-trials must be >= 1, got {args.tune_trials}")
     if args.tune_steps < 1:
         raise TrainschedError(f"--tune-steps must be >= 1, got {args.tune_steps}")
+    if args.tune_confirm < 0:
+        raise TrainschedError(f"--tune-confirm must be >= 0, got {args.tune_confirm}")
     ranges = [tuple(parse_size(v) for v in r.split("-", 1)) if "-" in r else None
               for r in (args.tune_partition, args.tune_credit)]
     for flag, r in zip(("--tune-partition", "--tune-credit"), ranges, strict=True):
@@ -437,16 +439,20 @@ def _autotune(args: argparse.Namespace) -> int:
     options = {"partition_range": list(ranges[0]), "credit_range": list(ranges[1]),
                "startup_trials": startup, "guided_trials": args.tune_trials - startup,
                "seed": args.tune_seed, "warmup_steps": args.warmup, "settle_steps": 1,
-               "trial_steps": args.tune_steps}
+               "trial_steps": args.tune_steps, "confirm_points": 3,
+               "confirm_rounds": args.tune_confirm}
     partition = parse_size(args.partition)
     credit = (float("inf") if args.credit.strip().lower() in ("inf", "unlimited")
               else parse_size(args.credit))
     if not args.json:
-        steps = args.warmup + (1 + args.tune_trials) * (args.tune_steps + 2) - 1
+        from trainsched.comm.tune import OnlineTuner
+
+        tuner = OnlineTuner(**{**options, "partition_range": ranges[0],
+                               "credit_range": ranges[1]})
         print(f"{args.model}: tuning partition and credit online on {args.nproc} gloo ranks: "
-              f"the start point and {args.tune_trials} trials of {args.tune_steps} steps "
-              f"({steps} steps), then {args.warmup} + {args.steps} at the best point",
-              flush=True)
+              f"the start point, {args.tune_trials} search and {tuner.n_confirm} confirmation "
+              f"trials of {args.tune_steps} steps ({tuner.total_steps} steps), then "
+              f"{args.warmup} + {args.steps} at the chosen point", flush=True)
     result = train(args.model, "priority", nproc=args.nproc, steps=args.steps,
                    warmup=args.warmup, partition_bytes=partition, credit_bytes=credit,
                    credit_mode=args.credit_mode, tune=options, batch_size=args.batch_size,
@@ -468,8 +474,9 @@ def _autotune(args: argparse.Namespace) -> int:
               f"{format_size(t['credit_bytes']):>10}  median step "
               f"{format_duration(t['step_time_s'])}")
     print(f"  best: --partition {tuned['partition_bytes']} --credit {tuned['credit_bytes']} "
-          f"({format_size(tuned['partition_bytes'])}, {format_size(tuned['credit_bytes'])}), "
-          f"from step {tuned['total_steps']} on every rank")
+          f"({format_size(tuned['partition_bytes'])}, {format_size(tuned['credit_bytes'])}; "
+          f"median {format_duration(tuned['step_time_s'])} in its trials), from step "
+          f"{tuned['total_steps']} on every rank")
     print(f"  step time there  median {format_duration(seg.median_s)}  p10 "
           f"{format_duration(seg.quantile_s(0.1))}  p90 {format_duration(seg.quantile_s(0.9))}"
           f"  ({len(seg.step_times_s)} steps after {args.warmup} warm-up)")
@@ -693,6 +700,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--autotune: trials (the first 10 random, the rest guided)")
     p.add_argument("--tune-steps", type=int, default=5,
                    help="--autotune: measured steps per trial (after 1 settling step)")
+    p.add_argument("--tune-confirm", type=int, default=2,
+                   help="--autotune: rounds re-measuring the 3 fastest points, in alternating "
+                   "order, to choose among them (0: take the fastest trial)")
     p.add_argument("--tune-partition", default="1MiB-128MiB", help="--autotune: LOW-HIGH")
     p.add_argument("--tune-credit", default="1MiB-256MiB", help="--autotune: LOW-HIGH")
     p.add_argument("--tune-seed", type=int, default=0, help="--autotune: sampler seed")

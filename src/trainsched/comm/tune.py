@@ -240,25 +240,38 @@ class OnlineTuner:
       rebuilds), then ``trial_steps`` steps are measured; one more step runs on the old point
       while the next one is published (the switch takes effect two steps after the step that
       decided it: rank 0 publishes the point during one step, every rank reads it the next);
-    - at :attr:`total_steps`: the best point seen (the start configuration included, so tuning
-      never ends on a point measured slower than where it began) applies for the rest of the
-      run.
+    - confirmation, ``"confirm"`` trials: the ``confirm_points`` fastest points so far (the
+      start point among them) run again, ``confirm_rounds`` times, in rounds that alternate
+      their order (A B C, C B A, ...), on the same trial schedule. Step times drift over
+      minutes on a shared machine, which favours whichever trials ran in a quiet spell; the
+      alternating rounds put every candidate at the same mean position in time, so a linear
+      drift cancels. Each candidate's time is the median of its confirmation trials;
+    - at :attr:`total_steps`: the best point (by its confirmation time, or without
+      confirmation the fastest trial, the start point included, so tuning never ends on a
+      point measured slower than where it began) applies for the rest of the run.
 
     A trial's time is the median of its measured steps (step times drift and jump on shared
-    machines). :attr:`result` holds every trial and the best point.
+    machines). :attr:`result` holds every trial and the chosen point.
     """
 
     def __init__(self, *, partition_range: tuple[int, int] = DEFAULT_PARTITION_RANGE,
                  credit_range: tuple[int, int] = DEFAULT_CREDIT_RANGE,
                  startup_trials: int = 10, guided_trials: int = 5, seed: int = 0,
                  granularity_bytes: int = 4096, warmup_steps: int = 3, settle_steps: int = 1,
-                 trial_steps: int = 5,
+                 trial_steps: int = 5, confirm_points: int = 3, confirm_rounds: int = 2,
                  on_trial: Callable[[Trial], None] | None = None) -> None:
         self.search = _Search(partition_range, credit_range, startup_trials, guided_trials,
                               seed, granularity_bytes)
         self.warmup_steps = _check_count("warmup_steps", warmup_steps, 0)
         self.settle_steps = _check_count("settle_steps", settle_steps, 0)
         self.trial_steps = _check_count("trial_steps", trial_steps, 1)
+        self.confirm_points = _check_count("confirm_points", confirm_points, 1)
+        self.confirm_rounds = _check_count("confirm_rounds", confirm_rounds, 0)
+        # The candidates are only known once the search is over: the schedule counts as many
+        # confirmation trials as there could be (the start point plus every search trial).
+        self.n_confirm = min(self.confirm_points, 1 + self.search.total) * self.confirm_rounds
+        self.candidates: list[tuple[int, int]] = []
+        self.confirm_order: list[tuple[int, int]] = []
         self.on_trial = on_trial
         self.trials: list[Trial] = []
         self.start: tuple[int, int] | None = None
@@ -278,13 +291,18 @@ class OnlineTuner:
         return self.warmup_steps + self.trial_steps + 1 + (k - 1) * self.period
 
     @property
+    def n_trials(self) -> int:
+        """Trials after the start point: the search's, then the confirmation's."""
+        return self.search.total + self.n_confirm
+
+    @property
     def total_steps(self) -> int:
-        """The step from which the best point runs (tuning is over)."""
-        return self.trial_start(self.search.total + 1)
+        """The step from which the chosen point runs (tuning is over)."""
+        return self.trial_start(self.n_trials + 1)
 
     @property
     def finished(self) -> bool:
-        return len(self.trials) > self.search.total
+        return len(self.trials) > self.n_trials
 
     def begin(self, partition_bytes: int, credit_bytes: int) -> None:
         """The configuration the job starts with (trial 0)."""
@@ -321,24 +339,61 @@ class OnlineTuner:
         if k == 0:
             done = Trial(number=0, partition_bytes=self.start[0], credit_bytes=self.start[1],
                          step_time_s=seconds, phase="start")
-        else:
+        elif k <= self.search.total:
             told = self.search.tell(seconds)
             done = replace(told, number=k)
+        else:
+            p, c = self.confirm_order[k - self.search.total - 1]
+            done = Trial(number=k, partition_bytes=p, credit_bytes=c, step_time_s=seconds,
+                         phase="confirm")
         self.trials.append(done)
         if self.on_trial is not None:
             self.on_trial(done)
-        if self.search.finished:
-            best = _best(self.trials)
-            point = (best.partition_bytes, best.credit_bytes)
-        else:
+        if k == self.search.total and self.n_confirm:
+            self._plan_confirmation()
+        if not self.search.finished:
             point = self.search.ask()
+        elif k < self.n_trials:
+            point = self.confirm_order[k - self.search.total]
+        else:
+            best = self.result
+            assert best is not None
+            point = (best.partition_bytes, best.credit_bytes)
         self.switches.append((step + 2, point))
         return step + 2, point
 
+    def _plan_confirmation(self) -> None:
+        """The fastest distinct points of the search, and the alternating rounds."""
+        for t in sorted(self.trials, key=lambda t: (t.step_time_s, t.number)):
+            point = (t.partition_bytes, t.credit_bytes)
+            if point not in self.candidates and len(self.candidates) < self.confirm_points:
+                self.candidates.append(point)
+        # Rounds alternate their direction; with fewer distinct points than the schedule
+        # counted on (a repeated point), more rounds fill its trials.
+        order: list[tuple[int, int]] = []
+        while len(order) < self.n_confirm:
+            forward = len(order) // len(self.candidates) % 2 == 0
+            order += self.candidates if forward else self.candidates[::-1]
+        self.confirm_order = order[:self.n_confirm]
+
     @property
     def result(self) -> TuneResult | None:
-        """The best trial so far and every trial (``None`` before the first one ends)."""
-        return _best(self.trials) if self.trials else None
+        """The chosen point so far and every trial (``None`` before the first one ends): once
+        confirmation trials exist, the candidate with the lowest median over them (ties: the
+        earlier candidate), whose ``step_time_s`` is that median; before, the fastest trial."""
+        if not self.trials:
+            return None
+        confirms = [t for t in self.trials if t.phase == "confirm"]
+        if not confirms:
+            return _best(self.trials)
+        times = {point: [t.step_time_s for t in confirms
+                         if (t.partition_bytes, t.credit_bytes) == point]
+                 for point in self.candidates}  # fmt: skip
+        rank = sorted((statistics.median(v), i, point)
+                      for i, (point, v) in enumerate(times.items()) if v)
+        seconds, _, point = rank[0]
+        return TuneResult(partition_bytes=point[0], credit_bytes=point[1],
+                          step_time_s=seconds, trials=tuple(self.trials))
 
 
 def _checked_time(value: Any, step: int) -> float:
