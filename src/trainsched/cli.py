@@ -378,7 +378,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     credit = (float("inf") if args.credit.strip().lower() in ("inf", "unlimited")
               else parse_size(args.credit))
     if args.autotune:
-        return _autotune(args)
+        return _autotune(args, partition, credit)
     result = train(args.model, args.comm, nproc=args.nproc, steps=args.steps,
                    warmup=args.warmup, partition_bytes=partition, credit_bytes=credit,
                    credit_mode=args.credit_mode, timeline_dir=args.timeline,
@@ -410,7 +410,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _autotune(args: argparse.Namespace) -> int:
+def _autotune(args: argparse.Namespace, partition: int, credit: float) -> int:
     """``train --autotune``: Bayesian search of (partition, credit) online, in one job: rank 0
     switches every rank to each trial point for ``--tune-steps`` steps, then to the best; the
     ``--steps`` timed steps run there."""
@@ -441,9 +441,6 @@ def _autotune(args: argparse.Namespace) -> int:
                "seed": args.tune_seed, "warmup_steps": args.warmup, "settle_steps": 1,
                "trial_steps": args.tune_steps, "confirm_points": 3,
                "confirm_rounds": args.tune_confirm}
-    partition = parse_size(args.partition)
-    credit = (float("inf") if args.credit.strip().lower() in ("inf", "unlimited")
-              else parse_size(args.credit))
     if not args.json:
         from trainsched.comm.tune import OnlineTuner
 
