@@ -26,6 +26,7 @@ from trainsched.comm.dispatch import (
 from trainsched.errors import TrainschedError
 from trainsched.graph import Edge, Graph, Op
 from trainsched.sim import collective_s, simulate_data_parallel
+from trainsched.sim.data_parallel import collective_startup_s
 from trainsched.training import to_training
 
 MB = 1_000_000
@@ -37,9 +38,9 @@ def per_mb(size_bytes: int) -> float:
     return size_bytes / MB * MS
 
 
-def replay(policy, gradients, ready_s, cost=per_mb):
+def replay(policy, gradients, ready_s, cost=per_mb, startup=0.0):
     return replay_fifo_wire(lambda wire: Dispatcher.for_policy(policy, gradients, wire),
-                            ready_s, cost)
+                            ready_s, cost, startup)
 
 
 def layers_of(records) -> list[int]:
@@ -111,11 +112,13 @@ def test_whole_tensors_one_at_a_time_is_tictac():
 # --- credit ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mode", ["strict", "overdraft"])
+@pytest.mark.parametrize("mode", ["strict", "overdraft", "backfill"])
 def test_credit_invariant_on_random_steps(mode):
-    """Strict: bytes in flight <= credit, unless one collective is alone. Overdraft: < credit +
-    the largest collective."""
-    rng = random.Random(11 if mode == "strict" else 12)
+    """Strict (also with backfill): bytes in flight <= credit, unless one collective is alone.
+    Overdraft: < credit + the largest collective."""
+    rng = random.Random({"strict": 11, "overdraft": 12, "backfill": 13}[mode])
+    backfill = mode == "backfill"
+    mode = "strict" if backfill else mode
     for _ in range(40):
         n = rng.randrange(1, 10)
         gradients = [Gradient(name=f"g{k}", size_bytes=rng.randrange(1, 6 * MB),
@@ -124,7 +127,8 @@ def test_credit_invariant_on_random_steps(mode):
         credit = rng.choice([MB, 2 * MB, 5 * MB, 8 * MB])
         if mode == "strict" and partition is not None:
             credit = max(credit, partition)
-        policy = PriorityPolicy(partition_bytes=partition, credit_bytes=credit, credit_mode=mode)
+        policy = PriorityPolicy(partition_bytes=partition, credit_bytes=credit, credit_mode=mode,
+                                backfill=backfill)
         ready_s = {g.name: g.ready_index * rng.uniform(0, 2) * MS for g in gradients}
         largest = max(c.size_bytes for c in policy.plan(gradients))
         wire_log = []
@@ -147,6 +151,31 @@ def test_credit_invariant_on_random_steps(mode):
             else:
                 assert in_flight < credit + largest
         assert peak == max(f for f, _ in wire_log)
+
+
+def test_backfill_lets_a_smaller_collective_use_the_credit_left():
+    """Strict credit 3 MB. g2 (2 MB) is on the wire from 0 to 2 ms; g0 (2 MB, most urgent) and
+    g1 (1 MB) are ready at 0.5 ms. g0 does not fit beside g2 (4 > 3 MB): without backfill
+    nothing goes until g2 ends, then g0 and g1; with it g1 (3 MB in flight) goes at 0.5 ms,
+    ahead of g0 on the FIFO wire: the credit is used, priority is given up (g0 ends at 5 ms
+    instead of 4)."""
+    gradients = [Gradient(name="g0", size_bytes=2 * MB, layer_index=0, ready_index=2),
+                 Gradient(name="g1", size_bytes=MB, layer_index=1, ready_index=1),
+                 Gradient(name="g2", size_bytes=2 * MB, layer_index=2, ready_index=0)]
+    ready_s = {"g2": 0.0, "g1": 0.5 * MS, "g0": 0.5 * MS}
+    exact, _ = replay(PriorityPolicy(credit_bytes=3 * MB), gradients, ready_s)
+    assert [(r.name, r.dispatched_s / MS) for r in exact] == [
+        ("g2", 0.0), ("g0", 2.0), ("g1", 2.0)]
+    filled, peak = replay(PriorityPolicy(credit_bytes=3 * MB, backfill=True), gradients,
+                          ready_s)
+    assert [(r.name, r.dispatched_s / MS) for r in filled] == [
+        ("g2", 0.0), ("g1", 0.5), ("g0", 2.0)]
+    end = {r.name: r.end_s / MS for r in exact}, {r.name: r.end_s / MS for r in filled}
+    assert end[0]["g0"] == 4.0 and end[1]["g0"] == 5.0 and peak == 3 * MB
+    for bad in ({"credit_mode": "overdraft", "credit_bytes": 3 * MB}, {"credit_bytes": None},
+                {"credit_bytes": math.inf}, {"credit_bytes": 3 * MB, "backfill": 1}):
+        with pytest.raises(TrainschedError, match="backfill"):
+            PriorityPolicy(**{"backfill": True, **bad})
 
 
 def test_strict_credit_smaller_than_a_partition_is_rejected():
@@ -239,10 +268,17 @@ def chain_graph(rng: random.Random, layers: int) -> Graph:
     return to_training(Graph(ops, edges), memory_bandwidth_bytes_per_s=60e9)
 
 
-def test_same_dispatch_order_and_times_as_the_simulator():
+@pytest.mark.parametrize("overlap", [False, True])
+def test_same_dispatch_order_and_times_as_the_simulator(overlap):
+    """The dispatch core on the fake wire and the simulator's replay give the same collectives
+    at the same times, with and without start-up overlap (the latency large enough here,
+    0.5 ms per hop, that overlapping it changes the schedules)."""
     rng = random.Random(21)
     cluster = Cluster(name="t", device=device_kind("V100"), devices_per_node=2, num_nodes=1,
-                      intra_node=Link(bandwidth_bytes_per_s=1e9, latency_s=50e-6))
+                      intra_node=Link(bandwidth_bytes_per_s=1e9,
+                                      latency_s=500e-6 if overlap else 50e-6))
+    startup = collective_startup_s(2, cluster) if overlap else 0.0
+    changed = 0
     for _ in range(10):
         g = chain_graph(rng, rng.randrange(2, 9))
         gradients = graph_gradients(g)
@@ -252,12 +288,18 @@ def test_same_dispatch_order_and_times_as_the_simulator():
                        PriorityPolicy(partition_bytes=MB, credit_bytes=2 * MB),
                        PriorityPolicy(partition_bytes=MB // 2, credit_bytes=MB,
                                       credit_mode="overdraft"),
-                       PriorityPolicy(credit_bytes=math.inf)):
-            sim = simulate_data_parallel(g, cluster, ranks=2, policy=policy)
+                       PriorityPolicy(credit_bytes=math.inf),
+                       PriorityPolicy(partition_bytes=MB // 2, credit_bytes=3 * MB,
+                                      backfill=True)):
+            sim = simulate_data_parallel(g, cluster, ranks=2, policy=policy,
+                                         startup_overlap=overlap)
             ready_s = {t.name.replace(":dW", ":grad"): t.end_s for t in sim.tasks
                        if t.category == "backward_weight"}  # fmt: skip
             records, _ = replay(policy, gradients, ready_s,
-                                cost=lambda s: collective_s(s, 2, cluster))
+                                cost=lambda s: collective_s(s, 2, cluster), startup=startup)
+            if overlap:
+                plain = simulate_data_parallel(g, cluster, ranks=2, policy=policy)
+                changed += plain.step_time_s != sim.step_time_s
             comm = sorted((t for t in sim.tasks if t.category == "comm"),
                           key=lambda t: (t.start_s, t.name))
             assert [r.name for r in records] == [t.name for t in comm], policy
@@ -267,6 +309,7 @@ def test_same_dispatch_order_and_times_as_the_simulator():
                                     abs_tol=1e-15)
                 assert math.isclose(r.queued_s, t.args["issued_s"], rel_tol=1e-9,
                                     abs_tol=1e-15)
+    assert not overlap or changed > 0
 
 
 # --- partitions and errors -------------------------------------------------------------------

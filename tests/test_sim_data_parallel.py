@@ -231,6 +231,84 @@ def test_partitions_let_urgent_gradients_overtake_between_chunks():
                            "L2:opt": (12.2, 14.2)})
 
 
+def test_startup_overlap_hides_the_latency_of_collectives_in_flight_together():
+    """Unlimited credit dispatches g2's three chunks at 5 ms, g1 at 7 and g0's two at 8. With
+    ``startup_overlap`` each chunk's start-up (2α = 0.1 ms) runs under the transfer before it:
+    a chunk starts 0.1 ms before the one ahead of it ends, saving 0.1 ms per chunk after the
+    first (0.5 ms by g0's last). One in flight at a time (no credit) overlaps nothing."""
+    from dataclasses import replace
+
+    g = three_layers(2 * MB, 600_000, 4 * MB)
+    cluster = make_cluster()
+    policy = PriorityPolicy(partition_bytes=1_500_000, credit_bytes=math.inf)
+    plain = simulate_data_parallel(g, cluster, ranks=2, policy=policy)
+    spans_close(plain, {"L2:grad/0": (5, 6.6), "L2:grad/1": (6.6, 8.2), "L2:grad/2": (8.2, 9.3),
+                        "L1:grad": (9.3, 10.0), "L0:grad/0": (10.0, 11.6),
+                        "L0:grad/1": (11.6, 12.2)})  # fmt: skip
+    over = simulate_data_parallel(g, cluster, ranks=2, policy=policy, startup_overlap=True)
+    spans_close(over, {"L2:grad/0": (5, 6.6), "L2:grad/1": (6.5, 8.1), "L2:grad/2": (8.0, 9.1),
+                       "L1:grad": (9.0, 9.7), "L0:grad/0": (9.6, 11.2),
+                       "L0:grad/1": (11.1, 11.7)})  # fmt: skip
+    assert close(plain.step_time_s - over.step_time_s, 0.5 * MS)
+    # the channel is busy for the union of its collectives, so never over the step
+    channel = "gpu0/channel"
+    union = 11.7 - 5.0
+    assert close(over.busy_s[channel], union * MS) and over.idle_s[channel] >= 0
+    # the critical path still adds up to the step (a waited-for start-up: a negative wait)
+    assert close(sum(p.end_s - p.start_s + p.wait_s for p in over.critical_path),
+                 over.step_time_s)
+    one_at_a_time = PriorityPolicy(partition_bytes=1_500_000)
+    assert (simulate_data_parallel(g, cluster, ranks=2, policy=one_at_a_time,
+                                   startup_overlap=True).step_time_s
+            == simulate_data_parallel(g, cluster, ranks=2, policy=one_at_a_time).step_time_s)
+    # host-driven communication starts with its collective, also one that starts later than
+    # its dispatch
+    shared = replace(cluster, device=replace(cluster.device, comm_compute_share=0.5))
+    host = simulate_data_parallel(g, shared, ranks=2, policy=policy, startup_overlap=True)
+    starts = {t.name: t.start_s for t in comm(host, "gpu0")}
+    hosts = [t for t in host.tasks if t.category == "comm-host" and t.device == "gpu0"]
+    assert len(hosts) == 6
+    for t in hosts:
+        assert t.start_s >= starts[t.args["collective"]] - 1e-15
+    # over several steps the channel's busy time is the union too
+    steady = simulate_data_parallel(g, cluster, ranks=2, policy=policy, startup_overlap=True,
+                                    steps=3)
+    assert 0 < steady.busy_s[channel] <= steady.step_time_s and steady.idle_s[channel] >= 0
+    with pytest.raises(TrainschedError, match="startup_overlap"):
+        simulate_data_parallel(g, cluster, ranks=2, policy=policy, startup_overlap=1)
+
+
+def test_crossing_bound_by_hand_and_never_beaten():
+    """Three layers: L0's loop is its forward, the forward and dX chain back to L0:dW (6 ms),
+    the all-reduce of 2 MB (2.1 ms) and its 1 ms update: 9.1 ms, above compute-or-comm alone.
+    No policy, partition, credit or start-up overlap beats the bound on random graphs."""
+    from trainsched.comm import ByteSchedulerPolicy
+    from trainsched.sim import crossing_bound_s
+
+    g = three_layers(2 * MB, 600_000, 4 * MB)
+    bound, name = crossing_bound_s(g, make_cluster(), ranks=2)
+    assert close(bound, 9.1 * MS) and name == "L0:grad"
+    assert crossing_bound_s(g, make_cluster(), ranks=1) == (0.0, None)
+    rng = random.Random(17)
+    policies = [FifoPolicy(), DdpBucketPolicy(), PriorityPolicy(cross_barrier=True),
+                ByteSchedulerPolicy(partition_bytes=MB, credit_bytes=4 * MB),
+                ByteSchedulerPolicy(partition_bytes=MB // 4, credit_bytes=math.inf),
+                ByteSchedulerPolicy(partition_bytes=8 * MB, credit_bytes=8 * MB,
+                                    credit_mode="strict")]
+    for _ in range(12):
+        graph = random_graph(rng, rng.randrange(2, 9))
+        cluster = make_cluster(per_node=2, nodes=2)
+        ranks = rng.choice([2, 4])
+        bound, _ = crossing_bound_s(graph, cluster, ranks=ranks)
+        assert bound > 0
+        for policy in policies:
+            for overlap in (False, True):
+                for steps in (1, 3):
+                    step = simulate_data_parallel(graph, cluster, ranks=ranks, policy=policy,
+                                                  steps=steps, startup_overlap=overlap)
+                    assert step.step_time_s >= bound * (1 - 1e-9), (policy, overlap, steps)
+
+
 # --- symmetry and stragglers -----------------------------------------------------------------
 
 

@@ -49,6 +49,7 @@ from trainsched.comm.policy import (
     check_plan,
     check_policy,
     may_dispatch,
+    take_dispatchable,
 )
 from trainsched.errors import TrainschedError
 
@@ -121,7 +122,7 @@ class Dispatcher:
 
     def __init__(self, plan: Sequence[Collective], *, queue: str, credit_bytes: float | None,
                  credit_mode: str, ordered_issue: bool, transport: Transport,
-                 follow: bool = False) -> None:
+                 follow: bool = False, backfill: bool = False) -> None:
         if queue not in QUEUES:
             raise TrainschedError(f"queue must be one of {', '.join(QUEUES)}, got {queue!r}")
         self.plan = tuple(plan)
@@ -130,6 +131,7 @@ class Dispatcher:
         self.credit_mode = credit_mode
         self.ordered_issue = ordered_issue
         self.follow = follow
+        self.backfill = backfill
         self.transport = transport
         self.sizes = [c.size_bytes for c in self.plan]
         self.index = {c.name: k for k, c in enumerate(self.plan)}
@@ -149,7 +151,8 @@ class Dispatcher:
         check_plan(gradients, plan, f"comm policy {type(policy).__name__}")
         return cls(plan, queue=policy.queue, credit_bytes=policy.credit_bytes,
                    credit_mode=policy.credit_mode, ordered_issue=policy.ordered_issue,
-                   transport=transport, follow=follow)
+                   transport=transport, follow=follow,
+                   backfill=bool(getattr(policy, "backfill", False)))
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -244,18 +247,17 @@ class Dispatcher:
                 if not (self._decisions and self._decisions[0] in self._queued):
                     break
                 k = self._decisions[0]
-            else:
-                if not self._waiting:
+                if not may_dispatch(self.in_flight_bytes, self.sizes[k], self.credit_bytes,
+                                    self.credit_mode):
                     break
-                k = self._waiting[0][1]
-            if not may_dispatch(self.in_flight_bytes, self.sizes[k], self.credit_bytes,
-                                self.credit_mode):
-                break
-            if self.follow:
                 self._decisions.popleft()
                 self._queued.remove(k)
             else:
-                heapq.heappop(self._waiting)
+                taken = take_dispatchable(self._waiting, self.sizes, self.in_flight_bytes,
+                                          self.credit_bytes, self.credit_mode, self.backfill)
+                if taken is None:
+                    break
+                k = taken
             self._in_flight.add(k)
             self.in_flight_bytes += self.sizes[k]
             self.max_in_flight_bytes = max(self.max_in_flight_bytes, self.in_flight_bytes)
@@ -282,12 +284,20 @@ class WireRecord:
 
 def replay_fifo_wire(dispatcher_factory: Callable[[Transport], Dispatcher],
                      ready_s: Mapping[str, float],
-                     cost_s: Callable[[int], float]) -> tuple[list[WireRecord], float]:
+                     cost_s: Callable[[int], float],
+                     startup_s: float = 0.0) -> tuple[list[WireRecord], float]:
     """Run a dispatcher against a FIFO wire: one collective at a time in dispatch order, each
     taking ``cost_s(size_bytes)``. Gradient ``name`` becomes ready at ``ready_s[name]``; the
     events of one instant are handled together and the dispatcher is pumped after them, as
     the simulator does. Returns the records in dispatch order and the most bytes ever in
-    flight."""
+    flight.
+
+    ``startup_s`` > 0: that much of each collective's cost (at most all of it) is start-up
+    latency, which may overlap the transfer of the collective dispatched before it: a
+    collective starts at ``max(dispatch, end of the one before − startup)`` (the simulator's
+    ``startup_overlap``)."""
+    if not (isinstance(startup_s, int | float) and startup_s >= 0):
+        raise TrainschedError(f"startup_s must be a number >= 0, got {startup_s!r}")
 
     class Wire:
         def __init__(self) -> None:
@@ -309,21 +319,21 @@ def replay_fifo_wire(dispatcher_factory: Callable[[Transport], Dispatcher],
     by_time: dict[float, list[str]] = {}
     for name in sorted(ready_s, key=lambda n: (ready_s[n], n)):
         by_time.setdefault(ready_s[name], []).append(name)
-    running: tuple[int, float, float] | None = None  # (index, start, end)
+    scheduled: deque[tuple[int, float, float]] = deque()  # (index, start, end), by end
+    free_at = 0.0  # when the last scheduled collective ends
     records: dict[int, WireRecord] = {}
     t_i = 0
     while True:
         next_ready = times[t_i] if t_i < len(times) else math.inf
-        next_end = running[2] if running else math.inf
+        next_end = scheduled[0][2] if scheduled else math.inf
         now = min(next_ready, next_end)
         if now == math.inf:
             break
         wire.now = now
-        if running and running[2] == now:
-            k, start, end = running
+        while scheduled and scheduled[0][2] == now:
+            k, start, end = scheduled.popleft()
             records[k] = WireRecord(d.plan[k].name, queued[k], wire.dispatched[k], start, end)
             d.done(k)
-            running = None
         if next_ready == now:
             before = set(d._queued) | {k for _, k in d._waiting}
             d.ready(by_time[now])
@@ -332,9 +342,12 @@ def replay_fifo_wire(dispatcher_factory: Callable[[Transport], Dispatcher],
                 queued[k] = now
             t_i += 1
         d.pump()
-        if running is None and wire.fifo:
+        while wire.fifo:
             k = wire.fifo.popleft()
-            running = (k, now, now + cost_s(d.sizes[k]))
+            cost = cost_s(d.sizes[k])
+            start = max(now, free_at - min(startup_s, cost))
+            free_at = start + cost
+            scheduled.append((k, start, free_at))
     if not d.finished:
         stuck = [c.name for k, c in enumerate(d.plan) if k not in records][:10]
         raise TrainschedError(f"fake wire stuck: collective(s) {', '.join(stuck)} never ran")

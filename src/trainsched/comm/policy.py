@@ -35,6 +35,7 @@ registered in :data:`COMM_POLICIES`.
 
 from __future__ import annotations
 
+import heapq
 import math
 import numbers
 from collections.abc import Callable, Mapping, Sequence
@@ -62,6 +63,7 @@ __all__ = [
     "comm_policy",
     "graph_gradients",
     "may_dispatch",
+    "take_dispatchable",
 ]
 
 MiB = 1 << 20
@@ -167,6 +169,44 @@ def may_dispatch(in_flight_bytes: float, size_bytes: float, credit_bytes: float 
     if credit_mode == "overdraft":
         return in_flight_bytes < credit_bytes
     return in_flight_bytes + size_bytes <= credit_bytes
+
+
+def take_dispatchable(waiting: list[tuple[Any, int]], sizes: Sequence[float],
+                      in_flight_bytes: float, credit_bytes: float | None, credit_mode: str,
+                      backfill: bool = False) -> int | None:
+    """Pop from the heap ``waiting`` (entries ``(queue key, collective)``, most urgent first)
+    the collective to dispatch now and return it, or ``None`` when nothing may go.
+
+    The head goes when :func:`may_dispatch` allows it. With ``backfill`` (``strict`` credit
+    only) a head that does not fit lets the most urgent waiting collective that does fit go
+    first: the credit is used, priority is not exact (``specs/comm.md`` §3).
+    """
+    if not waiting:
+        return None
+    if may_dispatch(in_flight_bytes, sizes[waiting[0][1]], credit_bytes, credit_mode):
+        return heapq.heappop(waiting)[1]
+    if not backfill or credit_bytes is None:
+        return None
+    room = credit_bytes - in_flight_bytes
+    fits = [j for j, (_, c) in enumerate(waiting) if sizes[c] <= room]
+    if not fits:
+        return None
+    j = min(fits, key=lambda j: waiting[j])
+    c = waiting[j][1]
+    waiting[j] = waiting[-1]
+    waiting.pop()
+    heapq.heapify(waiting)
+    return c
+
+
+def _check_backfill(owner: str, backfill: Any, credit_bytes: Any, credit_mode: str) -> None:
+    if not isinstance(backfill, bool):
+        raise TrainschedError(f"{owner}: backfill must be True or False, got {backfill!r}")
+    if backfill and (credit_mode != "strict" or credit_bytes is None
+                     or credit_bytes == math.inf):
+        raise TrainschedError(f"{owner}: backfill lets a smaller collective use credit the "
+                              f"head of the queue cannot; it needs credit_mode 'strict' and a "
+                              f"finite credit_bytes (got {credit_mode!r}, {credit_bytes!r})")
 
 
 def _check_credit(owner: str, credit_bytes: Any, credit_mode: Any) -> None:
@@ -275,19 +315,22 @@ class PriorityPolicy:
     layer's priority (chunks of one layer go in chunk order), so a more urgent gradient can
     overtake between chunks. ``credit_bytes`` / ``credit_mode``: see :func:`may_dispatch`;
     with no credit one collective is in flight at a time (whole tensors: TicTac; partitions:
-    P3).
+    P3). ``backfill`` (strict credit only): when the most urgent collective does not fit in
+    the credit left, the most urgent one that does goes first (:func:`take_dispatchable`).
     """
 
     partition_bytes: int | None = None
     credit_bytes: float | None = None
     credit_mode: str = "strict"
     cross_barrier: bool = False
+    backfill: bool = False
     queue: ClassVar[str] = "priority"
     ordered_issue: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         _check_bytes("priority policy", "partition_bytes", self.partition_bytes, optional=True)
         _check_credit("priority policy", self.credit_bytes, self.credit_mode)
+        _check_backfill("priority policy", self.backfill, self.credit_bytes, self.credit_mode)
 
     def plan(self, gradients: Sequence[Gradient]) -> tuple[Collective, ...]:
         out = []
@@ -317,7 +360,8 @@ class ByteSchedulerPolicy:
     within ``partition_bytes``; the group is named after its first (most urgent) member plus
     the count of the others (``conv1:grad+2``) and carries that member's priority. A fused
     group is issued once its last member is ready, which in backward is its most urgent one
-    anyway. ``fusion_bytes=0`` fuses nothing.
+    anyway. ``fusion_bytes=0`` fuses nothing. ``backfill``: as :class:`PriorityPolicy`'s
+    (``credit_mode="strict"`` only).
     """
 
     partition_bytes: int = 4 * MiB
@@ -325,6 +369,7 @@ class ByteSchedulerPolicy:
     credit_mode: str = "overdraft"
     fusion_bytes: int = 1 * MiB
     cross_barrier: bool = True
+    backfill: bool = False
     queue: ClassVar[str] = "priority"
     ordered_issue: ClassVar[bool] = False
 
@@ -332,6 +377,7 @@ class ByteSchedulerPolicy:
         owner = "bytescheduler policy"
         _check_bytes(owner, "partition_bytes", self.partition_bytes)
         _check_credit(owner, self.credit_bytes, self.credit_mode)
+        _check_backfill(owner, self.backfill, self.credit_bytes, self.credit_mode)
         if not (_is_int(self.fusion_bytes) and self.fusion_bytes >= 0):
             raise TrainschedError(f"{owner}: fusion_bytes must be an integer >= 0 (0: no "
                                   f"fusion), got {self.fusion_bytes!r}")

@@ -435,7 +435,8 @@ def grid_search(objective: Objective, partitions: Iterable[int],
 
 
 def simulated_objective(graph: Any, cluster: Any, ranks: int, algorithm: str = "ring", *,
-                        steps: int = 3, **policy_options: Any) -> Objective:
+                        steps: int = 3, startup_overlap: bool = False,
+                        **policy_options: Any) -> Objective:
     """The simulator's step time (steady period of ``steps`` steps, see
     :func:`trainsched.sim.simulate_data_parallel`) of ``graph`` on ``ranks`` ranks of
     ``cluster`` with ``algorithm``, under :class:`ByteSchedulerPolicy` at the given partition
@@ -443,7 +444,9 @@ def simulated_objective(graph: Any, cluster: Any, ranks: int, algorithm: str = "
     ``fusion_bytes``); without ``fusion_bytes`` small neighbours are fused up to one partition
     (``fusion_bytes = partition_bytes``), so the partition size sets every task's size and
     the number of collectives, which is what pays each collective's start-up latency. With
-    ``credit_mode="strict"`` a credit below the partition is raised to one partition."""
+    ``credit_mode="strict"`` a credit below the partition is raised to one partition.
+    ``startup_overlap`` goes to the simulator (collectives in flight together overlap their
+    start-up latency)."""
 
     base = ByteSchedulerPolicy(**{"fusion_bytes": MiB, **policy_options})  # bad options fail now
     fused = "fusion_bytes" not in policy_options
@@ -453,6 +456,7 @@ def simulated_objective(graph: Any, cluster: Any, ranks: int, algorithm: str = "
         if not fused:
             policy = replace(policy, fusion_bytes=base.fusion_bytes)
         return simulate_data_parallel(graph, cluster, ranks=ranks, policy=policy,
-                                      algorithm=algorithm, steps=steps).step_time_s
+                                      algorithm=algorithm, steps=steps,
+                                      startup_overlap=startup_overlap).step_time_s
 
     return objective

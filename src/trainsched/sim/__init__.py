@@ -9,6 +9,8 @@ from trainsched.sim.data_parallel import (
     ALGORITHMS,
     collective_link,
     collective_s,
+    collective_startup_s,
+    crossing_bound_s,
     rank_classes,
     simulate_data_parallel,
 )
@@ -41,6 +43,8 @@ __all__ = [
     "chrome_trace",
     "collective_link",
     "collective_s",
+    "collective_startup_s",
+    "crossing_bound_s",
     "longest_path_s",
     "priority_order",
     "rank_classes",

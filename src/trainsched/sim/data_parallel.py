@@ -65,7 +65,6 @@ import itertools
 import math
 import numbers
 import time
-from collections import deque
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
@@ -77,7 +76,7 @@ from trainsched.comm.policy import (
     check_policy,
     comm_policy,
     graph_gradients,
-    may_dispatch,
+    take_dispatchable,
 )
 from trainsched.costs import (
     parameter_server_s,
@@ -91,10 +90,11 @@ from trainsched.sim.engine import Schedule, TaskGraph
 from trainsched.sim.executors import _checked_order, _gc_paused, _Lowering
 from trainsched.sim.result import Allocation, SimResult, _merge, _subtract, build_result
 
-__all__ = ["ALGORITHMS", "collective_link", "collective_s", "rank_classes",
-           "simulate_data_parallel"]
+__all__ = ["ALGORITHMS", "collective_link", "collective_s", "collective_startup_s",
+           "crossing_bound_s", "rank_classes", "simulate_data_parallel"]
 
 ALGORITHMS = ("ring", "tree", "ps", "ps-local")
+MIB = 1 << 20
 
 
 def _is_int(value: object) -> bool:
@@ -208,10 +208,73 @@ def collective_s(size_bytes: float, ranks: int, cluster: Cluster,
     return ring_allreduce_nodes_s(size_bytes, ranks, nodes, cluster.intra_node, link)
 
 
+def collective_startup_s(ranks: int, cluster: Cluster, algorithm: str = "ring") -> float:
+    """The start-up part of :func:`collective_s` for ``ranks`` and ``algorithm``: the time a
+    collective takes beyond its bytes over the bandwidth (the per-hop or per-message
+    latencies). Every cost model here is ``α + k·S`` for a size ``S > 0``, so
+    ``α = 2·cost(S) − cost(2S)`` for any S; 0 for one rank."""
+    one = collective_s(MIB, ranks, cluster, algorithm)
+    return min(one, max(0.0, 2 * one - collective_s(2 * MIB, ranks, cluster, algorithm)))
+
+
+def crossing_bound_s(graph: Graph, cluster: Cluster, *, ranks: int,
+                     algorithm: str = "ring") -> tuple[float, str | None]:
+    """A lower bound on the steady step of any policy (and on a one-step makespan) from the
+    loop every gradient closes: forward op f of step s starts, the chain of ops from f to its
+    weight gradient's ``backward_weight`` op runs, the gradient is all-reduced, f's optimizer
+    ops update the parameter, and only then may f run in step s+1. So for gradient g of f
+
+        step >= P(f -> dW_g) + collective_s(size_g) + U_f
+
+    where P is the longest chain of compute durations from the start of f to the end of dW_g
+    and U_f the longest optimizer op of f. It holds whatever the policy (any set of collectives
+    holding g's bytes takes at least as long as one collective of g alone, from g's ready
+    time); in a steady state every op repeats with the same period, so it bounds the step.
+    Returns the bound and the gradient that sets it (``(0.0, None)`` for one rank or a graph
+    without gradients).
+
+    The bound says what no scheduler can beat: a gradient that is ready last in backward and
+    needed first in forward (BERT's word embedding) pays its whole all-reduce in every step.
+    """
+    _check_ranks(cluster, ranks)
+    if ranks == 1:
+        return 0.0, None
+    order = graph.topological_order()
+    position = {name: k for k, name in enumerate(order)}
+
+    def longest(src: str, dst: str) -> float:  # from the start of src to the end of dst
+        reach = {src: graph.op(src).compute_s}
+        for name in order[position[src] + 1:position[dst] + 1]:
+            before = [reach[p] for p in graph.predecessors(name) if p in reach]
+            if before:
+                reach[name] = max(before) + graph.op(name).compute_s
+        return reach.get(dst, math.nan)
+
+    updates: dict[str, float] = {}
+    for op in graph.ops:
+        if op.kind == "optimizer" and op.forward_op is not None:
+            updates[op.forward_op] = max(updates.get(op.forward_op, 0.0), op.compute_s)
+    best: tuple[float, str | None] = (0.0, None)
+    for op in graph.ops:
+        if op.kind != "backward_weight":
+            continue
+        forward = op.forward_op if op.forward_op in graph else None
+        path = longest(forward, op.name) if forward else math.nan
+        if math.isnan(path):  # no forward op leading to it: no loop to close
+            continue
+        chain = (path + collective_s(op.output_bytes, ranks, cluster, algorithm)
+                 + updates.get(forward, 0.0))
+        name = f"{forward}:grad"
+        if chain > best[0] or (chain == best[0] and best[1] is not None and name < best[1]):
+            best = (chain, name)
+    return best
+
+
 def simulate_data_parallel(graph: Graph, cluster: Cluster, *, ranks: int,
                            policy: CommPolicy | str, algorithm: str = "ring",
                            stragglers: Mapping[int, float] | None = None, expand: bool = False,
-                           order: Sequence[str] | None = None, steps: int = 1) -> SimResult:
+                           order: Sequence[str] | None = None, steps: int = 1,
+                           startup_overlap: bool = False) -> SimResult:
     """One data-parallel step of training graph ``graph`` over ``ranks`` ranks (rank r on
     device r of ``cluster``), gradients reduced as ``policy`` (a :class:`CommPolicy` or a
     registered name such as ``"fifo"``, ``"ddp"``) says with ``algorithm`` (``ring``, ``tree``,
@@ -225,8 +288,15 @@ def simulate_data_parallel(graph: Graph, cluster: Cluster, *, ranks: int,
     every step's tasks, and its ``step_time_s`` is the period before the last step: when the
     first op of the last step started minus when that of the step before started (3 steps
     reach the steady state on the zoo models); ``busy_s``, ``idle_s`` and ``exposed_comm_s``
-    are taken over that period, the rest over the whole run."""
+    are taken over that period, the rest over the whole run.
+
+    ``startup_overlap``: collectives in flight together overlap the start-up latency of each
+    with the transfer of the one before it on the wire (module docstring, *Wire*); off, every
+    collective pays its whole start-up on a wire of its own."""
     began = time.perf_counter()
+    if not isinstance(startup_overlap, bool):
+        raise TrainschedError(f"startup_overlap must be True or False, got "
+                              f"{startup_overlap!r}")
     _check_ranks(cluster, ranks)
     if not (_is_int(steps) and steps >= 1):
         raise TrainschedError(f"steps must be an integer >= 1, got {steps!r}")
@@ -250,6 +320,10 @@ def simulate_data_parallel(graph: Graph, cluster: Cluster, *, ranks: int,
         lowered = _lower(low, graph, order, plan, gradients, policy, algorithm, ranks,
                          [factor.get(r, 1.0) for r in reps], reps, [len(m) for m in classes],
                          steps)
+        if startup_overlap and plan:
+            alpha = collective_startup_s(ranks, cluster, algorithm)
+            lowered.startups = [min(alpha, low.tasks.duration_s[row[0]])
+                                for row in lowered.parts]  # fmt: skip
         schedule, issued, dispatched = _replay(low.tasks, lowered, policy)
         for c, row in enumerate(lowered.parts):
             for t in row:
@@ -273,16 +347,23 @@ def _steady(result: SimResult, begin: float, end: float) -> SimResult:
 
     busy = dict.fromkeys(result.busy_s, 0.0)
     streams = {r.name for r in result.resources if r.kind == "compute"}
+    channels = {r.name for r in result.resources if r.kind == "channel"}
+    wire: dict[str, list[tuple[float, float]]] = {}  # collectives may overlap (start-up)
     comm: dict[str, list[tuple[float, float]]] = {}
     compute: dict[str, list[tuple[float, float]]] = {}
     for t in result.tasks:
         for a, b in clip([(t.start_s, t.end_s)]):
             for r in t.resources:
-                busy[r] += b - a
+                if r in channels:
+                    wire.setdefault(r, []).append((a, b))
+                else:
+                    busy[r] += b - a
         if t.category == "comm":
             comm.setdefault(t.device, []).append((t.start_s, t.end_s))
         if streams.intersection(t.resources):
             compute.setdefault(t.device, []).append((t.start_s, t.end_s))
+    for r, spans in wire.items():
+        busy[r] = math.fsum(b - a for a, b in _merge(spans))
     exposed: list[tuple[float, float]] = []
     for d in sorted(comm):
         exposed += _subtract(_merge(comm[d]), _merge(compute.get(d, [])))
@@ -309,6 +390,7 @@ class _Lowered:
         self.steals: list[list[int]] = []  # per collective: its compute-stream task per rep
         self.after: list[int] = []  # per (collective, rep): the task that ends it there
         self.firsts: list[int] = []  # per step: the first op's task on the first rep
+        self.startups: list[float] | None = None  # per collective: start-up that may overlap
 
 
 def _lower(low: _Lowering, graph: Graph, order: Sequence[str], plan: Sequence[Any],
@@ -511,6 +593,7 @@ def _replay(tasks: TaskGraph, lowered: _Lowered,
     by_priority = policy.queue == "priority"
     credit = policy.credit_bytes
     mode = policy.credit_mode
+    backfill = bool(getattr(policy, "backfill", False))
     ordered = policy.ordered_issue
 
     start = [0.0] * n
@@ -534,8 +617,9 @@ def _replay(tasks: TaskGraph, lowered: _Lowered,
     dispatch_s = [0.0] * ncoll
     issuer = [-1] * ncoll
     waiting: list[tuple[Any, int]] = []  # issued, not dispatched: (queue key, collective)
-    wire: deque[int] = deque()  # dispatched, not started, in dispatch order
-    wire_busy = False
+    startups = lowered.startups
+    free_at = 0.0  # when the transfer of the collective dispatched last ends
+    wire_prev = -1  # the collective dispatched last
     wire_last = -1  # the collective that last ended on the wire
     in_flight = 0
     left = [len(row) for row in parts]
@@ -576,33 +660,44 @@ def _replay(tasks: TaskGraph, lowered: _Lowered,
         if not (heap and heap[0][0] <= now):
             if comm_dirty:
                 comm_dirty = False
-                while waiting and may_dispatch(in_flight, sizes[waiting[0][1]], credit, mode):
-                    c = pop(waiting)[1]
+                while True:
+                    # Dispatched: the wire runs it after the one dispatched before it (its
+                    # start-up overlapping that one's transfer with startup_overlap).
+                    taken = take_dispatchable(waiting, sizes, in_flight, credit, mode, backfill)
+                    if taken is None:
+                        break
+                    c = taken
                     in_flight += sizes[c]
                     dispatch_s[c] = now
-                    wire.append(c)
-                if not wire_busy and wire:
-                    c = wire.popleft()
-                    wire_busy = True
-                    delayed = now > issue_s[c]
-                    assert not delayed or wire_last >= 0
+                    begin = free_at - (startups[c] if startups else 0.0)
+                    if begin > now:  # behind the collective before it on the wire
+                        by = parts[wire_prev]
+                    else:
+                        begin = now
+                        # held back by the credit: freed by the one that ended just now
+                        by = parts[wire_last] if now > issue_s[c] else None
                     for k, t in enumerate(parts[c]):
                         d = dur[t]
                         started[t] = 1
-                        start[t] = now
-                        end[t] = now + d
-                        busy[needs[t][0]] += d
-                        if delayed:  # held back by the wire or the credit: freed just now
-                            fixed[t] = parts[wire_last][k]
+                        start[t] = begin
+                        end[t] = begin + d
+                        busy[needs[t][0]] += begin + d - max(begin, free_at)
+                        if by is not None:
+                            fixed[t] = by[k]
                             via[t] = True
                         else:
                             fixed[t] = issuer[c]
                         push(heap, (end[t], prio[t], next(counter), t))
+                    free_at = end[parts[c][0]]
+                    wire_prev = c
                     for k, s in enumerate(steals[c] if steals else ()):
-                        ready[s] = now
+                        ready[s] = begin
                         fixed[s] = fixed[parts[c][k]]
                         via[s] = via[parts[c][k]]
-                        make_ready(s, now)
+                        if begin > now:  # released when the collective starts
+                            push(heap, (begin, -1, next(counter), ~s))
+                        else:
+                            make_ready(s, now)
             if dirty:
                 dirty.sort()
                 for x in dirty:
@@ -624,11 +719,13 @@ def _replay(tasks: TaskGraph, lowered: _Lowered,
         if not heap:
             break
         now, _, _, t = pop(heap)
+        if t < 0:  # a host task whose collective starts now
+            make_ready(~t, now)
+            continue
         c = part_of[t]
         if c >= 0:
             left[c] -= 1
             if not left[c]:
-                wire_busy = False
                 in_flight -= sizes[c]
                 wire_last = c
                 comm_dirty = True
