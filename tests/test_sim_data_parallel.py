@@ -279,15 +279,16 @@ def test_startup_overlap_hides_the_latency_of_collectives_in_flight_together():
 
 
 def test_crossing_bound_by_hand_and_never_beaten():
-    """Three layers: L0's loop is its forward, the forward and dX chain back to L0:dW (6 ms),
-    the all-reduce of 2 MB (2.1 ms) and its 1 ms update: 9.1 ms, above compute-or-comm alone.
-    No policy, partition, credit or start-up overlap beats the bound on random graphs."""
+    """Three layers: L0's loop is its forward at 0 ms, everything the stream runs up to L0:dW
+    (ends at 8 ms), the all-reduce of 2 MB (2.1 ms) and its 1 ms update: 11.1 ms, above
+    compute-or-comm alone. No policy, partition, credit or start-up overlap beats the bound on
+    random graphs."""
     from trainsched.comm import ByteSchedulerPolicy
     from trainsched.sim import crossing_bound_s
 
     g = three_layers(2 * MB, 600_000, 4 * MB)
     bound, name = crossing_bound_s(g, make_cluster(), ranks=2)
-    assert close(bound, 9.1 * MS) and name == "L0:grad"
+    assert close(bound, 11.1 * MS) and name == "L0:grad"
     assert crossing_bound_s(g, make_cluster(), ranks=1) == (0.0, None)
     rng = random.Random(17)
     policies = [FifoPolicy(), DdpBucketPolicy(), PriorityPolicy(cross_barrier=True),
@@ -295,7 +296,8 @@ def test_crossing_bound_by_hand_and_never_beaten():
                 ByteSchedulerPolicy(partition_bytes=MB // 4, credit_bytes=math.inf),
                 ByteSchedulerPolicy(partition_bytes=8 * MB, credit_bytes=8 * MB,
                                     credit_mode="strict")]
-    for _ in range(12):
+    ratios = []
+    for _ in range(20):
         graph = random_graph(rng, rng.randrange(2, 9))
         cluster = make_cluster(per_node=2, nodes=2)
         ranks = rng.choice([2, 4])
@@ -307,6 +309,8 @@ def test_crossing_bound_by_hand_and_never_beaten():
                     step = simulate_data_parallel(graph, cluster, ranks=ranks, policy=policy,
                                                   steps=steps, startup_overlap=overlap)
                     assert step.step_time_s >= bound * (1 - 1e-9), (policy, overlap, steps)
+                    ratios.append(step.step_time_s / bound)
+    assert min(ratios) < 1.01  # some schedule reaches it: the bound is not a loose one
 
 
 # --- symmetry and stragglers -----------------------------------------------------------------
