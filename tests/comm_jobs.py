@@ -13,6 +13,7 @@ import math
 import os
 import random
 import sys
+import threading
 import time
 import traceback
 from datetime import timedelta
@@ -120,13 +121,43 @@ def train_plain(rank: int, world: int, optimizer: str) -> list[torch.Tensor]:
     return params(m)
 
 
+def record_issues(sdp: ScheduledDataParallel) -> list[dict]:
+    """Test instrumentation: log every collective this rank issues, step by step, beside the
+    compiled static order as it stands at the step's first issue (read in the dispatcher
+    thread, which owns it)."""
+    log: list[dict] = []
+    d = sdp._dispatch
+    issue = d.issue
+
+    def logged(c: int) -> None:
+        if d.position == 0:
+            log.append({"step": d.step, "order": [d.names[k] for k in d.static], "issued": []})
+        log[-1]["issued"].append(d.names[c])
+        issue(c)
+
+    d.issue = logged
+    return log
+
+
+def decision_keys(sdp: ScheduledDataParallel, steps: int, count: int) -> list[str]:
+    """The leader's per-decision store keys ``<s>/<k>`` of this wrapper that exist now (the
+    leader deletes those of step s - 2 as it goes, so its last two steps' keys remain)."""
+    store = dist.PrefixStore(sdp._store_prefix, dist.distributed_c10d._get_default_store())
+    return [key for key in (f"{s}/{k}" for s in range(steps) for k in range(count))
+            if store.check([key])]
+
+
 def train_sdp(rank: int, policy, optimizer: str, steps: int = STEPS, sleeps: random.Random |
               None = None, model: nn.Module | None = None, stats: dict | None = None,
-              **kw) -> list[torch.Tensor]:
+              inspect: dict | None = None, **kw) -> list[torch.Tensor]:
+    """``steps`` steps of ``net()`` (or ``model``) under ``policy``; ``inspect``: filled with
+    each step's issue sequence, the static order, the decision keys left in the store and the
+    threads alive during training."""
     m = net() if model is None else model
     cls, kwargs = OPTIMIZERS[optimizer]
     sdp = ScheduledDataParallel(m, policy, optimizer=cls, optimizer_kwargs=kwargs,
                                 timeout_s=60, **kw)
+    log = record_issues(sdp) if inspect is not None else None
     if sleeps is not None:  # random delays in every gradient hook and module forward
         for p in m.parameters():
             p.register_post_accumulate_grad_hook(
@@ -137,7 +168,15 @@ def train_sdp(rank: int, policy, optimizer: str, steps: int = STEPS, sleeps: ran
     try:
         for s in range(steps):
             loss_of(sdp(batch(s, rank))).backward()
+            if inspect is not None and s == 1:
+                inspect["threads"] = sorted(t.name for t in threading.enumerate())
         sdp.drain()
+        if inspect is not None:
+            inspect["issues"] = log
+            inspect["static_order"] = (list(sdp.static_order) if sdp.order == "static"
+                                       else None)
+            most = max(len(entry["issued"]) for entry in log)
+            inspect["decision_keys"] = decision_keys(sdp, steps, most)
     finally:
         sdp.close()
     if stats is not None:
@@ -145,13 +184,13 @@ def train_sdp(rank: int, policy, optimizer: str, steps: int = STEPS, sleeps: ran
     return params(m)
 
 
-def lr_change(rank: int, scheduled: bool) -> list[torch.Tensor]:
+def lr_change(rank: int, scheduled: bool, enabled: bool = True) -> list[torch.Tensor]:
     """Momentum SGD at lr 0.05 for two steps, then 0.01 (set_lr drains first)."""
     m = net()
     cls, kwargs = OPTIMIZERS["momentum"]
     if scheduled:
         sdp = ScheduledDataParallel(m, POLICIES["priority-strict"], optimizer=cls,
-                                    optimizer_kwargs=kwargs)
+                                    optimizer_kwargs=kwargs, enabled=enabled)
         for s in range(4):
             if s == 2:
                 sdp.set_lr(0.01)
@@ -384,6 +423,182 @@ def job_retune(cfg: dict) -> dict:
     return out
 
 
+def job_static(cfg: dict) -> dict:
+    """``order="static"``: the same parameters as the leader order and DDP, the compiled order
+    issued in every step on every rank, no decision in the store, random delays with the order
+    checked before every issue, recompiled after a retune, with an online tuner, bad input."""
+    rank = cfg["rank"]
+    out: dict = {"runs": {}}
+    steps = 5
+    refs = {opt: train_ddp(rank, opt, steps=steps) for opt in ("momentum", "adam")}
+    for name in ("priority-strict", "bytescheduler", "ddp-buckets", "fifo"):
+        for opt in ("momentum", "adam"):
+            leader_info: dict = {}
+            leader = train_sdp(rank, POLICIES[name], opt, steps=steps, inspect=leader_info)
+            info: dict = {}
+            static = train_sdp(rank, POLICIES[name], opt, steps=steps, order="static",
+                               inspect=info)
+            out["runs"][f"{name}/{opt}"] = {
+                "bitwise_vs_leader": all(torch.equal(a, b)
+                                         for a, b in zip(static, leader, strict=True)),
+                "vs_ddp": max_diff(static, refs[opt]),
+                "issues": info["issues"], "static_order": info["static_order"],
+                "decision_keys": info["decision_keys"], "threads": info["threads"],
+                "leader_decision_keys": len(leader_info["decision_keys"]),
+                "leader_threads": leader_info["threads"]}
+
+    # Random per-rank delays in every hook and forward, the order checked before every issue.
+    policy = PriorityPolicy(partition_bytes=KiB, credit_bytes=3 * KiB, cross_barrier=True)
+    fuzz_steps = cfg.get("fuzz_steps", 30)
+    stats: dict = {}
+    info = {}
+    got = train_sdp(rank, policy, "momentum", steps=fuzz_steps, order="static",
+                    sleeps=random.Random(rank + 11), verify_order_every=1, stats=stats,
+                    inspect=info)
+    out["fuzz"] = {"vs_ddp": max_diff(got, train_ddp(rank, "momentum", steps=fuzz_steps)),
+                   "steps": fuzz_steps, "issues": info["issues"],
+                   "static_order": info["static_order"],
+                   "decision_keys": info["decision_keys"],
+                   "max_in_flight_bytes": stats["max_in_flight_bytes"],
+                   "credit_bytes": policy.credit_bytes}
+
+    # A retune at step 2 (4 KiB partitions): the order is recompiled, on every rank.
+    start = PriorityPolicy(partition_bytes=KiB, credit_bytes=4 * KiB, cross_barrier=True)
+    m = net()
+    cls, kwargs = OPTIMIZERS["momentum"]
+    sdp = ScheduledDataParallel(m, start, optimizer=cls, optimizer_kwargs=kwargs, timeout_s=60,
+                                order="static")
+    log = record_issues(sdp)
+    errors: dict = {}
+    try:
+        for s in range(6):
+            if s == 1:
+                if rank == 0:
+                    out["retune_at"] = sdp.retune(partition_bytes=4 * KiB,
+                                                  credit_bytes=8 * KiB)
+                else:
+                    errors["follower"] = error_of(lambda: sdp.retune(partition_bytes=2 * KiB))
+            loss_of(sdp(batch(s, rank))).backward()
+        final = list(sdp.static_order)
+    finally:
+        sdp.close()
+    switched = params(m)
+    out["retune"] = {"switches": switches_of(sdp), "issues": log, "static_order": final,
+                     "bitwise_vs_unswitched": all(torch.equal(a, b) for a, b in zip(
+                         switched, train_sdp(rank, start, "momentum", steps=6), strict=True)),
+                     "vs_ddp": max_diff(switched, train_ddp(rank, "momentum", steps=6)),
+                     "errors": errors}
+
+    # An online tuner switching every rank, under the static order.
+    tuner = OnlineTuner(partition_range=(KiB, 16 * KiB), credit_range=(KiB, 64 * KiB),
+                        startup_trials=3, guided_trials=1, granularity_bytes=KiB,
+                        warmup_steps=1, settle_steps=1, trial_steps=2, seed=3,
+                        confirm_points=2, confirm_rounds=1)
+    steps = tuner.total_steps + 2
+    m = net()
+    with ScheduledDataParallel(m, start, optimizer=cls, optimizer_kwargs=kwargs, timeout_s=60,
+                               tuner=tuner, order="static") as sdp:
+        log = record_issues(sdp)
+        for s in range(steps):
+            loss_of(sdp(batch(s, rank))).backward()
+        sdp.drain()
+    out["tuner"] = {"switches": switches_of(sdp), "steps": steps,
+                    "decided": [[at, p, c] for at, (p, c) in tuner.switches],
+                    "issues": log,
+                    "vs_ddp": max_diff(params(m), train_ddp(rank, "momentum", steps=steps))}
+
+    # Bad input, refused at construction on every rank.
+    out["bad_wire"] = error_of(lambda: ScheduledDataParallel(net(), "priority", order="static",
+                                                             static_wire=(1e-3, 0)))
+    with ScheduledDataParallel(net(), "priority") as leader:
+        out["not_static"] = error_of(lambda: leader.static_order)
+    return out
+
+
+def hook_counts(m: nn.Module) -> dict:
+    """Hooks on the model: per-parameter post-accumulate-grad hooks, module forward hooks."""
+    return {"grad": sum(len(p._post_accumulate_grad_hooks or {}) for p in m.parameters()),
+            "forward": sum(len(mod._forward_pre_hooks) + len(mod._forward_hooks)
+                           for mod in m.modules())}
+
+
+def job_disabled(cfg: dict) -> dict:
+    """``enabled=False``: DDP's parameters bit for bit, the optimizer stepped lazily (next
+    forward, drain, close, ``optimizers``), no hooks, no threads, no store keys per step; the
+    same measurements of an enabled wrapper show they can fail; the refusals."""
+    rank = cfg["rank"]
+    steps = 5
+    store = dist.distributed_c10d._get_default_store()
+    out: dict = {"runs": {}}
+    for label, opt, enabled, factory in (("momentum", "momentum", False, False),
+                                         ("adam", "adam", False, False),
+                                         ("factory", "momentum", False, True),
+                                         ("enabled", "momentum", True, False)):
+        cls, kwargs = OPTIMIZERS[opt]
+        if factory:
+            cls, kwargs = (lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9)), None
+        m = net()
+        run: dict = {"hooks_before": hook_counts(m), "threads": [threading.active_count()]}
+        sdp = ScheduledDataParallel(m, POLICIES["priority-strict"], optimizer=cls,
+                                    optimizer_kwargs=kwargs, timeout_s=60, enabled=enabled)
+        run["threads"].append(threading.active_count())
+        dist.barrier()  # both ranks built theirs: count the keys the training adds
+        keys = store.num_keys()
+        run["hooks"] = []
+        for s in range(steps):
+            loss_of(sdp(batch(s, rank))).backward()
+            run["hooks"].append(hook_counts(m))
+        run["threads"].append(threading.active_count())
+        run["steps_before_drain"] = sdp.steps
+        if enabled:  # its dispatcher may still issue all-reduces: no barrier beside them
+            sdp.drain()
+        dist.barrier()
+        run["store_keys_added"] = store.num_keys() - keys
+        dist.barrier()  # neither rank writes a key before both counted
+        if label == "momentum":
+            sdp.drain()  # steps the last update; so do close() and `optimizers`
+            run["steps_after_drain"] = sdp.steps
+            state = sdp.optimizers[0].state[m.fc1.weight]["momentum_buffer"].clone()
+        sdp.close()
+        run["threads"].append(threading.active_count())
+        run["hooks_after_close"] = hook_counts(m)
+        ref = train_ddp(rank, opt, steps=steps)
+        run["bitwise_vs_ddp"] = all(torch.equal(a, b)
+                                    for a, b in zip(params(m), ref, strict=True))
+        run["vs_ddp"] = max_diff(params(m), ref)
+        if label == "momentum":
+            ref_m = net()
+            ddp = nn.parallel.DistributedDataParallel(ref_m)
+            ref_opt = torch.optim.SGD(ref_m.parameters(), **OPTIMIZERS["momentum"][1])
+            for s in range(steps):
+                ref_opt.zero_grad()
+                loss_of(ddp(batch(s, rank))).backward()
+                ref_opt.step()
+            run["momentum_buffer_bitwise"] = torch.equal(
+                state, ref_opt.state[ref_m.fc1.weight]["momentum_buffer"])
+            run["forward_after_close"] = error_of(lambda sdp=sdp: sdp(batch(0, rank)))
+        out["runs"][label] = run
+    out["set_lr_bitwise"] = all(torch.equal(a, b) for a, b in zip(
+        lr_change(rank, True, enabled=False), lr_change(rank, False), strict=True))
+
+    # Refused: what only the scheduler does.
+    def disabled(**kw) -> str:
+        return error_of(lambda: ScheduledDataParallel(net(), "priority", enabled=False, **kw))
+    tuner = OnlineTuner(partition_range=(KiB, 16 * KiB), credit_range=(KiB, 64 * KiB))
+    out["refused"] = {"tuner": disabled(tuner=tuner),
+                      "timeline": disabled(timeline=cfg["out"]),
+                      "verify": disabled(verify_order_every=1),
+                      "order": disabled(order="static"),
+                      "update": disabled(update="partition"),
+                      "several": disabled(tuner=tuner, verify_order_every=2),
+                      "enabled_type": error_of(lambda: ScheduledDataParallel(
+                          net(), "priority", enabled="no"))}
+    with ScheduledDataParallel(net(), "priority", enabled=False) as sdp:
+        out["refused"]["retune"] = error_of(lambda: sdp.retune(partition_bytes=2 * KiB))
+        out["refused"]["static_order"] = error_of(lambda: sdp.static_order)
+    return out
+
+
 def job_main(cfg: dict) -> dict:
     """The default suite's one job: equality, then the fuzz and the order hazard, then
     switching sizes mid-run."""
@@ -391,7 +606,7 @@ def job_main(cfg: dict) -> dict:
 
 
 JOBS = {"main": job_main, "equality": job_equality, "fuzz": job_fuzz, "fault": job_fault,
-        "retune": job_retune}
+        "retune": job_retune, "static": job_static, "disabled": job_disabled}
 
 
 def main() -> None:

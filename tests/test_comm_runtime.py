@@ -181,6 +181,130 @@ def test_rank_zero_switches_sizes_mid_run_and_every_rank_follows_at_that_step(ma
     check_retune(tmp, [r["retune"] for r in results])
 
 
+# --- order="static" and enabled=False ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def static_job(tmp_path_factory) -> list[dict]:
+    """One 2-rank job for the static order's tests."""
+    return run_job(tmp_path_factory.mktemp("comm_static"), "static", limit_s=300)
+
+
+def issued_as_compiled(issues: list[dict], steps: int) -> None:
+    """Every step issued exactly the static order compiled for it, nothing else."""
+    assert [e["step"] for e in issues] == list(range(steps))
+    for e in issues:
+        assert e["order"] and e["issued"] == e["order"], e["step"]
+
+
+@pytest.mark.timeout(400)
+def test_static_order_equals_the_leader_order_and_ddp_and_every_rank_issues_it(static_job):
+    r0, r1 = static_job
+    assert len(r0["runs"]) == 4 * 2  # 4 policies x (momentum SGD, Adam)
+    for key in r0["runs"]:
+        # One compiled order, the same on both ranks, every collective once.
+        orders = [r["runs"][key]["static_order"] for r in static_job]
+        assert orders[0] == orders[1] and len(set(orders[0])) == len(orders[0]) > 1, key
+        for rank, r in enumerate(static_job):
+            run = r["runs"][key]
+            # The same sums in another order: the leader-ordered run's parameters bit for
+            # bit, DDP's within the existing tolerance.
+            assert run["bitwise_vs_leader"], (rank, key)
+            assert run["vs_ddp"] <= 1e-6, (rank, key, run["vs_ddp"])
+            issued_as_compiled(run["issues"], steps=5)
+            assert all(e["order"] == run["static_order"] for e in run["issues"])
+            # No decision went through the store, and no rank reads decisions; the leader
+            # run of the same job shows both would be seen.
+            assert run["decision_keys"] == [], (rank, key, run["decision_keys"][:3])
+            assert run["leader_decision_keys"] > 0
+            assert "trainsched-decisions" not in run["threads"]
+            assert "trainsched-dispatcher" in run["threads"]
+        assert "trainsched-decisions" in r1["runs"][key]["leader_threads"]
+    assert "static_wire must be (alpha_s, bytes_per_s)" in r0["bad_wire"]
+    assert "static_order is the order compiled with order='static'" in r0["not_static"]
+
+
+@pytest.mark.timeout(400)
+def test_static_order_holds_under_random_per_rank_delays_with_the_order_checked(static_job):
+    # verify_order_every=1: a mismatch would have raised in the job (and failed run_job).
+    for rank, r in enumerate(static_job):
+        fuzz = r["fuzz"]
+        assert fuzz["vs_ddp"] <= 1e-5, (rank, fuzz["vs_ddp"])
+        issued_as_compiled(fuzz["issues"], fuzz["steps"])
+        assert fuzz["static_order"] == static_job[0]["fuzz"]["static_order"]
+        assert fuzz["decision_keys"] == []
+        assert 0 < fuzz["max_in_flight_bytes"] <= fuzz["credit_bytes"]  # strict credit kept
+
+
+@pytest.mark.timeout(400)
+def test_static_order_is_recompiled_at_a_switch_on_every_rank(static_job):
+    KiB = 1024
+    assert static_job[0]["retune_at"] == 2
+    assert "rank 0's call" in static_job[1]["retune"]["errors"]["follower"]
+    for r in static_job:
+        retune = r["retune"]
+        assert retune["switches"] == [[2, 4 * KiB, 8 * KiB]]
+        issued_as_compiled(retune["issues"], steps=6)
+        before, after = retune["issues"][0]["order"], retune["issues"][2]["order"]
+        assert [e["order"] for e in retune["issues"]] == [before] * 2 + [after] * 4
+        assert after == retune["static_order"]
+        # fc1.weight (32 KiB): 32 partitions of 1 KiB before, 8 of 4 KiB after.
+        assert "fc1.weight/31" in before and "fc1.weight/7" in after
+        assert "fc1.weight/8" not in after
+        assert retune["issues"] == static_job[0]["retune"]["issues"]  # both ranks alike
+        assert retune["bitwise_vs_unswitched"] and retune["vs_ddp"] <= 1e-6
+        # An online tuner under the static order: rank 0's decisions, applied on every
+        # rank at the same steps, each step issuing the order compiled for its policy.
+        tuner = r["tuner"]
+        decided = static_job[0]["tuner"]["decided"]
+        assert len(decided) >= 5
+        assert [s[0] for s in tuner["switches"]] == [d[0] for d in decided]
+        assert tuner["switches"] == static_job[0]["tuner"]["switches"]
+        issued_as_compiled(tuner["issues"], tuner["steps"])
+        assert tuner["issues"] == static_job[0]["tuner"]["issues"]
+        assert len({tuple(e["order"]) for e in tuner["issues"]}) >= 2
+        assert tuner["vs_ddp"] <= 1e-6
+
+
+@pytest.mark.timeout(300)
+def test_disabled_is_a_pass_through_to_ddp_without_hooks_threads_or_store_traffic(tmp_path):
+    results = run_job(tmp_path, "disabled", limit_s=240)
+    none = {"grad": 0, "forward": 0}
+    for rank, r in enumerate(results):
+        runs = r["runs"]
+        for label in ("momentum", "adam", "factory"):
+            run = runs[label]
+            # DDP's parameters bit for bit (the lazy step is the same computation).
+            assert run["bitwise_vs_ddp"], (rank, label, run["vs_ddp"])
+            assert len(set(run["threads"])) == 1, (rank, label, run["threads"])
+            assert run["hooks_before"] == none and run["hooks_after_close"] == none
+            assert all(h == none for h in run["hooks"]), (rank, label, run["hooks"])
+            assert run["store_keys_added"] == 0, (rank, label)
+            assert run["steps_before_drain"] == 5
+        assert runs["momentum"]["steps_after_drain"] == 5
+        assert runs["momentum"]["momentum_buffer_bitwise"]  # `optimizers` after drain
+        assert "was closed" in runs["momentum"]["forward_after_close"]
+        assert r["set_lr_bitwise"]
+        # The same measurements of an enabled wrapper: its threads, hooks and store keys.
+        on = runs["enabled"]
+        assert on["threads"][2] > on["threads"][0]
+        assert all(h["grad"] == 8 and h["forward"] > 0 for h in on["hooks"])  # 8 parameters
+        assert on["store_keys_added"] > 0
+        assert on["hooks_after_close"] == none and on["vs_ddp"] <= 1e-6
+        refused = r["refused"]
+        for key, words in (("tuner", "a tuner"), ("timeline", "a timeline"),
+                           ("verify", "verify_order_every"), ("order", "order='static'"),
+                           ("update", "update='partition'")):
+            assert "enabled=False is a pass-through to DistributedDataParallel" in refused[key]
+            assert f"refuses {words} (" in refused[key], refused[key]
+            assert "drop it or use enabled=True" in refused[key]
+        assert "a tuner" in refused["several"] and "verify_order_every" in refused["several"]
+        assert "drop them" in refused["several"]
+        assert "built with enabled=False" in refused["retune"]
+        assert "enabled=False" in refused["static_order"]
+        assert "enabled must be True or False" in refused["enabled_type"]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_order_fuzz_on_four_ranks_for_a_hundred_steps(tmp_path):
@@ -222,6 +346,9 @@ def test_run_segments_times_every_kind_in_one_job():
              Segment(label="ddp", kind="ddp", bucket_mb=1.0),
              Segment(label="priority", kind="sdp", partition_bytes=64 * 1024,
                      credit_bytes=256 * 1024, credit_mode="strict"),
+             Segment(label="static", kind="sdp", partition_bytes=64 * 1024,
+                     credit_bytes=256 * 1024, order="static"),
+             Segment(label="off", kind="sdp", enabled=False),
              Segment(label="flat", kind="flat"), Segment(label="compute", kind="compute"),
              Segment(label="allreduce", kind="allreduce")]
     segments = [s.__class__(**{**s.__dict__, "steps": 3, "warmup": 1}) for s in kinds]
@@ -252,6 +379,18 @@ def test_cli_train_prints_json_and_writes_a_timeline(tmp_path, capsys):
         assert steps == {1, 2, 3}
 
 
+@pytest.mark.timeout(180)
+def test_cli_train_runs_the_static_order(capsys):
+    from trainsched.cli import main
+
+    code = main(["train", "mlp", "--nproc", "2", "--comm", "priority", "--partition", "16KiB",
+                 "--credit", "64KiB", "--order", "static", "--steps", "3", "--warmup", "1",
+                 "--batch-size", "4"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "static order" in out and "step time  median" in out
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--partition", "4MiB", "--credit", "1MiB", "--credit-mode", "strict"],
      "smaller than the partition size"),
@@ -259,6 +398,12 @@ def test_cli_train_prints_json_and_writes_a_timeline(tmp_path, capsys):
     (["--steps", "0"], "--steps must be at least 1"),
     (["--nproc", "0"], "--nproc must be a positive integer"),
     (["--partition", "0"], "partition_bytes must be a positive integer"),
+    (["--order", "local"], "--order must be one of leader, static, got 'local'"),
+    (["--comm", "ddp", "--order", "static"], "--order sets the scheduled runtime's"),
+    (["--comm", "ddp", "--no-schedule"], "--comm ddp is stock DDP already"),
+    (["--no-schedule", "--order", "static"], "so --order static has nothing to act on"),
+    (["--no-schedule", "--timeline", "."], "so --timeline has nothing to act on"),
+    (["--no-schedule", "--autotune"], "which --no-schedule turns off"),
 ])
 def test_cli_train_rejects_bad_input_before_spawning(capsys, argv, message):
     from trainsched.cli import main

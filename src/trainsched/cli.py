@@ -379,9 +379,11 @@ def cmd_train(args: argparse.Namespace) -> int:
               else parse_size(args.credit))
     if args.autotune:
         return _autotune(args, partition, credit)
+    enabled = not args.no_schedule
     result = train(args.model, args.comm, nproc=args.nproc, steps=args.steps,
                    warmup=args.warmup, partition_bytes=partition, credit_bytes=credit,
                    credit_mode=args.credit_mode, timeline_dir=args.timeline,
+                   order=args.order, enabled=enabled,
                    batch_size=args.batch_size, image_size=args.image_size,
                    seq_len=args.seq_len, optimizer=args.optimizer, lr=args.lr,
                    timeout_s=args.timeout)
@@ -389,7 +391,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.json:
         print(_dump({"comm": args.comm, "partition_bytes": partition,
                      "credit_bytes": None if credit == float("inf") else credit,
-                     "credit_mode": args.credit_mode, "warmup": args.warmup,
+                     "credit_mode": args.credit_mode, "order": args.order,
+                     "schedule": enabled, "warmup": args.warmup,
                      "steps": args.steps, "median_s": seg.median_s,
                      "p10_s": seg.quantile_s(0.1), "p90_s": seg.quantile_s(0.9),
                      "throughput_samples_per_s": result.throughput(), **result.to_dict()}))
@@ -399,6 +402,9 @@ def cmd_train(args: argparse.Namespace) -> int:
            "priority": f"partition {format_size(partition)}, credit "
                        f"{'unlimited' if credit == float('inf') else format_size(credit)} "
                        f"{args.credit_mode}, crossing the barrier"}[args.comm]
+    if args.comm != "ddp":
+        how += (", scheduler off (--no-schedule: stock DDP, 25 MiB buckets)" if not enabled
+                else f", {args.order} order")
     print(f"{result.model}: {args.nproc} gloo ranks x batch {result.batch_size}, --comm "
           f"{args.comm} ({how}), {args.optimizer}")
     print(f"  step time  median {format_duration(seg.median_s)}  p10 "
@@ -420,6 +426,9 @@ def _autotune(args: argparse.Namespace, partition: int, credit: float) -> int:
     if args.comm != "priority":
         raise TrainschedError("--autotune tunes the priority scheduler's partition and credit; "
                               f"drop --comm {args.comm} (or use --comm priority)")
+    if args.no_schedule:
+        raise TrainschedError("--autotune tunes the scheduler, which --no-schedule turns off; "
+                              "drop one of them")
     if args.timeline:
         raise TrainschedError("--timeline records one run; give it without --autotune, at the "
                               "partition and credit the tuner reports")
@@ -452,7 +461,8 @@ def _autotune(args: argparse.Namespace, partition: int, credit: float) -> int:
               f"{args.warmup} + {args.steps} at the chosen point", flush=True)
     result = train(args.model, "priority", nproc=args.nproc, steps=args.steps,
                    warmup=args.warmup, partition_bytes=partition, credit_bytes=credit,
-                   credit_mode=args.credit_mode, tune=options, batch_size=args.batch_size,
+                   credit_mode=args.credit_mode, tune=options, order=args.order,
+                   batch_size=args.batch_size,
                    image_size=args.image_size, seq_len=args.seq_len,
                    optimizer=args.optimizer, lr=args.lr, timeout_s=args.timeout)
     seg = result.first
@@ -460,7 +470,8 @@ def _autotune(args: argparse.Namespace, partition: int, credit: float) -> int:
     if tuned is None:
         raise TrainschedError("the tuner reported nothing (rank 0 ran no trial)")
     if args.json:
-        print(_dump({"comm": "priority", "credit_mode": args.credit_mode, "steps": args.steps,
+        print(_dump({"comm": "priority", "credit_mode": args.credit_mode, "order": args.order,
+                     "steps": args.steps,
                      "warmup": args.warmup, "autotune": tuned, "median_s": seg.median_s,
                      "p10_s": seg.quantile_s(0.1), "p90_s": seg.quantile_s(0.9),
                      "throughput_samples_per_s": result.throughput(), **result.to_dict()}))
@@ -680,6 +691,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--partition", default="4MiB", help="priority: partition size")
     p.add_argument("--credit", default="16MiB", help="priority: bytes in flight (or inf)")
     p.add_argument("--credit-mode", choices=("overdraft", "strict"), default="overdraft")
+    p.add_argument("--order", default="leader",
+                   help="fifo/priority: the collective order every rank issues: leader (rank 0 "
+                   "decides each step, published in the store) or static (compiled once from "
+                   "step 0's ready times, no per-decision store traffic)")
+    p.add_argument("--no-schedule", action="store_true",
+                   help="fifo/priority: turn the scheduler off (its pass-through: stock DDP, one "
+                   "optimizer, no hooks or threads of its own)")
     p.add_argument("--steps", type=int, default=20, help="timed steps after the warm-up")
     p.add_argument("--warmup", type=int, default=3, help="untimed first steps")
     p.add_argument("--batch-size", type=int, default=None, help="examples per rank")

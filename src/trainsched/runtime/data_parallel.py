@@ -18,7 +18,12 @@ layer's update as soon as its gradients are reduced.
   with the wrong partners. ``order="leader"`` (default): rank 0 decides, publishing its k-th
   decision of step s as the store key ``<s>/<k>``; the other ranks issue exactly that sequence,
   each collective once its gradients are ready locally and the same credit gate lets it pass
-  (it may delay, never reorder). ``order="local"`` lets every rank decide alone; it exists to
+  (it may delay, never reorder). ``order="static"`` ("simulate → compile → execute"): the
+  issue order is compiled once from the task table and rank 0's step-0 ready times, by
+  replaying the dispatch core on a fake FIFO wire (:func:`static_issue_order`), identically on
+  every rank, and every rank (rank 0 too) issues exactly that sequence each step, with no store
+  traffic per decision; it is recompiled when a retune switches the policy.
+  ``order="local"`` lets every rank decide alone; it exists to
   show the hazard and is caught by ``verify_order_every=N``, which compares a digest of every
   rank's issue sequence through the store before every N-th issue and raises naming both
   ranks' collectives.
@@ -44,6 +49,13 @@ layer's update as soon as its gradients are reduced.
   An :class:`~trainsched.comm.tune.OnlineTuner` (``tuner=``) drives this from rank 0's step
   times: Bayesian search of partition and credit within one job.
 
+- **Disabled** (``enabled=False``, ``specs/comm.md`` §11: byteps #370 measured a disabled
+  scheduler 7% slower than none). A true pass-through with the same training-loop API: stock
+  ``DistributedDataParallel`` (default buckets) reduces the gradients, one optimizer over all
+  parameters is stepped lazily (at the next forward, or in ``drain``/``close``/``optimizers``,
+  after a backward pass), and there are no per-parameter hooks, no threads and no store traffic
+  per step.
+
 Call :meth:`ScheduledDataParallel.drain` before evaluation, checkpoints and learning-rate
 changes, and :meth:`ScheduledDataParallel.close` at the end (also run at exit).
 """
@@ -53,6 +65,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import gc
 import hashlib
 import heapq
 import json
@@ -70,15 +83,18 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainsched.comm.dispatch import Dispatcher, check_sizes, partition_spans
+from trainsched.comm.dispatch import Dispatcher, check_sizes, partition_spans, replay_fifo_wire
 from trainsched.comm.policy import CommPolicy, Gradient, check_plan, comm_policy
 from trainsched.comm.timeline import Span, write_timeline
 from trainsched.comm.tune import OnlineTuner, tuned_policy
 from trainsched.errors import TrainschedError
 
-__all__ = ["ORDERS", "ScheduledDataParallel"]
+__all__ = ["ORDERS", "STATIC_WIRE", "ScheduledDataParallel", "static_issue_order"]
 
-ORDERS = ("leader", "local")
+ORDERS = ("leader", "static", "local")
+#: The fake wire ``order="static"`` compiles on: (α seconds per collective, bytes per second);
+#: gloo on loopback, ``specs/comm.md`` §8 (α ≈ 0.5-2 ms, β ≈ 1 GB/s).
+STATIC_WIRE = (1e-3, 1e9)
 UPDATES = ("auto", "parameter", "partition")
 #: Optimizers whose step is elementwise given per-element state: stepping a slice of a
 #: parameter equals stepping the whole parameter on that slice (bit for bit; tested).
@@ -117,7 +133,21 @@ class ScheduledDataParallel(nn.Module):
     times (a step: from one forward after a backward pass to the next) and follows with
     :meth:`retune`; the other ranks ignore theirs (pass one everywhere: its
     ``total_steps`` tells every rank when tuning is over). Needs a policy with a partition size
-    and a credit (``priority``, ``bytescheduler``).
+    and a credit (``priority``, ``bytescheduler``) and ``order="leader"`` or ``"static"``.
+
+    ``order``: ``"leader"`` (default), ``"static"`` or ``"local"`` (module docstring).
+    ``static_wire``: ``(alpha_s, bytes_per_s)``, the linear cost ``alpha_s + size /
+    bytes_per_s`` of one collective on the fake FIFO wire ``order="static"`` compiles its issue
+    order on (default :data:`STATIC_WIRE`: gloo on loopback). Only the order is taken from the
+    simulation, so the wire needs to be right only in proportion: how many gradients become
+    ready while one collective runs.
+
+    ``enabled=False``: a pass-through (module docstring): stock ``DistributedDataParallel``
+    and one ``optimizer`` over all parameters (the class with ``optimizer_kwargs``, or a
+    factory called with the list of all trainable parameters), stepped at the next forward
+    after a backward pass (or in :meth:`drain`, :meth:`close`, :attr:`optimizers`). The
+    policy is then unused; a tuner, a timeline, ``verify_order_every``, an ``order`` other than
+    ``"leader"``, ``update="partition"`` and :meth:`retune` are refused.
     """
 
     def __init__(self, module: nn.Module, policy: CommPolicy | str = "priority", *,
@@ -127,7 +157,9 @@ class ScheduledDataParallel(nn.Module):
                  timeline: str | Path | None = None,
                  timeline_steps: tuple[int, int] = (1, 3), store: Any = None,
                  update: str = "auto", comm_threads: int | None = None,
-                 tuner: OnlineTuner | None = None) -> None:
+                 tuner: OnlineTuner | None = None,
+                 static_wire: tuple[float, float] = STATIC_WIRE,
+                 enabled: bool = True) -> None:
         super().__init__()
         if not dist.is_initialized():
             raise TrainschedError("ScheduledDataParallel needs torch.distributed: call "
@@ -149,6 +181,13 @@ class ScheduledDataParallel(nn.Module):
         if not (isinstance(timeout_s, int | float) and math.isfinite(timeout_s)
                 and timeout_s > 0):
             raise TrainschedError(f"timeout_s must be a positive number, got {timeout_s!r}")
+        self._static_wire = _check_static_wire(static_wire)
+        if not isinstance(enabled, bool):
+            raise TrainschedError(f"enabled must be True or False, got {enabled!r}")
+        if not enabled:
+            _refuse_when_disabled(order=order, verify_order_every=verify_order_every,
+                                  timeline=timeline, tuner=tuner, update=update)
+        self.enabled = enabled
         self.order = order
         self.verify_order_every = verify_order_every
         self.timeout_s = float(timeout_s)
@@ -156,17 +195,26 @@ class ScheduledDataParallel(nn.Module):
         self.rank = dist.get_rank(self._group)
         self.world_size = dist.get_world_size(self._group)
         self._group_ranks = tuple(dist.get_process_group_ranks(self._group))
-        self._follow = order == "leader" and self.rank != 0
+        # Who does what, by order: with "leader" rank 0 decides and publishes every decision
+        # (`_publish`) and the others read them (`_reads_decisions`); with "static" every rank
+        # issues the compiled order. Both follow a given order in their dispatch core
+        # (`_follow`), except the leader itself.
+        coordinated = order in ("leader", "static")
+        self._follow = (order == "leader" and self.rank != 0) or order == "static"
         self._publish = order == "leader" and self.rank == 0 and self.world_size > 1
-        # Who may switch the policy: rank 0 of a leader-ordered group, or a lone rank.
-        self._decides = self.rank == 0 and (order == "leader" or self.world_size == 1)
+        self._reads_decisions = order == "leader" and self.rank != 0
+        # Who may switch the policy: rank 0 of a coordinated group, or a lone rank; the switch
+        # travels through the store once per step (`cfg/<s>`), not per decision.
+        self._decides = self.rank == 0 and (coordinated or self.world_size == 1)
+        self._reads_config = coordinated and self.rank != 0
+        self._publish_config = coordinated and self.rank == 0 and self.world_size > 1
         if tuner is not None:
             if not isinstance(tuner, OnlineTuner):
                 raise TrainschedError(f"tuner must be an OnlineTuner, got {type(tuner).__name__}")
             tuned_policy(self.policy, 4096, 4096)  # a policy without sizes to tune fails here
-            if order != "leader" and self.world_size > 1:
+            if not coordinated and self.world_size > 1:
                 raise TrainschedError("online tuning switches every rank at rank 0's word: it "
-                                      "needs order='leader'")
+                                      "needs order='leader' or order='static'")
         self._tuner = tuner if self._decides else None
         if self._tuner is not None:
             self._tuner.begin(self.policy.partition_bytes, self.policy.credit_bytes)
@@ -181,17 +229,23 @@ class ScheduledDataParallel(nn.Module):
                 self._params.append(p)
         if not self._params:
             raise TrainschedError("the module has no parameter that requires a gradient")
-        self._check_partition_alignment(self.policy)
+        if enabled:
+            self._check_partition_alignment(self.policy)
 
         self._store_prefix = self._agree_prefix()
         self._store = self._make_store(store)
         self._check_same_model()
-        self._broadcast_state()
+        if enabled:
+            self._broadcast_state()  # disabled: DDP broadcasts them itself
         self._data_group = self._group
         if comm_threads is not None:
             self._data_group = self._gloo_group(comm_threads)
         self._optimizer_spec = (optimizer, optimizer_kwargs)
-        self._optimizers = [self._make_optimizer(optimizer, optimizer_kwargs, p, n)
+        if not enabled:
+            self._init_pass_through()
+            return
+        self._optimizers = [self._make_optimizer(optimizer, optimizer_kwargs, [p],
+                                                 f"parameter {n!r}")
                             for n, p in zip(self._names, self._params, strict=True)]
         self._slice_optimizers: list[torch.optim.Optimizer] = []  # update="partition"
         elementwise = all(type(o) in ELEMENTWISE for o in self._optimizers)
@@ -221,6 +275,7 @@ class ScheduledDataParallel(nn.Module):
         self._seen: set[int] = set()
         self._forward_order: list[int] = []  # parameters by first use in forward 0
         self._ready_log: list[int] = []  # parameters in gradient order in backward 0
+        self._ready_times: list[float] = []  # ... and when each became ready (s, from _t0)
         self._last_ready_s = 0.0
         self._fwd_start: dict[int, float] = {}
         self._timeline_dir = Path(timeline) if timeline is not None else None
@@ -242,7 +297,7 @@ class ScheduledDataParallel(nn.Module):
                                             daemon=True)
         self._dispatcher.start()
         self._reader: threading.Thread | None = None
-        if self._follow:
+        if self._reads_decisions:
             self._reader = threading.Thread(target=self._read_decisions, daemon=True,
                                             name="trainsched-decisions")
             self._reader.start()
@@ -334,28 +389,54 @@ class ScheduledDataParallel(nn.Module):
                 dist.broadcast(t.data, src=source, group=self._group)
 
     @staticmethod
-    def _make_optimizer(optimizer: Any, kwargs: dict | None, p: nn.Parameter,
-                        name: str) -> torch.optim.Optimizer:
+    def _make_optimizer(optimizer: Any, kwargs: dict | None, params: list[torch.Tensor],
+                        what: str) -> torch.optim.Optimizer:
+        """The user's optimizer over ``params`` (``what`` names them in errors)."""
         if isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer):
             if issubclass(optimizer, torch.optim.LBFGS):
-                raise TrainschedError("optimizers that need a closure (LBFGS) cannot step one "
-                                      "parameter at a time; use SGD, Adam or similar")
+                raise TrainschedError("optimizers that need a closure (LBFGS) cannot be "
+                                      "stepped by ScheduledDataParallel (it steps them itself, "
+                                      "without a closure); use SGD, Adam or similar")
             try:
-                opt = optimizer([p], **(kwargs or {}))
+                opt = optimizer(params, **(kwargs or {}))
             except (TypeError, ValueError) as exc:
                 raise TrainschedError(f"optimizer {optimizer.__name__}: {exc}") from None
         elif callable(optimizer):
             if kwargs:
                 raise TrainschedError("optimizer_kwargs go with an optimizer class, not with "
                                       "a factory function")
-            opt = optimizer([p])
+            opt = optimizer(params)
         else:
             raise TrainschedError(f"optimizer must be an optimizer class or a factory, got "
                                   f"{optimizer!r}")
         if not isinstance(opt, torch.optim.Optimizer):
             raise TrainschedError(f"the optimizer factory returned {type(opt).__name__} for "
-                                  f"parameter {name!r}, not a torch.optim.Optimizer")
+                                  f"{what}, not a torch.optim.Optimizer")
         return opt
+
+    def _init_pass_through(self) -> None:
+        """``enabled=False``: stock DDP around the module and one optimizer over all
+        parameters; no hooks, no threads (the class docstring)."""
+        self._closed = False
+        self._stepped = 0  # optimizer steps so far: the backward passes applied
+        self._max_in_flight = 0.0
+        self._decides = False
+        self._optimizers = [self._make_optimizer(*self._optimizer_spec, list(self._params),
+                                                 "all parameters")]
+        self._slice_optimizers = []
+        self.update = "parameter"
+        # Not a registered submodule: the wrapper's state_dict stays the module's alone.
+        self.__dict__["_ddp"] = nn.parallel.DistributedDataParallel(
+            self.module, process_group=self._data_group)
+
+    def _step_if_due(self) -> None:
+        """Pass-through: step the optimizer if a backward pass left gradients since the last
+        step, then drop them (DDP has averaged them over the ranks)."""
+        if any(p.grad is not None for p in self._params):
+            opt = self._optimizers[0]
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            self._stepped += 1
 
     def _install_hooks(self) -> None:
         index = {id(p): k for k, p in enumerate(self._params)}
@@ -386,16 +467,36 @@ class ScheduledDataParallel(nn.Module):
     # -- public --------------------------------------------------------------------------------
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.enabled:
+            if self._closed:
+                raise TrainschedError("this ScheduledDataParallel was closed")
+            self._step_if_due()
+            return self._ddp(*args, **kwargs)
         return self.module(*args, **kwargs)
 
     @property
     def optimizers(self) -> tuple[torch.optim.Optimizer, ...]:
         """The per-parameter optimizers, in parameter order, after a :meth:`drain`. With
         ``update="partition"`` the state of each partition's optimizer is first copied into
-        its parameter's optimizer, so these hold the whole state (for checkpoints)."""
+        its parameter's optimizer, so these hold the whole state (for checkpoints). With
+        ``enabled=False``: the one optimizer over all parameters."""
         self.drain()
-        self._dispatch.fold_slices()
+        if self.enabled:
+            self._dispatch.fold_slices()
         return tuple(self._optimizers)
+
+    @property
+    def static_order(self) -> tuple[str, ...]:
+        """``order="static"``: the compiled issue order of a step (collective names), the one
+        every rank issues, after a :meth:`drain`; empty before the first backward pass ends
+        (the order is compiled from it) and recompiled at every policy switch."""
+        if self.order != "static" or not self.enabled:
+            raise TrainschedError(f"static_order is the order compiled with order='static'; "
+                                  f"this wrapper uses order={self.order!r}"
+                                  + ("" if self.enabled else " and enabled=False"))
+        self.drain()
+        d = self._dispatch
+        return tuple(d.names[c] for c in d.static)
 
     @property
     def switches(self) -> tuple[tuple[int, CommPolicy], ...]:
@@ -416,12 +517,16 @@ class ScheduledDataParallel(nn.Module):
         step ``at_step`` on, on every rank. The earliest step, and the default, is
         ``steps + 1``: the next backward pass after the one about to run. Call it between
         steps (not from inside backward). Returns the step at which the switch happens."""
+        if not self.enabled:
+            raise TrainschedError("retune switches the scheduler's policy, but this wrapper was "
+                                  "built with enabled=False (stock DDP reduces the gradients); "
+                                  "build it with enabled=True to retune")
         if not self._decides:
             raise TrainschedError(
-                f"retune is rank 0's call (with order='leader'); rank {self.rank} follows at "
-                f"the same step" if self.order == "leader" else
-                "retune needs order='leader': with order='local' no rank can tell the others "
-                "when to switch")
+                f"retune is rank 0's call (with order='leader' or 'static'); rank {self.rank} "
+                f"follows at the same step" if self.order != "local" else
+                "retune needs order='leader' or 'static': with order='local' no rank can tell "
+                "the others when to switch")
         if self._in_backward:
             raise TrainschedError("retune between steps, not during a backward pass")
         if self._closed:
@@ -453,6 +558,8 @@ class ScheduledDataParallel(nn.Module):
     @property
     def steps(self) -> int:
         """Backward passes completed so far."""
+        if not self.enabled:
+            return self._stepped + int(any(p.grad is not None for p in self._params))
         return self._backwards
 
     @property
@@ -462,7 +569,11 @@ class ScheduledDataParallel(nn.Module):
 
     def drain(self, timeout_s: float | None = None) -> None:
         """Wait until every gradient handed over so far is reduced and applied (before
-        evaluation, checkpoints, learning-rate changes and exit)."""
+        evaluation, checkpoints, learning-rate changes and exit). With ``enabled=False``: step
+        the optimizer if a backward pass is not yet applied."""
+        if not self.enabled:
+            self._step_if_due()
+            return
         deadline = _now() + (self.timeout_s if timeout_s is None else timeout_s)
         with self._cv:
             while True:
@@ -490,6 +601,14 @@ class ScheduledDataParallel(nn.Module):
         """Drain, stop the threads, remove the hooks and write the timeline. Safe to call
         twice; a failure found while draining is raised after cleaning up."""
         if self._closed:
+            return
+        if not self.enabled:
+            self._step_if_due()
+            self._closed = True
+            # Drop DDP now (its reducer's autograd hooks with it), so that the module can be
+            # wrapped again without two reducers.
+            del self.__dict__["_ddp"]
+            gc.collect()
             return
         failure = None
         try:
@@ -618,6 +737,7 @@ class ScheduledDataParallel(nn.Module):
         self._seen.add(k)
         if self._backwards == 0:
             self._ready_log.append(k)
+            self._ready_times.append(t)
         self._inbox.put(("ready", k, t))
         if self._in_window(self._backwards):
             label = self._owner[k]
@@ -646,26 +766,34 @@ class ScheduledDataParallel(nn.Module):
             self._fail(error)
             raise error
         if self._backwards == 0:
-            self._inbox.put(("plan", self._task_table()))
+            self._inbox.put(("plan", *self._task_table()))
         self._backwards += 1
 
-    def _task_table(self) -> tuple[Gradient, ...]:
-        """Rank 0's layer and ready order (published; the others read it)."""
+    def _task_table(self) -> tuple[tuple[Gradient, ...], dict[str, float]]:
+        """Rank 0's layer and ready order, and when each gradient became ready in step 0
+        (seconds from the first; ``order="static"`` compiles from them), published as one
+        JSON message; every rank, rank 0 too, builds from the parsed message (JSON floats
+        round-trip exactly, so every rank holds the same numbers)."""
         key = "plan"
         if self.rank == 0:
             ready = {k: n for n, k in enumerate(self._ready_log)}
+            when = dict(zip(self._ready_log, self._ready_times, strict=True))
+            first = self._ready_times[0]
             late = len(self._forward_order)
-            table = [[self._names[k], self._layer_of.get(k, late + k), ready[k]]
-                     for k in range(len(self._params))]  # fmt: skip
-            self._store.set(key, json.dumps(table))
+            table = [[self._names[k], self._layer_of.get(k, late + k), ready[k],
+                      when[k] - first] for k in range(len(self._params))]  # fmt: skip
+            text = json.dumps(table)
+            self._store.set(key, text)
         else:
-            table = json.loads(self._store_get(self._store, key, "the task table of rank 0"))
+            text = self._store_get(self._store, key, "the task table of rank 0")
+        table = json.loads(text)
         sizes = [p.numel() * p.element_size() for p in self._params]
         if [row[0] for row in table] != self._names:
             raise TrainschedError("rank 0's parameters differ from this rank's")
-        return tuple(Gradient(name=name, size_bytes=sizes[k], layer_index=layer,
-                              ready_index=ready)
-                     for k, (name, layer, ready) in enumerate(table))  # fmt: skip
+        gradients = tuple(Gradient(name=name, size_bytes=sizes[k], layer_index=layer,
+                                   ready_index=ready)
+                          for k, (name, layer, ready, _) in enumerate(table))  # fmt: skip
+        return gradients, {row[0]: row[3] for row in table}
 
     def _fail(self, error: TrainschedError) -> None:
         with self._cv:
@@ -702,6 +830,62 @@ class ScheduledDataParallel(nn.Module):
                 self._inbox.put(("error", exc))
 
 
+def static_issue_order(policy: CommPolicy, gradients: Sequence[Gradient],
+                       ready_s: dict[str, float],
+                       wire: tuple[float, float] = STATIC_WIRE) -> tuple[str, ...]:
+    """The issue order ``order="static"`` compiles: ``policy``'s collectives of ``gradients``
+    (names), in the order the dispatch core hands them to a fake FIFO wire on which gradient
+    ``name`` becomes ready at ``ready_s[name]`` (seconds) and a collective of ``size`` bytes
+    takes ``alpha_s + size / bytes_per_s`` (``wire = (alpha_s, bytes_per_s)``).
+
+    This is :func:`~trainsched.comm.dispatch.replay_fifo_wire`, the same replay the simulator
+    is checked against, so the order is the one the policy would produce at those ready
+    times: a collective that is ready while the wire is idle goes first even if a more urgent
+    one follows shortly, and queued collectives leave by priority (and credit). A pure
+    function of its arguments: every rank that calls it with the same task table and times
+    gets the same order."""
+    alpha_s, bytes_per_s = _check_static_wire(wire)
+    records, _ = replay_fifo_wire(
+        lambda transport: Dispatcher.for_policy(policy, gradients, transport, follow=False),
+        ready_s, lambda size: alpha_s + size / bytes_per_s)
+    order = tuple(r.name for r in records)
+    assert len(set(order)) == len(order), "the fake wire ran a collective twice"
+    return order
+
+
+def _check_static_wire(wire: Any) -> tuple[float, float]:
+    """``(alpha_s, bytes_per_s)``: α finite and >= 0, bandwidth > 0."""
+    ok = (isinstance(wire, tuple | list) and len(wire) == 2
+          and all(isinstance(v, int | float) and not isinstance(v, bool) for v in wire))
+    if ok:
+        alpha_s, bytes_per_s = float(wire[0]), float(wire[1])
+        ok = math.isfinite(alpha_s) and alpha_s >= 0 and bytes_per_s > 0
+    if not ok:
+        raise TrainschedError(f"static_wire must be (alpha_s, bytes_per_s): the start-up "
+                              f"seconds of one collective (>= 0) and the bandwidth in bytes/s "
+                              f"(> 0), e.g. {STATIC_WIRE}; got {wire!r}")
+    return alpha_s, bytes_per_s
+
+
+def _refuse_when_disabled(*, order: str, verify_order_every: int, timeline: Any, tuner: Any,
+                          update: str) -> None:
+    """``enabled=False`` hands the gradients to stock DDP: refuse what only the scheduler
+    does."""
+    asked = [what for what, given in (
+        ("a tuner (it retunes the scheduler's partition and credit)", tuner is not None),
+        ("a timeline (it records the scheduler's queue, collectives and updates)",
+         timeline is not None),
+        ("verify_order_every (it checks the scheduler's collective order)",
+         verify_order_every != 0),
+        (f"order={order!r} (DDP orders its own buckets)", order != "leader"),
+        ("update='partition' (one optimizer steps all parameters)", update == "partition"),
+    ) if given]
+    if asked:
+        raise TrainschedError(f"enabled=False is a pass-through to DistributedDataParallel; "
+                              f"it refuses {'; '.join(asked)}: drop "
+                              f"{'them' if len(asked) > 1 else 'it'} or use enabled=True")
+
+
 def _policy_fields(policy: CommPolicy) -> dict[str, Any]:
     return {f.name: getattr(policy, f.name) for f in dataclasses.fields(policy)}
 
@@ -733,7 +917,8 @@ class _Transport:
 
 class _Dispatch:
     """The dispatcher thread's state: one :class:`Dispatcher` core per step, the collectives'
-    tensors, the leader's publishing, order checks and the updates."""
+    tensors, the leader's publishing (or the compiled static order), order checks and the
+    updates."""
 
     def __init__(self, sdp: ScheduledDataParallel) -> None:
         self.sdp = sdp
@@ -756,6 +941,8 @@ class _Dispatch:
         self.digest = hashlib.sha1(b"trainsched")
         self.checks = 0
         self.gradients: tuple[Gradient, ...] = ()
+        self.ready_s: dict[str, float] = {}  # rank 0's step-0 ready times (the task table's)
+        self.static: tuple[int, ...] = ()  # order="static": the compiled issue order
         self.pending: dict[int, CommPolicy] = {}  # rank 0: retunes not yet published
         self.switch_at: dict[int, CommPolicy] = {}  # the policy to switch to at a step
         self.slices: dict[int, tuple[torch.Tensor, torch.optim.Optimizer]] = {}
@@ -790,6 +977,9 @@ class _Dispatch:
                                       f"use a policy that reduces them separately")
             self.parts.append(row)
         self.names = [c.name for c in plan]
+        if sdp.order == "static":
+            order = static_issue_order(policy, gradients, self.ready_s, sdp._static_wire)
+            self.static = tuple(self.core.index[name] for name in order)
         self.tracks = [f"comm/{sdp._names[row[0][0]]}" if len(row) == 1 else f"comm/{name}"
                        for row, name in zip(self.parts, self.names, strict=True)]
         # update="partition": every part of a split, contiguous parameter is stepped alone,
@@ -814,7 +1004,8 @@ class _Dispatch:
                 for c in cs:
                     (_, lo, hi), = self.parts[c]
                     view = p.detach().view(-1)[lo:hi]
-                    opt = sdp._make_optimizer(optimizer, kwargs, view, self.names[c])
+                    opt = sdp._make_optimizer(optimizer, kwargs, [view],
+                                              f"partition {self.names[c]!r}")
                     for key, value in whole.param_groups[0].items():
                         if key != "params":
                             opt.param_groups[0][key] = value
@@ -894,6 +1085,7 @@ class _Dispatch:
                 return
             self.ready(k, t)
         elif kind == "plan":
+            self.ready_s = event[2]
             self.build(event[1])
             for k, t in self.early:
                 self.ready(k, t)
@@ -925,8 +1117,10 @@ class _Dispatch:
             self.step += 1
             self.position = 0
             self.missing = [len(row) for row in self.parts]
-            if sdp._follow:
+            if sdp._reads_decisions:
                 sdp._reader_inbox.put((self.step, len(core.plan)))
+            for c in self.static:  # order="static": the whole step's sequence, known already
+                core.decide(c)
         self.readies = (self.readies + 1) % len(sdp._params)
         core.ready([sdp._names[k]])
         for c in self.holders[k]:
@@ -939,7 +1133,7 @@ class _Dispatch:
         publish the next step's policy."""
         sdp = self.sdp
         policy = self.switch_at.pop(step, None)
-        if sdp._follow and step >= 1:
+        if sdp._reads_config and step >= 1:
             text = sdp._store_get(self.store, f"cfg/{step}", f"rank 0's policy for step {step}")
             if text:
                 fields = json.loads(text)
@@ -950,7 +1144,7 @@ class _Dispatch:
             upcoming = self.pending.pop(step + 1, None)
             if upcoming is not None:
                 self.switch_at[step + 1] = upcoming
-            if sdp._publish:
+            if sdp._publish_config:
                 text = "" if upcoming is None else json.dumps(_policy_fields(upcoming))
                 self.store.set(f"cfg/{step + 1}", text)
                 if step >= 2:
@@ -1006,7 +1200,7 @@ class _Dispatch:
                     f"collective order differs between ranks at issue {self.sequence} (step "
                     f"{self.step}): rank {sdp.rank} issues {name!r}, rank {r} issues "
                     f"{theirs[1]!r} (or an earlier issue differed); the ranks would sum "
-                    f"unrelated gradients. Use order='leader'")
+                    f"unrelated gradients. Use order='leader' or order='static'")
         if self.checks >= 2:
             self.store.delete_key(f"order/{self.checks - 2}/{sdp.rank}")
         self.checks += 1

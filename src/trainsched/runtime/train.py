@@ -7,7 +7,8 @@ interleave configurations (A B A B ...) without rebuilding the model:
 
 - ``sdp``: :class:`~trainsched.runtime.data_parallel.ScheduledDataParallel` with a policy
   (``fifo``: whole tensors in ready order with the barrier; ``priority``: partitions, credit,
-  crossing the barrier);
+  crossing the barrier), its collective ``order`` (``leader`` or ``static``), or with
+  ``enabled=False`` (the scheduler off: its pass-through to stock DDP);
 - ``ddp``: ``torch.nn.parallel.DistributedDataParallel`` (``bucket_mb``), the stock baseline;
 - ``flat``: backward, then one all-reduce of every gradient packed flat, then the step (no
   overlap at all);
@@ -50,6 +51,7 @@ __all__ = [
     "COMMS",
     "KINDS",
     "OPTIMIZERS",
+    "ORDERS",
     "Segment",
     "TrainResult",
     "run_segments",
@@ -60,6 +62,7 @@ __all__ = [
 
 MiB = 1 << 20
 COMMS = ("fifo", "ddp", "priority")
+ORDERS = ("leader", "static")  # ScheduledDataParallel's safe orders ("local" exists to fail)
 KINDS = ("sdp", "ddp", "flat", "compute", "allreduce")
 OPTIMIZERS = ("sgd", "momentum", "adam")
 
@@ -68,8 +71,8 @@ OPTIMIZERS = ("sgd", "momentum", "adam")
 class Segment:
     """One configuration to time: ``kind`` (module docstring); for ``sdp`` the policy
     (``policy`` ``fifo`` or ``priority`` with ``partition_bytes``, ``credit_bytes``,
-    ``credit_mode``, ``cross_barrier``), ``update`` and ``comm_threads``
-    (``ScheduledDataParallel``'s); for ``ddp`` the bucket cap in MB."""
+    ``credit_mode``, ``cross_barrier``), ``update``, ``comm_threads``, ``order`` and
+    ``enabled`` (``ScheduledDataParallel``'s); for ``ddp`` the bucket cap in MB."""
 
     label: str
     kind: str
@@ -80,6 +83,8 @@ class Segment:
     cross_barrier: bool = True
     update: str = "auto"
     comm_threads: int | None = None
+    order: str = "leader"
+    enabled: bool = True
     bucket_mb: float = 25.0
     steps: int = 20
     warmup: int = 3
@@ -117,6 +122,22 @@ class Segment:
                                       f"{', '.join(CREDIT_MODES)}, got {self.credit_mode!r}")
             if self.policy == "priority":
                 check_sizes(self.priority_policy())
+        if self.order not in ORDERS:
+            raise TrainschedError(f"--order must be one of {', '.join(ORDERS)}, got "
+                                  f"{self.order!r}")
+        if self.order != "leader" and self.kind != "sdp":
+            raise TrainschedError("--order sets the scheduled runtime's collective order: use "
+                                  "--comm fifo or --comm priority")
+        if not self.enabled:
+            if self.kind != "sdp":
+                raise TrainschedError("--no-schedule turns the scheduler of --comm fifo or "
+                                      "--comm priority off; --comm ddp is stock DDP already")
+            for given, flag in ((self.order != "leader", "--order static"),
+                                (self.timeline_dir is not None, "--timeline"),
+                                (self.tune is not None, "--autotune")):
+                if given:
+                    raise TrainschedError(f"--no-schedule reduces with stock DDP, so {flag} "
+                                          f"has nothing to act on; drop one of them")
         if self.timeline_dir is not None and self.kind != "sdp":
             raise TrainschedError("--timeline records the scheduled runtime: use --comm fifo "
                                   "or --comm priority")
@@ -138,10 +159,13 @@ class Segment:
 def segment_for(comm: str, *, partition_bytes: int | None = 4 * MiB,
                 credit_bytes: float | None = 16 * MiB, credit_mode: str = "overdraft",
                 steps: int = 20, warmup: int = 3, timeline_dir: str | None = None,
-                bucket_mb: float = 25.0, tune: dict[str, Any] | None = None) -> Segment:
+                bucket_mb: float = 25.0, tune: dict[str, Any] | None = None,
+                order: str = "leader", enabled: bool = True) -> Segment:
     """The segment ``trainsched train --comm COMM`` runs: ``fifo`` (whole tensors in ready
     order, the barrier), ``ddp`` (stock DDP) or ``priority`` (partitions, credit, crossing;
-    ``tune``: :class:`~trainsched.comm.tune.OnlineTuner` options to tune them online first)."""
+    ``tune``: :class:`~trainsched.comm.tune.OnlineTuner` options to tune them online first);
+    ``order`` and ``enabled`` go to ``ScheduledDataParallel`` (``--order``,
+    ``--no-schedule``)."""
     if comm not in COMMS:
         raise TrainschedError(f"--comm must be one of {', '.join(COMMS)}, got {comm!r}")
     kind = "ddp" if comm == "ddp" else "sdp"
@@ -149,7 +173,7 @@ def segment_for(comm: str, *, partition_bytes: int | None = 4 * MiB,
                    partition_bytes=partition_bytes, credit_bytes=credit_bytes,
                    credit_mode=credit_mode, cross_barrier=comm == "priority",
                    bucket_mb=bucket_mb, steps=steps, warmup=warmup, timeline_dir=timeline_dir,
-                   tune=tune)
+                   tune=tune, order=order, enabled=enabled)
 
 
 @dataclass(frozen=True)
@@ -266,13 +290,14 @@ def train(model: str, comm: str = "priority", *, nproc: int = 2, steps: int = 20
           warmup: int = 3, partition_bytes: int | None = 4 * MiB,
           credit_bytes: float | None = 16 * MiB, credit_mode: str = "overdraft",
           timeline_dir: str | None = None, tune: dict[str, Any] | None = None,
-          **options: Any) -> TrainResult:
+          order: str = "leader", enabled: bool = True, **options: Any) -> TrainResult:
     """Train ``model`` with ``comm`` (``fifo``, ``ddp``, ``priority``) and time its steps;
     with ``tune`` (OnlineTuner options, ``priority`` only) tune partition and credit online
-    first and time the steps at the best point."""
+    first and time the steps at the best point. ``order``: the scheduler's collective order
+    (``leader`` or ``static``); ``enabled=False``: the scheduler's pass-through to DDP."""
     segment = segment_for(comm, partition_bytes=partition_bytes, credit_bytes=credit_bytes,
                           credit_mode=credit_mode, steps=steps, warmup=warmup,
-                          timeline_dir=timeline_dir, tune=tune)
+                          timeline_dir=timeline_dir, tune=tune, order=order, enabled=enabled)
     return run_segments(model, [segment], nproc=nproc, **options)
 
 
@@ -421,7 +446,7 @@ def _run_segment(model: Any, args: tuple, kwargs: dict, seg: Segment, cfg: dict[
                                     optimizer_kwargs=opt_kwargs, timeout_s=cfg["timeout_s"],
                                     timeline=seg.timeline_dir, timeline_steps=window,
                                     update=seg.update, comm_threads=seg.comm_threads,
-                                    tuner=tuner)
+                                    tuner=tuner, order=seg.order, enabled=seg.enabled)
         net = sdp
         opt = None
     elif seg.kind == "ddp":
