@@ -46,6 +46,9 @@ POLICIES = {
     "priority-unlimited": PriorityPolicy(partition_bytes=2 * KiB, credit_bytes=math.inf,
                                          cross_barrier=True),
     "priority-whole": PriorityPolicy(cross_barrier=True),
+    # Strict credit with backfill: a smaller collective may use credit the head cannot.
+    "priority-backfill": PriorityPolicy(partition_bytes=2 * KiB, credit_bytes=3 * KiB,
+                                        backfill=True, cross_barrier=True),
     # Partitions, and the small tensors (biases, conv1's weight) fused into flat buffers.
     "bytescheduler": ByteSchedulerPolicy(partition_bytes=2 * KiB, credit_bytes=4 * KiB,
                                          fusion_bytes=KiB),
@@ -233,7 +236,7 @@ def job_equality(cfg: dict) -> dict:
         out["bitwise"][f"plain-vs-priority-whole/{opt}"] = all(
             torch.equal(a, b) for a, b in zip(plain, runs["priority-whole", opt], strict=True))
         for name in ("priority-strict", "priority-overdraft", "priority-unlimited", "fifo",
-                     "bytescheduler"):
+                     "bytescheduler", "priority-backfill"):
             out["bitwise"][f"{name}-vs-whole/{opt}"] = all(
                 torch.equal(a, b)
                 for a, b in zip(runs[name, opt], runs["priority-whole", opt], strict=True))
@@ -248,6 +251,12 @@ def job_equality(cfg: dict) -> dict:
         one = train_sdp(rank, POLICIES["priority-overdraft"], opt, comm_threads=1)
         out["bitwise"][f"one-thread-group/{opt}"] = all(
             torch.equal(a, b) for a, b in zip(one, runs["priority-overdraft", opt], strict=True))
+    probe = ScheduledDataParallel(net(), POLICIES["priority-backfill"], timeout_s=60)
+    loss_of(probe(batch(0, rank))).backward()
+    probe.drain()
+    out["backfill_in_core"] = probe._dispatch.core.backfill
+    out["backfill_peak_bytes"] = probe.max_in_flight_bytes
+    probe.close()
     out["partition_update_refused"] = error_of(lambda: ScheduledDataParallel(
         net(), "priority", optimizer=torch.optim.Adadelta, update="partition"))
     out["set_lr_vs_ddp"] = max_diff(lr_change(rank, True), lr_change(rank, False))

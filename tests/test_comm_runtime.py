@@ -43,12 +43,14 @@ def main_job(tmp_path_factory) -> tuple[Path, list[dict]]:
 def test_every_policy_and_optimizer_equals_ddp_and_plain_all_reduce(main_job):
     _, results = main_job
     for rank, r in enumerate(r["equality"] for r in results):
-        assert len(r["vs_ddp"]) == 8 * 3
+        assert len(r["vs_ddp"]) == 9 * 3
         worst = max(r["vs_ddp"].items(), key=lambda item: item[1])
         assert worst[1] <= 1e-6, (rank, worst)
         # Partitioned, credited, FIFO or whole-tensor: the same sums, bit for bit.
         assert all(r["bitwise"].values()), (rank, r["bitwise"])
-        assert len(r["bitwise"]) == 3 * 7 + 2
+        assert len(r["bitwise"]) == 3 * 8 + 2
+        # backfill reaches the runtime's dispatcher and keeps strict credit's bound
+        assert r["backfill_in_core"] is True and 0 < r["backfill_peak_bytes"] <= 3 * 1024
         assert "only exact for elementwise optimizers" in r["partition_update_refused"]
         assert r["set_lr_vs_ddp"] <= 1e-6
         assert r["ranks_identical"]

@@ -958,7 +958,8 @@ class _Dispatch:
         self.core = Dispatcher(plan, queue=policy.queue, credit_bytes=policy.credit_bytes,
                                credit_mode=policy.credit_mode,
                                ordered_issue=policy.ordered_issue, transport=_Transport(self),
-                               follow=sdp._follow)
+                               follow=sdp._follow,
+                               backfill=bool(getattr(policy, "backfill", False)))
         spans = partition_spans(gradients, plan)
         index = {n: k for k, n in enumerate(sdp._names)}
         self.index = index
