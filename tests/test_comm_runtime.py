@@ -393,6 +393,17 @@ def test_cli_train_runs_the_static_order(capsys):
     assert "static order" in out and "step time  median" in out
 
 
+def test_cli_train_runs_backfill(capsys):
+    from trainsched.cli import main
+
+    code = main(["train", "mlp", "--nproc", "2", "--partition", "16KiB", "--credit", "48KiB",
+                 "--credit-mode", "strict", "--backfill", "--steps", "3", "--warmup", "1",
+                 "--batch-size", "4", "--json"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["backfill"] is True and out["credit_mode"] == "strict" and out["median_s"] > 0
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--partition", "4MiB", "--credit", "1MiB", "--credit-mode", "strict"],
      "smaller than the partition size"),
@@ -406,6 +417,9 @@ def test_cli_train_runs_the_static_order(capsys):
     (["--no-schedule", "--order", "static"], "so --order static has nothing to act on"),
     (["--no-schedule", "--timeline", "."], "so --timeline has nothing to act on"),
     (["--no-schedule", "--autotune"], "which --no-schedule turns off"),
+    (["--backfill"], "it needs credit_mode 'strict'"),
+    (["--comm", "fifo", "--backfill"], "--backfill lets a smaller partition"),
+    (["--comm", "ddp", "--backfill"], "--backfill lets a smaller partition"),
 ])
 def test_cli_train_rejects_bad_input_before_spawning(capsys, argv, message):
     from trainsched.cli import main

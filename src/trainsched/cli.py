@@ -383,7 +383,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     result = train(args.model, args.comm, nproc=args.nproc, steps=args.steps,
                    warmup=args.warmup, partition_bytes=partition, credit_bytes=credit,
                    credit_mode=args.credit_mode, timeline_dir=args.timeline,
-                   order=args.order, enabled=enabled,
+                   order=args.order, enabled=enabled, backfill=args.backfill,
                    batch_size=args.batch_size, image_size=args.image_size,
                    seq_len=args.seq_len, optimizer=args.optimizer, lr=args.lr,
                    timeout_s=args.timeout)
@@ -391,8 +391,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.json:
         print(_dump({"comm": args.comm, "partition_bytes": partition,
                      "credit_bytes": None if credit == float("inf") else credit,
-                     "credit_mode": args.credit_mode, "order": args.order,
-                     "schedule": enabled, "warmup": args.warmup,
+                     "credit_mode": args.credit_mode, "backfill": args.backfill,
+                     "order": args.order, "schedule": enabled, "warmup": args.warmup,
                      "steps": args.steps, "median_s": seg.median_s,
                      "p10_s": seg.quantile_s(0.1), "p90_s": seg.quantile_s(0.9),
                      "throughput_samples_per_s": result.throughput(), **result.to_dict()}))
@@ -401,7 +401,8 @@ def cmd_train(args: argparse.Namespace) -> int:
            "ddp": "torch DistributedDataParallel, 25 MiB buckets",
            "priority": f"partition {format_size(partition)}, credit "
                        f"{'unlimited' if credit == float('inf') else format_size(credit)} "
-                       f"{args.credit_mode}, crossing the barrier"}[args.comm]
+                       f"{args.credit_mode}{' with backfill' if args.backfill else ''}, "
+                       f"crossing the barrier"}[args.comm]
     if args.comm != "ddp":
         how += (", scheduler off (--no-schedule: stock DDP, 25 MiB buckets)" if not enabled
                 else f", {args.order} order")
@@ -462,7 +463,7 @@ def _autotune(args: argparse.Namespace, partition: int, credit: float) -> int:
     result = train(args.model, "priority", nproc=args.nproc, steps=args.steps,
                    warmup=args.warmup, partition_bytes=partition, credit_bytes=credit,
                    credit_mode=args.credit_mode, tune=options, order=args.order,
-                   batch_size=args.batch_size,
+                   backfill=args.backfill, batch_size=args.batch_size,
                    image_size=args.image_size, seq_len=args.seq_len,
                    optimizer=args.optimizer, lr=args.lr, timeout_s=args.timeout)
     seg = result.first
@@ -691,6 +692,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--partition", default="4MiB", help="priority: partition size")
     p.add_argument("--credit", default="16MiB", help="priority: bytes in flight (or inf)")
     p.add_argument("--credit-mode", choices=("overdraft", "strict"), default="overdraft")
+    p.add_argument("--backfill", action="store_true",
+                   help="priority, strict credit: when the most urgent partition does not fit "
+                   "in the credit left, send the most urgent one that does")
     p.add_argument("--order", default="leader",
                    help="fifo/priority: the collective order every rank issues: leader (rank 0 "
                    "decides each step, published in the store) or static (compiled once from "

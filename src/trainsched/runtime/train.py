@@ -80,6 +80,7 @@ class Segment:
     partition_bytes: int | None = 4 * MiB
     credit_bytes: float | None = 16 * MiB
     credit_mode: str = "overdraft"
+    backfill: bool = False
     cross_barrier: bool = True
     update: str = "auto"
     comm_threads: int | None = None
@@ -122,6 +123,9 @@ class Segment:
                                       f"{', '.join(CREDIT_MODES)}, got {self.credit_mode!r}")
             if self.policy == "priority":
                 check_sizes(self.priority_policy())
+        if self.backfill and (self.kind != "sdp" or self.policy != "priority"):
+            raise TrainschedError("--backfill lets a smaller partition use credit the most "
+                                  "urgent one cannot: use --comm priority")
         if self.order not in ORDERS:
             raise TrainschedError(f"--order must be one of {', '.join(ORDERS)}, got "
                                   f"{self.order!r}")
@@ -153,14 +157,15 @@ class Segment:
     def priority_policy(self) -> PriorityPolicy:
         return PriorityPolicy(partition_bytes=self.partition_bytes,
                               credit_bytes=self.credit_bytes, credit_mode=self.credit_mode,
-                              cross_barrier=self.cross_barrier)
+                              cross_barrier=self.cross_barrier, backfill=self.backfill)
 
 
 def segment_for(comm: str, *, partition_bytes: int | None = 4 * MiB,
                 credit_bytes: float | None = 16 * MiB, credit_mode: str = "overdraft",
                 steps: int = 20, warmup: int = 3, timeline_dir: str | None = None,
                 bucket_mb: float = 25.0, tune: dict[str, Any] | None = None,
-                order: str = "leader", enabled: bool = True) -> Segment:
+                order: str = "leader", enabled: bool = True,
+                backfill: bool = False) -> Segment:
     """The segment ``trainsched train --comm COMM`` runs: ``fifo`` (whole tensors in ready
     order, the barrier), ``ddp`` (stock DDP) or ``priority`` (partitions, credit, crossing;
     ``tune``: :class:`~trainsched.comm.tune.OnlineTuner` options to tune them online first);
@@ -171,9 +176,10 @@ def segment_for(comm: str, *, partition_bytes: int | None = 4 * MiB,
     kind = "ddp" if comm == "ddp" else "sdp"
     return Segment(label=comm, kind=kind, policy=comm if kind == "sdp" else "priority",
                    partition_bytes=partition_bytes, credit_bytes=credit_bytes,
-                   credit_mode=credit_mode, cross_barrier=comm == "priority",
-                   bucket_mb=bucket_mb, steps=steps, warmup=warmup, timeline_dir=timeline_dir,
-                   tune=tune, order=order, enabled=enabled)
+                   credit_mode=credit_mode, backfill=backfill,
+                   cross_barrier=comm == "priority", bucket_mb=bucket_mb, steps=steps,
+                   warmup=warmup, timeline_dir=timeline_dir, tune=tune, order=order,
+                   enabled=enabled)
 
 
 @dataclass(frozen=True)
@@ -290,14 +296,17 @@ def train(model: str, comm: str = "priority", *, nproc: int = 2, steps: int = 20
           warmup: int = 3, partition_bytes: int | None = 4 * MiB,
           credit_bytes: float | None = 16 * MiB, credit_mode: str = "overdraft",
           timeline_dir: str | None = None, tune: dict[str, Any] | None = None,
-          order: str = "leader", enabled: bool = True, **options: Any) -> TrainResult:
+          order: str = "leader", enabled: bool = True, backfill: bool = False,
+          **options: Any) -> TrainResult:
     """Train ``model`` with ``comm`` (``fifo``, ``ddp``, ``priority``) and time its steps;
     with ``tune`` (OnlineTuner options, ``priority`` only) tune partition and credit online
     first and time the steps at the best point. ``order``: the scheduler's collective order
-    (``leader`` or ``static``); ``enabled=False``: the scheduler's pass-through to DDP."""
+    (``leader`` or ``static``); ``enabled=False``: the scheduler's pass-through to DDP;
+    ``backfill``: the priority policy's (strict credit only)."""
     segment = segment_for(comm, partition_bytes=partition_bytes, credit_bytes=credit_bytes,
                           credit_mode=credit_mode, steps=steps, warmup=warmup,
-                          timeline_dir=timeline_dir, tune=tune, order=order, enabled=enabled)
+                          timeline_dir=timeline_dir, tune=tune, order=order, enabled=enabled,
+                          backfill=backfill)
     return run_segments(model, [segment], nproc=nproc, **options)
 
 
