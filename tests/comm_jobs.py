@@ -345,6 +345,15 @@ def switches_of(sdp: ScheduledDataParallel) -> list:
     return [[step, policy.partition_bytes, policy.credit_bytes] for step, policy in sdp.switches]
 
 
+def small_tuner() -> OnlineTuner:
+    """1 warm-up step, the start point, 3 random and 1 guided trials and the 2 fastest points
+    again, each trial 2 steps."""
+    return OnlineTuner(partition_range=(KiB, 16 * KiB), credit_range=(KiB, 64 * KiB),
+                       startup_trials=3, guided_trials=1, granularity_bytes=KiB,
+                       warmup_steps=1, settle_steps=1, trial_steps=2, seed=3,
+                       confirm_points=2, confirm_rounds=1)
+
+
 def job_retune(cfg: dict) -> dict:
     """Rank 0 switches partition and credit mid-run (by hand, then an online tuner): every rank
     must switch at the same step, and the parameters must stay those of an unswitched run."""
@@ -411,10 +420,7 @@ def job_retune(cfg: dict) -> dict:
 
     # An online tuner: 1 warm-up step, the start point, 3 random and 1 guided trials, the 2
     # fastest points again, each trial 2 steps, then the chosen point.
-    tuner = OnlineTuner(partition_range=(KiB, 16 * KiB), credit_range=(KiB, 64 * KiB),
-                        startup_trials=3, guided_trials=1, granularity_bytes=KiB,
-                        warmup_steps=1, settle_steps=1, trial_steps=2, seed=3,
-                        confirm_points=2, confirm_rounds=1)
+    tuner = small_tuner()
     steps = tuner.total_steps + 2
     m = net()
     cls, kwargs = OPTIMIZERS["momentum"]
@@ -499,10 +505,7 @@ def job_static(cfg: dict) -> dict:
                      "errors": errors}
 
     # An online tuner switching every rank, under the static order.
-    tuner = OnlineTuner(partition_range=(KiB, 16 * KiB), credit_range=(KiB, 64 * KiB),
-                        startup_trials=3, guided_trials=1, granularity_bytes=KiB,
-                        warmup_steps=1, settle_steps=1, trial_steps=2, seed=3,
-                        confirm_points=2, confirm_rounds=1)
+    tuner = small_tuner()
     steps = tuner.total_steps + 2
     m = net()
     with ScheduledDataParallel(m, start, optimizer=cls, optimizer_kwargs=kwargs, timeout_s=60,
