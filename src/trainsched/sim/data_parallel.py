@@ -32,6 +32,14 @@ replays it:
   Collectives of step s queue before those of step s+1; issue order (DDP) runs on across
   steps. Without ``cross_barrier`` the period equals the one-step time.
 
+**Wire.** A collective's cost is a start-up (``collective_startup_s``: the latency terms) plus
+its bytes over the bandwidth. The wire runs transfers one at a time in dispatch order. With
+``startup_overlap`` a collective dispatched while others are in flight starts its start-up
+under the transfer ahead of it (it begins that long before the one ahead ends); without it,
+or with one collective in flight at a time, every collective starts when the one ahead ends.
+A strict-credit policy with ``backfill`` dispatches the most urgent collective that fits when
+the head of the queue does not (``comm.take_dispatchable``).
+
 **Symmetry.** Ranks identical in device, costs, schedule and straggler state form a class
 (:func:`rank_classes`); only one representative per class is simulated (the lowest rank), the
 collective's rendezvous is the latest representative issue time and its cost uses all
