@@ -3,30 +3,18 @@ runs on 2 gloo ranks, predictions, the report); slow, so on demand: ``make test-
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-pytest.importorskip("torch")
+from bench_run import run_benchmark
 
-ROOT = Path(__file__).resolve().parents[1]
+pytest.importorskip("torch")
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_quick_sleep_run_measures_and_predicts_every_configuration(tmp_path):
-    out = tmp_path / "s.json"
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "comm_sleep.py"),
-                           "--steps", "2", "--warmup", "1", "--repeats", "1",
-                           "--link-repeats", "2", "--out", str(out)],
-                          env=env, capture_output=True, text=True, timeout=580)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    data = json.loads(out.read_text())
+    proc, data = run_benchmark("comm_sleep.py", "--steps", "2", "--warmup", "1", "--repeats",
+                               "1", "--link-repeats", "2", out=tmp_path / "s.json")
     labels = [row["label"] for row in data["rows"]]
     assert labels[:2] == ["fifo", "tictac"] and labels[-1] == "ddp-25MB" and len(labels) == 7
     for row in data["rows"]:
