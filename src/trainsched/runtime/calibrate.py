@@ -36,7 +36,7 @@ from typing import Any
 
 from trainsched.cluster import Cluster, Link, cluster_preset
 from trainsched.errors import TrainschedError
-from trainsched.runtime.launch import WorkerFailure, free_port, run_workers
+from trainsched.runtime.launch import WorkerFailure, free_port, run_workers, status_text
 
 MiB = 2**20
 DEFAULT_SIZES: tuple[int, ...] = tuple(4**k for k in range(1, 14))  # 4 B .. 64 MiB
@@ -260,11 +260,10 @@ def calibrate(*, world_size: int = 2, sizes_bytes: Sequence[int] | None = None, 
                     f"({world_size} {backend} processes, {len(sizes)} sizes up to "
                     f"{max(sizes)} B, {warmup}+{repeats} repeats); raise the timeout or "
                     "measure fewer or smaller sizes") from None
-            detail = failure.log_tail
+            detail = f"; its output ends:\n{failure.log_tail}" if failure.log_tail else ""
             raise TrainschedError(
                 f"calibration failed: rank {failure.rank} of {world_size} exited with status "
-                f"{failure.status}" + (f"; its output ends:\n{detail}" if detail else "")) \
-                from None
+                f"{status_text(failure.status)}{detail}") from None
         try:
             data = json.loads(result_path.read_text())
         except (OSError, ValueError) as exc:

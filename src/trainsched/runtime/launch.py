@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -35,9 +36,12 @@ def free_port() -> int:
 
 def worker_env(backend: str = "gloo", extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment of a worker: one OpenMP thread, this source tree importable, gloo on
-    the loopback interface."""
+    the loopback interface, Python's fault handler on."""
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = "1"
+    # A worker killed by a signal (an abort inside torch, say) prints every thread's Python
+    # stack to its log first, so the failure says where it happened.
+    env.setdefault("PYTHONFAULTHANDLER", "1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (SRC_ROOT, env.get("PYTHONPATH")) if p)
     if backend == "gloo":
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -54,6 +58,14 @@ def tail(path: Path, limit: int = 1500) -> str:
     return text[-limit:]
 
 
+def status_text(status: int | None) -> str:
+    """An exit status as text, naming the signal of a killed process: ``-6 (SIGABRT)``."""
+    if status is not None and status < 0:
+        with contextlib.suppress(ValueError):
+            return f"{status} ({signal.Signals(-status).name})"
+    return str(status)
+
+
 @dataclass
 class WorkerFailure(Exception):
     """A worker exited with ``status`` (``None``: the deadline passed first)."""
@@ -65,7 +77,8 @@ class WorkerFailure(Exception):
     def __str__(self) -> str:
         if self.rank is None:
             return "workers did not finish in time"
-        return f"rank {self.rank} exited with status {self.status}"
+        head = f"rank {self.rank} exited with status {status_text(self.status)}"
+        return f"{head}; its output ends:\n{self.log_tail}" if self.log_tail else head
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ from typing import Any
 from trainsched.comm.dispatch import check_sizes
 from trainsched.comm.policy import CREDIT_MODES, PriorityPolicy
 from trainsched.errors import TrainschedError
-from trainsched.runtime.launch import WorkerFailure, free_port, run_workers
+from trainsched.runtime.launch import WorkerFailure, free_port, run_workers, status_text
 
 __all__ = [
     "COMMS",
@@ -289,7 +289,7 @@ def _failure_line(tmpdir: Path, failure: WorkerFailure) -> str:
         return f"rank {failure.rank}: {path.read_text().strip()}"
     lines = [ln for ln in failure.log_tail.splitlines() if ln.strip()]
     last = lines[-1].strip() if lines else "no output"
-    return f"rank {failure.rank} exited with status {failure.status}: {last}"
+    return f"rank {failure.rank} exited with status {status_text(failure.status)}: {last}"
 
 
 def train(model: str, comm: str = "priority", *, nproc: int = 2, steps: int = 20,
