@@ -984,9 +984,6 @@ class _Dispatch:
         self.tracks = [f"comm/{sdp._names[row[0][0]]}" if len(row) == 1 else f"comm/{name}"
                        for row, name in zip(self.parts, self.names, strict=True)]
         # update="partition": every part of a split, contiguous parameter is stepped alone,
-        # through a detached view and an optimizer of its own (hyperparameters copied from the
-        # parameter's optimizer, in case set_lr ran before this).
-        # update="partition": every part of a split, contiguous parameter is stepped alone,
         # through a detached view and an optimizer of its own, which starts from that part of
         # the parameter optimizer's hyperparameters and state (set_lr may have run, a switch
         # may have folded the last plan's partitions back into it).
