@@ -236,6 +236,119 @@ def test_simulate_data_and_pipeline_and_placed(tmp_path, capsys):
     assert placed["step_time_s"] == pytest.approx(train.totals().compute_s, rel=1e-12)
 
 
+def _comm_graph(tmp_path: Path) -> Path:
+    """A chain whose gradients are large enough for partitions and credit to matter."""
+    sizes = [32, 4, 16, 64]  # MiB of parameters per op
+    ops = [Op(name=f"l{k}", compute_s=5e-3, param_bytes=mib << 20, flops=1e9)
+           for k, mib in enumerate(sizes)]  # fmt: skip
+    edges = [Edge(src=f"l{k}", dst=f"l{k + 1}", size_bytes=1 << 20) for k in range(3)]
+    path = tmp_path / "comm.json"
+    Graph(ops, edges, {"model": "chain"}).save(path)
+    return path
+
+
+def test_simulate_data_policies_and_their_flags(tmp_path, capsys):
+    from trainsched.comm import PriorityPolicy, comm_policy
+    from trainsched.sim import simulate_data_parallel
+    from trainsched.training import to_training
+
+    path = _comm_graph(tmp_path)
+    base = ["simulate", str(path), "--cluster", "p3.16xlarge:2", "--parallelism", "data",
+            "--json"]
+    train = to_training(Graph.load(path))
+    from trainsched.cluster import resolve_cluster
+
+    cluster = resolve_cluster("p3.16xlarge:2")
+    docs = {}
+    for name in ("ddp", "fifo", "tictac", "p3", "bytescheduler"):
+        assert main([*base, "--comm-policy", name]) == 0
+        docs[name] = doc = json.loads(capsys.readouterr().out)
+        policy = comm_policy(name)
+        steps = 3 if policy.cross_barrier else 1  # the steady step of policies that cross
+        assert doc["steps"] == steps and doc["ranks"] == 16 and doc["algorithm"] == "ring"
+        expected = simulate_data_parallel(train, cluster, ranks=16, policy=policy, steps=steps)
+        assert doc["step_time_s"] == expected.step_time_s
+        assert doc["crossing_bound_s"] <= doc["step_time_s"] * (1 + 1e-9)
+        assert doc["crossing_bound_gradient"] in {f"l{k}:grad" for k in range(4)}
+    assert docs["p3"]["policy"] == {"class": "PriorityPolicy", "partition_bytes": 1 << 20,
+                                    "credit_bytes": None, "credit_mode": "strict",
+                                    "cross_barrier": True, "backfill": False}
+    # Flags set the policy's fields; an unlimited credit is "inf" in JSON.
+    assert main([*base, "--comm-policy", "priority", "--partition", "2MiB", "--credit", "inf",
+                 "--credit-mode", "overdraft", "--steps", "2", "--algorithm", "tree"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["policy"]["partition_bytes"] == 2 << 20 and doc["policy"]["credit_bytes"] == "inf"
+    assert (doc["steps"], doc["algorithm"]) == (2, "tree")
+    expected = simulate_data_parallel(
+        train, cluster, ranks=16, algorithm="tree", steps=2,
+        policy=PriorityPolicy(partition_bytes=2 << 20, credit_bytes=float("inf"),
+                              credit_mode="overdraft"))
+    assert doc["step_time_s"] == expected.step_time_s
+    assert main(["simulate", str(path), "--cluster", "p3.16xlarge:2", "--parallelism", "data",
+                 "--comm-policy", "p3"]) == 0
+    out = capsys.readouterr().out
+    assert "partition 1.00 MiB, one collective in flight, crossing the barrier" in out
+    assert "steady step of 3" in out and "crossing bound" in out
+
+
+def test_simulate_autotune_picks_the_best_trial_and_simulates_it(tmp_path, capsys):
+    from trainsched.cluster import resolve_cluster
+    from trainsched.comm.tune import simulated_objective, tune
+    from trainsched.training import to_training
+
+    path = _comm_graph(tmp_path)
+    assert main(["simulate", str(path), "--cluster", "p3.16xlarge:2", "--parallelism", "data",
+                 "--autotune", "--tune-trials", "12", "--tune-partition", "1MiB-64MiB",
+                 "--tune-credit", "1MiB-128MiB", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    tuned = doc["autotune"]
+    assert len(tuned["trials"]) == 12
+    assert tuned["step_time_s"] == min(t["step_time_s"] for t in tuned["trials"])
+    # The reported step is the simulation of exactly the tuned policy the trials ran.
+    assert doc["step_time_s"] == tuned["step_time_s"]
+    assert doc["policy"]["class"] == "ByteSchedulerPolicy" and doc["steps"] == 3
+    assert doc["policy"]["partition_bytes"] == tuned["partition_bytes"]
+    assert doc["policy"]["fusion_bytes"] == tuned["partition_bytes"]
+    assert 1 << 20 <= tuned["partition_bytes"] <= 64 << 20
+    # The library's tuner with the same seed finds the same point.
+    objective = simulated_objective(to_training(Graph.load(path)),
+                                    resolve_cluster("p3.16xlarge:2"), 16, steps=3)
+    same = tune(objective, partition_range=(1 << 20, 64 << 20),
+                credit_range=(1 << 20, 128 << 20), startup_trials=10, guided_trials=2)
+    assert (same.partition_bytes, same.credit_bytes) == (tuned["partition_bytes"],
+                                                         tuned["credit_bytes"])
+    # The tuned point beats the defaults on this graph's slow inter-node ring, or ties them.
+    assert main(["simulate", str(path), "--cluster", "p3.16xlarge:2", "--parallelism", "data",
+                 "--comm-policy", "bytescheduler", "--json"]) == 0
+    assert doc["step_time_s"] <= json.loads(capsys.readouterr().out)["step_time_s"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--parallelism", "data", "--comm-policy", "ddp", "--partition", "4MiB"],
+     "--partition: --comm-policy ddp has no partition or credit"),
+    (["--parallelism", "data", "--comm-policy", "horovod"], "unknown comm policy 'horovod'"),
+    (["--steps", "3"], "--steps: data-parallel options; add --parallelism data"),
+    (["--parallelism", "single", "--autotune"], "--autotune: data-parallel options"),
+    (["--parallelism", "data", "--steps", "0"], "--steps must be >= 1"),
+    (["--parallelism", "data", "--autotune", "--comm-policy", "fifo"],
+     "--autotune tunes the bytescheduler policy"),
+    (["--parallelism", "data", "--autotune", "--partition", "4MiB"],
+     "--autotune picks --partition and --credit itself"),
+    (["--parallelism", "data", "--autotune", "--tune-credit", "8MiB"],
+     "--tune-credit takes LOW-HIGH"),
+    (["--parallelism", "data", "--autotune", "--tune-trials", "0"], "--tune-trials must be >= 1"),
+    (["--parallelism", "data", "--comm-policy", "priority", "--partition=-3MiB"], "-3MiB"),
+    (["--parallelism", "data", "--comm-policy", "bytescheduler", "--credit-mode", "strict",
+      "--credit", "1MiB"], "must hold one partition"),
+])
+def test_simulate_data_bad_flags_exit_2_with_one_line(tmp_path, capsys, flags, message):
+    path = _comm_graph(tmp_path)
+    assert main(["simulate", str(path), "--cluster", "p3.16xlarge", *flags]) == 2
+    captured = capsys.readouterr()
+    assert message in captured.err and captured.err.count("\n") == 1
+    assert captured.out == ""
+
+
 def test_simulate_user_errors(tmp_path, capsys):
     path = _graph(tmp_path)
     assert main(["simulate", str(path), "--cluster", "p3.16xlarge", "--parallelism",

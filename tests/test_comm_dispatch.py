@@ -15,6 +15,7 @@ from trainsched.comm import (
     FifoPolicy,
     Gradient,
     PriorityPolicy,
+    comm_policy,
     graph_gradients,
 )
 from trainsched.comm.dispatch import (
@@ -67,7 +68,8 @@ def test_golden_order_of_the_contrived_example():
     for policy in (PriorityPolicy(partition_bytes=MB),  # one at a time
                    PriorityPolicy(partition_bytes=MB, credit_bytes=MB),  # strict, 1 partition
                    PriorityPolicy(partition_bytes=MB, credit_bytes=MB // 2,
-                                  credit_mode="overdraft")):
+                                  credit_mode="overdraft"),
+                   comm_policy("p3", partition_bytes=MB)):  # P3: slices, one in flight
         records, peak = replay(policy, gradients, ready_s)
         assert layers_of(records) == golden, policy
         assert [r.name for r in records][:4] == ["g2/0", "g2/1", "g1/0", "g1/1"]
@@ -105,8 +107,9 @@ def test_whole_tensors_one_at_a_time_is_tictac():
     gradients = [Gradient(name=f"g{k}", size_bytes=MB, layer_index=k, ready_index=3 - k)
                  for k in range(4)]  # fmt: skip
     ready_s = {"g3": 0.0, "g2": 0.2 * MS, "g1": 0.4 * MS, "g0": 0.6 * MS}
-    records, _ = replay(PriorityPolicy(), gradients, ready_s)
-    assert [r.name for r in records] == ["g3", "g0", "g1", "g2"]
+    for policy in (PriorityPolicy(), comm_policy("tictac")):
+        records, _ = replay(policy, gradients, ready_s)
+        assert [r.name for r in records] == ["g3", "g0", "g1", "g2"]
 
 
 # --- credit ----------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import pytest
 
 from trainsched.comm import (
     COMM_POLICIES,
+    P3_SLICE_BYTES,
     ByteSchedulerPolicy,
     Collective,
     CommPolicy,
@@ -166,12 +167,13 @@ def test_credit_rule():
 
 
 def test_registry_and_lookup():
-    assert list(COMM_POLICIES) == ["fifo", "ddp", "priority", "bytescheduler"]
+    assert list(COMM_POLICIES) == ["fifo", "ddp", "priority", "bytescheduler", "tictac", "p3"]
     assert comm_policy("ddp") == DdpBucketPolicy()
     assert comm_policy(" FIFO ") == FifoPolicy()
     assert comm_policy("ddp", bucket_bytes=MiB).bucket_bytes == MiB
     with pytest.raises(TrainschedError, match="unknown comm policy 'horovod'; known policies: "
-                                              "fifo, ddp, priority, bytescheduler"):
+                                              "fifo, ddp, priority, bytescheduler, "
+                                              "tictac, p3"):
         comm_policy("horovod")
     with pytest.raises(TrainschedError, match="comm policy 'fifo'"):
         comm_policy("fifo", bucket_bytes=1)
@@ -205,6 +207,20 @@ def test_check_policy_and_plan():
     with pytest.raises(TrainschedError, match="two collectives are called 'x'"):
         check_plan(gs, [c, Collective(name="x", members=("g0",), size_bytes=1)])
     check_plan(gs, [c, Collective(name="y", members=("g0", "g1"), size_bytes=3)])
+
+
+def test_tictac_and_p3_are_named_priority_settings():
+    tictac, p3 = comm_policy("tictac"), comm_policy("P3")
+    assert tictac == PriorityPolicy(partition_bytes=None, credit_bytes=None, cross_barrier=True)
+    assert p3 == PriorityPolicy(partition_bytes=P3_SLICE_BYTES, credit_bytes=None,
+                                cross_barrier=True)
+    assert comm_policy("p3", partition_bytes=4 * MiB).partition_bytes == 4 * MiB  # override
+    gs = grads(3 * MiB, 100)  # g1 (ready first) 3 MiB, g0 100 bytes
+    assert [c.name for c in tictac.plan(gs)] == ["g0", "g1"]  # whole, by layer
+    assert [(c.name, c.size_bytes) for c in p3.plan(gs)] == [
+        ("g0", 100), ("g1/0", MiB), ("g1/1", MiB), ("g1/2", MiB)]
+    with pytest.raises(TrainschedError, match="comm policy 'tictac'"):
+        comm_policy("tictac", fusion_bytes=1)
 
 
 # --- bytescheduler ---------------------------------------------------------------------------

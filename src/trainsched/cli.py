@@ -154,8 +154,10 @@ def _training_graph(path: str, optimizer: str) -> Any:
     return graph
 
 
-def simulate_plan(graph: Any, cluster: Any, args: argparse.Namespace) -> Any:
-    """Run the executor of ``args.parallelism``; returns the SimResult."""
+def simulate_plan(graph: Any, cluster: Any, args: argparse.Namespace, *,
+                  policy: Any = None, steps: int = 1) -> Any:
+    """Run the executor of ``args.parallelism``; returns the SimResult. Data parallelism runs
+    ``policy`` for ``steps`` steps."""
     from trainsched import sim
 
     if args.parallelism == "single":
@@ -170,11 +172,9 @@ def simulate_plan(graph: Any, cluster: Any, args: argparse.Namespace) -> Any:
         placement.validate(graph, cluster)
         return sim.simulate_placed(graph, cluster, placement)
     if args.parallelism == "data":
-        from trainsched.comm import comm_policy
-
-        ranks = args.ranks or cluster.num_devices
-        return sim.simulate_data_parallel(graph, cluster, ranks=ranks,
-                                          policy=comm_policy(args.comm_policy))
+        return sim.simulate_data_parallel(graph, cluster, ranks=args.ranks or cluster.num_devices,
+                                          policy=policy, algorithm=args.algorithm, steps=steps,
+                                          startup_overlap=args.startup_overlap)
     from trainsched.backprop.schedules import build_schedule
     from trainsched.stages import stage_costs_from_graph
 
@@ -185,13 +185,131 @@ def simulate_plan(graph: Any, cluster: Any, args: argparse.Namespace) -> Any:
     return sim.simulate_pipeline(stages, schedule, cluster)
 
 
+#: The policy flags of ``simulate --parallelism data`` and the policy fields they set.
+_POLICY_FLAGS = {"partition": "partition_bytes", "credit": "credit_bytes",
+                 "credit_mode": "credit_mode", "backfill": "backfill"}
+
+
+def _parse_credit(text: str) -> float:
+    from trainsched.units import parse_size
+
+    return float("inf") if text.strip().lower() in ("inf", "unlimited") else parse_size(text)
+
+
+def _data_policy(args: argparse.Namespace) -> Any:
+    """The comm policy ``--comm-policy`` names, with the partition and credit flags given."""
+    from trainsched.comm import comm_policy
+    from trainsched.units import parse_size
+
+    parse = {"partition": parse_size, "credit": _parse_credit}
+    options = {field: parse.get(flag, lambda v: v)(getattr(args, flag))
+               for flag, field in _POLICY_FLAGS.items() if getattr(args, flag) not in (None, False)}
+    name = _comm_policy_name(args)
+    if options and name in ("fifo", "ddp"):
+        given = ", ".join(f"--{f.replace('_', '-')}" for f in _POLICY_FLAGS
+                          if getattr(args, f) not in (None, False))
+        raise TrainschedError(f"{given}: --comm-policy {name} has no partition or credit; use "
+                              f"priority, bytescheduler, tictac or p3")
+    return comm_policy(name, **options)
+
+
+def _comm_policy_name(args: argparse.Namespace) -> str:
+    """``--comm-policy``; by default ddp, or bytescheduler with ``--autotune``."""
+    if args.comm_policy is not None:
+        return args.comm_policy.strip().lower()
+    return "bytescheduler" if args.autotune else "ddp"
+
+
+def _data_steps(args: argparse.Namespace, policy: Any) -> int:
+    """``--steps``; by default 3 for a policy that crosses the barrier (its steady step), else 1."""
+    if args.steps is not None:
+        if args.steps < 1:
+            raise TrainschedError(f"--steps must be >= 1, got {args.steps}")
+        return args.steps
+    return 3 if getattr(policy, "cross_barrier", False) else 1
+
+
+def _tune_ranges(args: argparse.Namespace) -> tuple[tuple[int, int], tuple[int, int]]:
+    """``--tune-partition`` and ``--tune-credit``, each LOW-HIGH, in bytes."""
+    from trainsched.units import parse_size
+
+    ranges = []
+    for flag, text in (("--tune-partition", args.tune_partition),
+                       ("--tune-credit", args.tune_credit)):
+        r = tuple(parse_size(v) for v in text.split("-", 1)) if "-" in text else None
+        if r is None or not 0 < r[0] <= r[1]:
+            raise TrainschedError(f"{flag} takes LOW-HIGH with 0 < LOW <= HIGH, e.g. "
+                                  f"1MiB-64MiB")
+        ranges.append(r)
+    if args.tune_trials < 1:
+        raise TrainschedError(f"--tune-trials must be >= 1, got {args.tune_trials}")
+    return ranges[0], ranges[1]
+
+
+def _simulate_autotune(graph: Any, cluster: Any, args: argparse.Namespace,
+                       steps: int) -> tuple[Any, dict[str, Any]]:
+    """``simulate --parallelism data --autotune``: the tuner on the simulator (offline). Returns
+    the bytescheduler policy at the point it picks (exactly the policy its trials simulated)
+    and the tuner's result."""
+    from trainsched.comm import ByteSchedulerPolicy
+    from trainsched.comm.tune import simulated_objective, tune, tuned_policy
+
+    if _comm_policy_name(args) != "bytescheduler":
+        raise TrainschedError(f"--autotune tunes the bytescheduler policy; drop --comm-policy "
+                              f"{args.comm_policy} (or use --comm-policy bytescheduler)")
+    if args.partition is not None or args.credit is not None:
+        raise TrainschedError("--autotune picks --partition and --credit itself; drop them")
+    partition_range, credit_range = _tune_ranges(args)
+    options: dict[str, Any] = {"credit_mode": args.credit_mode} if args.credit_mode else {}
+    if args.backfill:
+        options["backfill"] = True
+    objective = simulated_objective(graph, cluster, args.ranks or cluster.num_devices,
+                                    args.algorithm, steps=steps,
+                                    startup_overlap=args.startup_overlap, **options)
+    startup = min(10, args.tune_trials)
+    with ProgressBar("tuning", enabled=not args.json) as bar:
+        result = tune(objective, partition_range=partition_range, credit_range=credit_range,
+                      startup_trials=startup, guided_trials=args.tune_trials - startup,
+                      seed=args.tune_seed,
+                      on_trial=lambda t: bar.update(t.number + 1, args.tune_trials))
+    policy = tuned_policy(ByteSchedulerPolicy(**options), result.partition_bytes,
+                          result.credit_bytes)
+    return policy, result.to_dict()
+
+
+def _policy_doc(policy: Any) -> dict[str, Any]:
+    """A policy as JSON: its name and fields (an unlimited credit as ``"inf"``)."""
+    from dataclasses import asdict, is_dataclass
+
+    fields = asdict(policy) if is_dataclass(policy) else {}
+    if fields.get("credit_bytes") == float("inf"):
+        fields["credit_bytes"] = "inf"
+    return {"class": type(policy).__name__, **fields}
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     from trainsched.cluster import resolve_cluster
+    from trainsched.comm import ByteSchedulerPolicy
     from trainsched.sim import bubble_fraction, write_trace
 
+    if args.parallelism != "data":
+        flags = [f"--{f.replace('_', '-')}" for f in (*_POLICY_FLAGS, "comm_policy", "steps",
+                                                      "autotune", "startup_overlap")
+                 if getattr(args, f) not in (None, False)]
+        if args.algorithm != "ring":
+            flags.append("--algorithm")
+        if flags:
+            raise TrainschedError(f"{', '.join(flags)}: data-parallel options; add "
+                                  f"--parallelism data")
     graph = _training_graph(args.graph, args.optimizer)
     cluster = resolve_cluster(args.cluster)
-    result = simulate_plan(graph, cluster, args)
+    policy, steps, autotune = None, 1, None
+    if args.parallelism == "data":
+        policy = _data_policy(args) if not args.autotune else None
+        steps = _data_steps(args, policy or ByteSchedulerPolicy())
+        if args.autotune:
+            policy, autotune = _simulate_autotune(graph, cluster, args, steps)
+    result = simulate_plan(graph, cluster, args, policy=policy, steps=steps)
     if args.trace:
         write_trace(args.trace, result, title=f"{graph.meta.get('model', 'graph')} "
                     f"{args.parallelism}", meta={"parallelism": args.parallelism,
@@ -208,14 +326,29 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         "events": result.events,
         "trace": args.trace,
     }
+    if args.parallelism == "data":
+        from trainsched.sim import crossing_bound_s
+
+        ranks = args.ranks or cluster.num_devices
+        bound, gradient = crossing_bound_s(graph, cluster, ranks=ranks, algorithm=args.algorithm)
+        doc.update(ranks=ranks, algorithm=args.algorithm, steps=steps,
+                   policy=_policy_doc(policy), crossing_bound_s=bound,
+                   crossing_bound_gradient=gradient, autotune=autotune)
     if args.json:
         print(_dump(doc))
         return 0
     from trainsched.units import format_duration, format_size
 
     print(f"{graph.meta.get('model', args.graph)} on {cluster.name}, {args.parallelism}:")
+    if args.parallelism == "data":
+        _print_data_plan(doc, args)
+    steps = doc.get("steps", 1)
     print(f"  step time        {format_duration(result.step_time_s)} "
-          f"(dependency bound {format_duration(result.dependency_bound_s)})")
+          f"(dependency bound {format_duration(result.dependency_bound_s)}"
+          f"{f' over all {steps} steps' if steps > 1 else ''})")
+    if args.parallelism == "data" and doc["crossing_bound_gradient"]:
+        print(f"  crossing bound   {format_duration(doc['crossing_bound_s'])} (no comm policy "
+              f"beats it: {doc['crossing_bound_gradient']}'s loop)")
     print(f"  exposed comm     {format_duration(result.exposed_comm_s)}")
     print(f"  idle compute     {100 * doc['bubble_fraction']:.1f}%")
     peaks = sorted(result.peak_memory_bytes.items())
@@ -225,6 +358,36 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.trace:
         print(f"  trace            {args.trace} (open in ui.perfetto.dev)")
     return 0
+
+
+def _print_data_plan(doc: dict[str, Any], args: argparse.Namespace) -> None:
+    """The data-parallel lines of ``simulate``: the policy, and the tuner's trials if any."""
+    from trainsched.units import format_duration, format_size
+
+    tuned = doc["autotune"]
+    if tuned is not None:
+        for t in tuned["trials"]:
+            print(f"  trial {t['number']:>2} ({t['phase']:<7}) partition "
+                  f"{format_size(t['partition_bytes']):>10}  credit "
+                  f"{format_size(t['credit_bytes']):>10}  step "
+                  f"{format_duration(t['step_time_s'])}")
+        print(f"  best of {len(tuned['trials'])} trials: --partition "
+              f"{tuned['partition_bytes']} --credit {tuned['credit_bytes']} (small tensors "
+              f"fused up to one partition)")
+    policy = doc["policy"]
+    what = [policy["class"]]
+    if policy.get("partition_bytes") is not None:
+        what.append(f"partition {format_size(policy['partition_bytes'])}")
+    if "credit_bytes" in policy and "partition_bytes" in policy:
+        credit = policy["credit_bytes"]
+        what.append("one collective in flight" if credit is None else "credit unlimited"
+                    if credit == "inf" else f"credit {format_size(credit)} "
+                    f"{policy['credit_mode']}{' with backfill' if policy['backfill'] else ''}")
+    if policy.get("cross_barrier"):
+        what.append("crossing the barrier")
+    steady = f", steady step of {doc['steps']}" if doc["steps"] > 1 else ""
+    print(f"  policy           {', '.join(what)}; {doc['ranks']} ranks, {doc['algorithm']}"
+          f"{steady}")
 
 
 # -- place --------------------------------------------------------------------------------------
@@ -375,8 +538,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from trainsched.units import format_duration, format_size, parse_size
 
     partition = parse_size(args.partition)
-    credit = (float("inf") if args.credit.strip().lower() in ("inf", "unlimited")
-              else parse_size(args.credit))
+    credit = _parse_credit(args.credit)
     if args.autotune:
         return _autotune(args, partition, credit)
     enabled = not args.no_schedule
@@ -422,7 +584,7 @@ def _autotune(args: argparse.Namespace, partition: int, credit: float) -> int:
     switches every rank to each trial point for ``--tune-steps`` steps, then to the best; the
     ``--steps`` timed steps run there."""
     from trainsched.runtime.train import train
-    from trainsched.units import format_duration, format_size, parse_size
+    from trainsched.units import format_duration, format_size
 
     if args.comm != "priority":
         raise TrainschedError("--autotune tunes the priority scheduler's partition and credit; "
@@ -433,18 +595,11 @@ def _autotune(args: argparse.Namespace, partition: int, credit: float) -> int:
     if args.timeline:
         raise TrainschedError("--timeline records one run; give it without --autotune, at the "
                               "partition and credit the tuner reports")
-    if args.tune_trials < 1:
-        raise TrainschedError(f"--tune-trials must be >= 1, got {args.tune_trials}")
+    ranges = _tune_ranges(args)
     if args.tune_steps < 1:
         raise TrainschedError(f"--tune-steps must be >= 1, got {args.tune_steps}")
     if args.tune_confirm < 0:
         raise TrainschedError(f"--tune-confirm must be >= 0, got {args.tune_confirm}")
-    ranges = [tuple(parse_size(v) for v in r.split("-", 1)) if "-" in r else None
-              for r in (args.tune_partition, args.tune_credit)]
-    for flag, r in zip(("--tune-partition", "--tune-credit"), ranges, strict=True):
-        if r is None or not 0 < r[0] <= r[1]:
-            raise TrainschedError(f"{flag} takes LOW-HIGH with 0 < LOW <= HIGH, e.g. "
-                                  f"1MiB-64MiB")
     startup = min(10, args.tune_trials)
     options = {"partition_range": list(ranges[0]), "credit_range": list(ranges[1]),
                "startup_trials": startup, "guided_trials": args.tune_trials - startup,
@@ -557,6 +712,13 @@ def build_parser() -> argparse.ArgumentParser:
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--json", action="store_true", help="print machine-readable JSON")
 
+    def tune_args(p: argparse.ArgumentParser, flag: str) -> None:
+        p.add_argument("--tune-trials", type=int, default=15,
+                       help=f"{flag}: trials (the first 10 random, the rest guided)")
+        p.add_argument("--tune-partition", default="1MiB-128MiB", help=f"{flag}: LOW-HIGH")
+        p.add_argument("--tune-credit", default="1MiB-256MiB", help=f"{flag}: LOW-HIGH")
+        p.add_argument("--tune-seed", type=int, default=0, help=f"{flag}: sampler seed")
+
     p = sub.add_parser("profile", help="capture a model into a graph with costs")
     p.add_argument("model", help="a zoo model name (trainsched models lists them)")
     p.add_argument("--batch-size", type=int, default=None, help="examples per batch")
@@ -622,7 +784,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--placement", default=None, help="placement file for --parallelism placed")
     p.add_argument("--ranks", type=int, default=None,
                    help="data-parallel ranks or pipeline stages (default: all devices)")
-    p.add_argument("--comm-policy", default="ddp", help="data parallel: fifo, ddp or priority")
+    p.add_argument("--comm-policy", default=None,
+                   help="data parallel: fifo, ddp (default), priority, bytescheduler, tictac, p3")
+    p.add_argument("--partition", default=None,
+                   help="data parallel: partition size (priority, bytescheduler, p3)")
+    p.add_argument("--credit", default=None, help="data parallel: bytes in flight (or inf)")
+    p.add_argument("--credit-mode", choices=("overdraft", "strict"), default=None)
+    p.add_argument("--backfill", action="store_true",
+                   help="data parallel, strict credit: the most urgent partition that fits "
+                   "goes when the head does not")
+    p.add_argument("--algorithm", default="ring", choices=("ring", "tree", "ps", "ps-local"),
+                   help="data parallel: the all-reduce algorithm")
+    p.add_argument("--startup-overlap", action="store_true",
+                   help="data parallel: collectives in flight together overlap their start-up "
+                   "latency (separate messages, as on parameter servers)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="data parallel: steps simulated, the last one's period reported "
+                   "(default 3 for a policy crossing the barrier, else 1)")
+    p.add_argument("--autotune", action="store_true",
+                   help="data parallel: pick the bytescheduler policy's partition and credit "
+                   "by Bayesian search on the simulator")
+    tune_args(p, "--autotune")
     p.add_argument("--schedule", default="1f1b", help="pipeline schedule: gpipe or 1f1b")
     p.add_argument("--microbatches", type=int, default=None,
                    help="pipeline micro-batches (default: 2 x stages)")
@@ -715,16 +897,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--autotune", action="store_true",
                    help="priority: pick partition and credit by Bayesian search, online (every "
                    "rank switches to each trial point in one job), then time the best")
-    p.add_argument("--tune-trials", type=int, default=15,
-                   help="--autotune: trials (the first 10 random, the rest guided)")
+    tune_args(p, "--autotune")
     p.add_argument("--tune-steps", type=int, default=5,
                    help="--autotune: measured steps per trial (after 1 settling step)")
     p.add_argument("--tune-confirm", type=int, default=2,
                    help="--autotune: rounds re-measuring the 3 fastest points, in alternating "
                    "order, to choose among them (0: take the fastest trial)")
-    p.add_argument("--tune-partition", default="1MiB-128MiB", help="--autotune: LOW-HIGH")
-    p.add_argument("--tune-credit", default="1MiB-256MiB", help="--autotune: LOW-HIGH")
-    p.add_argument("--tune-seed", type=int, default=0, help="--autotune: sampler seed")
     common(p)
     p.set_defaults(func=cmd_train)
 

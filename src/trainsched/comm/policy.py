@@ -30,11 +30,13 @@ Policies here: :class:`FifoPolicy` (one collective per gradient, in ready order)
 optional partitions and credit: TicTac with whole tensors, P3 with partitions) and
 :class:`ByteSchedulerPolicy` (priority, partitions, fusion of small tensors, overdraft credit,
 crossing the barrier; its partition and credit are tuned by :mod:`trainsched.comm.tune`), all
-registered in :data:`COMM_POLICIES`.
+registered in :data:`COMM_POLICIES`, with ``tictac`` and ``p3`` as named settings of
+:class:`PriorityPolicy`.
 """
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 import numbers
@@ -50,6 +52,7 @@ __all__ = [
     "COMM_POLICIES",
     "CREDIT_MODES",
     "DDP_BUCKET_ORDERS",
+    "P3_SLICE_BYTES",
     "QUEUES",
     "ByteSchedulerPolicy",
     "Collective",
@@ -421,12 +424,23 @@ class ByteSchedulerPolicy:
         return tuple(out)
 
 
-#: Policy name -> the class (called with the policy's options) that builds it.
+#: The slice size of the ``p3`` baseline (ours, not P3's; override with ``partition_bytes``).
+P3_SLICE_BYTES = 1 * MiB
+
+#: Policy name -> the callable (called with the policy's options) that builds it. ``tictac``
+#: and ``p3`` are :class:`PriorityPolicy` with the published systems' settings: one collective
+#: in flight at a time in layer priority, each layer's next forward waiting only for its own
+#: update; whole tensors (TicTac, Hashemi et al., MLSys 2019) or fixed slices (P3, Jayarajan
+#: et al., SysML 2019). Options given by name override those settings.
 COMM_POLICIES: Mapping[str, Callable[..., CommPolicy]] = MappingProxyType({
     "fifo": FifoPolicy,
     "ddp": DdpBucketPolicy,
     "priority": PriorityPolicy,
     "bytescheduler": ByteSchedulerPolicy,
+    "tictac": functools.partial(PriorityPolicy, partition_bytes=None, credit_bytes=None,
+                                cross_barrier=True),
+    "p3": functools.partial(PriorityPolicy, partition_bytes=P3_SLICE_BYTES, credit_bytes=None,
+                            cross_barrier=True),
 })
 
 
