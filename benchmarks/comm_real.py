@@ -25,8 +25,9 @@ communication) = max(compute-1, allreduce); "gap closed" is how much of DDP's di
 best priority configuration removes: (ddp - priority) / (ddp - ideal).
 
 Per configuration: the median of each round's median (``median_s``), the rounds' medians, p10
-and p90 over all timed steps. Printed as a table; written to ``--out``
-(benchmarks/results/comm_real.json).
+and p90 over all timed steps, and ``paired_ddp_ratio``: the median over rounds of DDP's round
+median over this configuration's in the same round (drift between rounds cancels). Printed as
+a table; written to ``--out`` (benchmarks/results/comm_real.json).
 
     python benchmarks/comm_real.py                 # the full run, about 30 minutes
     python benchmarks/comm_real.py --quick         # a smoke run: mlp, 3 steps, 1 round
@@ -73,6 +74,9 @@ def configurations(steps: int, warmup: int) -> list[Segment]:
     out.append(Segment(label="priority 16/64MiB overdraft, whole-parameter updates",
                        kind="sdp", partition_bytes=16 * MiB, credit_bytes=64 * MiB,
                        update="parameter", **common))
+    out.append(Segment(label="priority 16/64MiB overdraft, static order", kind="sdp",
+                       partition_bytes=16 * MiB, credit_bytes=64 * MiB, order="static",
+                       **common))
     out += [Segment(label="flat", kind="flat", **common),
             Segment(label="compute-2", kind="compute", **common),
             Segment(label="allreduce", kind="allreduce", steps=max(5, steps // 4), warmup=1)]
@@ -165,6 +169,12 @@ def main() -> int:
     for seg in (*job.segments, *compute_1.segments):
         rows.setdefault(seg.label, []).append(list(seg.step_times_s))
     summary = {label: summarise(label, rounds) for label, rounds in rows.items()}
+    # Paired by round: DDP's round median over this configuration's in the same round (a
+    # few minutes apart), so a drift between rounds cancels; the median over rounds.
+    for s in summary.values():
+        s["paired_ddp_ratio"] = statistics.median(
+            d / m for d, m in zip(summary["ddp-25MB"]["round_medians_s"], s["round_medians_s"],
+                                  strict=False))
 
     ddp = summary["ddp-25MB"]["median_s"]
     compute = summary["compute-1"]["median_s"]
@@ -192,12 +202,12 @@ def main() -> int:
 
     print(f"{args.model} {args.image_size}x{args.image_size}, batch {args.batch_size} per rank, "
           f"2 gloo ranks; medians of {args.repeats} rounds x {args.steps} steps")
-    print(f"{'configuration':<52} {'median s':>9} {'p10':>7} {'p90':>7} {'DDP/this':>9}  "
-          f"round medians")
+    print(f"{'configuration':<52} {'median s':>9} {'p10':>7} {'p90':>7} {'DDP/this':>9} "
+          f"{'paired':>7}  round medians")
     for label, s in summary.items():
         rounds = " ".join(f"{m:.3f}" for m in s["round_medians_s"])
         print(f"{label:<52} {s['median_s']:>9.3f} {s['p10_s']:>7.3f} {s['p90_s']:>7.3f} "
-              f"{ddp / s['median_s']:>8.2f}x  {rounds}")
+              f"{ddp / s['median_s']:>8.2f}x {s['paired_ddp_ratio']:>6.2f}x  {rounds}")
     print("anatomy of priority 16/64MiB overdraft, rank 0, per step: " + ", ".join(
         f"{k[:-2]} {v:.3f} s" for k, v in parts.items()))
     print("online tuning (rank 0's trials, median step of each): " + "; ".join(

@@ -559,12 +559,14 @@ def cmd_train(args: argparse.Namespace) -> int:
                      "p10_s": seg.quantile_s(0.1), "p90_s": seg.quantile_s(0.9),
                      "throughput_samples_per_s": result.throughput(), **result.to_dict()}))
         return 0
+    scheduled = (f"partition {format_size(partition)}, credit "
+                 f"{'unlimited' if credit == float('inf') else format_size(credit)} "
+                 f"{args.credit_mode}{' with backfill' if args.backfill else ''}, "
+                 f"crossing the barrier")
     how = {"fifo": "whole tensors in ready order, barrier",
            "ddp": "torch DistributedDataParallel, 25 MiB buckets",
-           "priority": f"partition {format_size(partition)}, credit "
-                       f"{'unlimited' if credit == float('inf') else format_size(credit)} "
-                       f"{args.credit_mode}{' with backfill' if args.backfill else ''}, "
-                       f"crossing the barrier"}[args.comm]
+           "priority": scheduled,
+           "bytescheduler": f"{scheduled}, gradients below 1 MiB fused"}[args.comm]
     if args.comm != "ddp":
         how += (", scheduler off (--no-schedule: stock DDP, 25 MiB buckets)" if not enabled
                 else f", {args.order} order")
@@ -586,9 +588,9 @@ def _autotune(args: argparse.Namespace, partition: int, credit: float) -> int:
     from trainsched.runtime.train import train
     from trainsched.units import format_duration, format_size
 
-    if args.comm != "priority":
-        raise TrainschedError("--autotune tunes the priority scheduler's partition and credit; "
-                              f"drop --comm {args.comm} (or use --comm priority)")
+    if args.comm not in ("priority", "bytescheduler"):
+        raise TrainschedError("--autotune tunes the scheduler's partition and credit; drop "
+                              f"--comm {args.comm} (or use --comm priority or bytescheduler)")
     if args.no_schedule:
         raise TrainschedError("--autotune tunes the scheduler, which --no-schedule turns off; "
                               "drop one of them")
@@ -615,7 +617,7 @@ def _autotune(args: argparse.Namespace, partition: int, credit: float) -> int:
               f"the start point, {args.tune_trials} search and {tuner.n_confirm} confirmation "
               f"trials of {args.tune_steps} steps ({tuner.total_steps} steps), then "
               f"{args.warmup} + {args.steps} at the chosen point", flush=True)
-    result = train(args.model, "priority", nproc=args.nproc, steps=args.steps,
+    result = train(args.model, args.comm, nproc=args.nproc, steps=args.steps,
                    warmup=args.warmup, partition_bytes=partition, credit_bytes=credit,
                    credit_mode=args.credit_mode, tune=options, order=args.order,
                    backfill=args.backfill, batch_size=args.batch_size,
@@ -626,7 +628,7 @@ def _autotune(args: argparse.Namespace, partition: int, credit: float) -> int:
     if tuned is None:
         raise TrainschedError("the tuner reported nothing (rank 0 ran no trial)")
     if args.json:
-        print(_dump({"comm": "priority", "credit_mode": args.credit_mode, "order": args.order,
+        print(_dump({"comm": args.comm, "credit_mode": args.credit_mode, "order": args.order,
                      "steps": args.steps,
                      "warmup": args.warmup, "autotune": tuned, "median_s": seg.median_s,
                      "p10_s": seg.quantile_s(0.1), "p90_s": seg.quantile_s(0.9),
@@ -868,11 +870,14 @@ def build_parser() -> argparse.ArgumentParser:
                        "communication and print the measured step time")
     p.add_argument("model", help="a zoo model name or file.py:function")
     p.add_argument("--nproc", type=int, default=2, help="worker processes (ranks)")
-    p.add_argument("--comm", choices=("fifo", "ddp", "priority"), default="priority",
+    p.add_argument("--comm", choices=("fifo", "ddp", "priority", "bytescheduler"),
+                   default="priority",
                    help="fifo: whole tensors, barrier; ddp: torch DDP; priority: partitions, "
-                   "credit, crossing the barrier")
-    p.add_argument("--partition", default="4MiB", help="priority: partition size")
-    p.add_argument("--credit", default="16MiB", help="priority: bytes in flight (or inf)")
+                   "credit, crossing the barrier; bytescheduler: priority with gradients below "
+                   "1 MiB fused into one collective")
+    p.add_argument("--partition", default="4MiB", help="priority/bytescheduler: partition size")
+    p.add_argument("--credit", default="16MiB",
+                   help="priority/bytescheduler: bytes in flight (or inf)")
     p.add_argument("--credit-mode", choices=("overdraft", "strict"), default="overdraft")
     p.add_argument("--backfill", action="store_true",
                    help="priority, strict credit: when the most urgent partition does not fit "

@@ -7,7 +7,8 @@ interleave configurations (A B A B ...) without rebuilding the model:
 
 - ``sdp``: :class:`~trainsched.runtime.data_parallel.ScheduledDataParallel` with a policy
   (``fifo``: whole tensors in ready order with the barrier; ``priority``: partitions, credit,
-  crossing the barrier), its collective ``order`` (``leader`` or ``static``), or with
+  crossing the barrier; ``bytescheduler``: the same, with gradients below 1 MiB fused into
+  flat buffers), its collective ``order`` (``leader`` or ``static``), or with
   ``enabled=False`` (the scheduler off: its pass-through to stock DDP);
 - ``ddp``: ``torch.nn.parallel.DistributedDataParallel`` (``bucket_mb``), the stock baseline;
 - ``flat``: backward, then one all-reduce of every gradient packed flat, then the step (no
@@ -21,10 +22,10 @@ times after ``warmup`` steps are reported: median, p10, p90, and the throughput 
 median``. The parent process never imports torch.
 
 :func:`run_trial` is the hook for an offline tuner: one (partition, credit) point, its median
-step time in a fresh job. A ``priority`` segment with ``tune`` options tunes online instead: an
-:class:`~trainsched.comm.tune.OnlineTuner` on rank 0 switches every rank to each trial point
-within the one job (``trainsched train --autotune``); the segment's timed steps then run at the
-best point, after ``tune`` steps and a fresh warm-up.
+step time in a fresh job. A ``priority`` or ``bytescheduler`` segment with ``tune`` options
+tunes online instead: an :class:`~trainsched.comm.tune.OnlineTuner` on rank 0 switches every
+rank to each trial point within the one job (``trainsched train --autotune``); the segment's
+timed steps then run at the best point, after ``tune`` steps and a fresh warm-up.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from trainsched.comm.dispatch import check_sizes
-from trainsched.comm.policy import CREDIT_MODES, PriorityPolicy
+from trainsched.comm.policy import CREDIT_MODES, ByteSchedulerPolicy, PriorityPolicy
 from trainsched.errors import TrainschedError
 from trainsched.runtime.launch import WorkerFailure, free_port, run_workers, status_text
 
@@ -61,7 +62,8 @@ __all__ = [
 ]
 
 MiB = 1 << 20
-COMMS = ("fifo", "ddp", "priority")
+COMMS = ("fifo", "ddp", "priority", "bytescheduler")
+SCHEDULED = ("priority", "bytescheduler")  # the policies with partition and credit
 ORDERS = ("leader", "static")  # ScheduledDataParallel's safe orders ("local" exists to fail)
 KINDS = ("sdp", "ddp", "flat", "compute", "allreduce")
 OPTIMIZERS = ("sgd", "momentum", "adam")
@@ -90,7 +92,8 @@ class Segment:
     steps: int = 20
     warmup: int = 3
     timeline_dir: str | None = None
-    tune: dict[str, Any] | None = None  # OnlineTuner options: tune online (priority only)
+    tune: dict[str, Any] | None = None  # OnlineTuner options: tune online (SCHEDULED only)
+    fusion_bytes: int | None = None  # bytescheduler: fuse gradients below this (None: 1 MiB)
 
     def tuner(self) -> Any:
         """A fresh :class:`~trainsched.comm.tune.OnlineTuner` from ``tune`` (or ``None``)."""
@@ -115,17 +118,17 @@ class Segment:
         if self.kind == "ddp" and not (self.bucket_mb > 0):
             raise TrainschedError(f"the DDP bucket size must be positive, got {self.bucket_mb}")
         if self.kind == "sdp":
-            if self.policy not in ("fifo", "priority"):
-                raise TrainschedError(f"sdp policy must be fifo or priority, got "
-                                      f"{self.policy!r}")
+            if self.policy not in ("fifo", *SCHEDULED):
+                raise TrainschedError(f"sdp policy must be fifo, priority or bytescheduler, "
+                                      f"got {self.policy!r}")
             if self.credit_mode not in CREDIT_MODES:
                 raise TrainschedError(f"--credit-mode must be one of "
                                       f"{', '.join(CREDIT_MODES)}, got {self.credit_mode!r}")
-            if self.policy == "priority":
-                check_sizes(self.priority_policy())
-        if self.backfill and (self.kind != "sdp" or self.policy != "priority"):
+            if self.policy in SCHEDULED:
+                check_sizes(self.scheduled_policy())
+        if self.backfill and (self.kind != "sdp" or self.policy not in SCHEDULED):
             raise TrainschedError("--backfill lets a smaller partition use credit the most "
-                                  "urgent one cannot: use --comm priority")
+                                  "urgent one cannot: use --comm priority or bytescheduler")
         if self.order not in ORDERS:
             raise TrainschedError(f"--order must be one of {', '.join(ORDERS)}, got "
                                   f"{self.order!r}")
@@ -146,18 +149,24 @@ class Segment:
             raise TrainschedError("--timeline records the scheduled runtime: use --comm fifo "
                                   "or --comm priority")
         if self.tune is not None:
-            if self.kind != "sdp" or self.policy != "priority":
-                raise TrainschedError("online tuning sets the priority scheduler's partition "
-                                      "and credit: use --comm priority")
+            if self.kind != "sdp" or self.policy not in SCHEDULED:
+                raise TrainschedError("online tuning sets the scheduler's partition and credit: "
+                                      "use --comm priority or bytescheduler")
             try:
                 self.tuner()
             except TypeError as exc:
                 raise TrainschedError(f"tuning options: {exc}") from None
 
-    def priority_policy(self) -> PriorityPolicy:
-        return PriorityPolicy(partition_bytes=self.partition_bytes,
-                              credit_bytes=self.credit_bytes, credit_mode=self.credit_mode,
-                              cross_barrier=self.cross_barrier, backfill=self.backfill)
+    def scheduled_policy(self) -> PriorityPolicy | ByteSchedulerPolicy:
+        """The ``priority`` or ``bytescheduler`` policy (the latter fuses gradients below
+        ``fusion_bytes``, 1 MiB by default) at this segment's partition and credit."""
+        options = {"partition_bytes": self.partition_bytes, "credit_bytes": self.credit_bytes,
+                   "credit_mode": self.credit_mode, "cross_barrier": self.cross_barrier,
+                   "backfill": self.backfill}
+        if self.policy == "bytescheduler":
+            return ByteSchedulerPolicy(**options, **({} if self.fusion_bytes is None else
+                                                     {"fusion_bytes": self.fusion_bytes}))
+        return PriorityPolicy(**options)
 
 
 def segment_for(comm: str, *, partition_bytes: int | None = 4 * MiB,
@@ -167,8 +176,9 @@ def segment_for(comm: str, *, partition_bytes: int | None = 4 * MiB,
                 order: str = "leader", enabled: bool = True,
                 backfill: bool = False) -> Segment:
     """The segment ``trainsched train --comm COMM`` runs: ``fifo`` (whole tensors in ready
-    order, the barrier), ``ddp`` (stock DDP) or ``priority`` (partitions, credit, crossing;
-    ``tune``: :class:`~trainsched.comm.tune.OnlineTuner` options to tune them online first);
+    order, the barrier), ``ddp`` (stock DDP), ``priority`` (partitions, credit, crossing)
+    or ``bytescheduler`` (the same, small gradients fused); ``tune``:
+    :class:`~trainsched.comm.tune.OnlineTuner` options to tune them online first;
     ``order`` and ``enabled`` go to ``ScheduledDataParallel`` (``--order``,
     ``--no-schedule``)."""
     if comm not in COMMS:
@@ -177,7 +187,7 @@ def segment_for(comm: str, *, partition_bytes: int | None = 4 * MiB,
     return Segment(label=comm, kind=kind, policy=comm if kind == "sdp" else "priority",
                    partition_bytes=partition_bytes, credit_bytes=credit_bytes,
                    credit_mode=credit_mode, backfill=backfill,
-                   cross_barrier=comm == "priority", bucket_mb=bucket_mb, steps=steps,
+                   cross_barrier=comm in SCHEDULED, bucket_mb=bucket_mb, steps=steps,
                    warmup=warmup, timeline_dir=timeline_dir, tune=tune, order=order,
                    enabled=enabled)
 
@@ -298,11 +308,11 @@ def train(model: str, comm: str = "priority", *, nproc: int = 2, steps: int = 20
           timeline_dir: str | None = None, tune: dict[str, Any] | None = None,
           order: str = "leader", enabled: bool = True, backfill: bool = False,
           **options: Any) -> TrainResult:
-    """Train ``model`` with ``comm`` (``fifo``, ``ddp``, ``priority``) and time its steps;
-    with ``tune`` (OnlineTuner options, ``priority`` only) tune partition and credit online
-    first and time the steps at the best point. ``order``: the scheduler's collective order
-    (``leader`` or ``static``); ``enabled=False``: the scheduler's pass-through to DDP;
-    ``backfill``: the priority policy's (strict credit only)."""
+    """Train ``model`` with ``comm`` (``fifo``, ``ddp``, ``priority``, ``bytescheduler``) and
+    time its steps; with ``tune`` (OnlineTuner options, ``priority``/``bytescheduler`` only)
+    tune partition and credit online first and time the steps at the best point. ``order``:
+    the scheduler's collective order (``leader`` or ``static``); ``enabled=False``: the
+    scheduler's pass-through to DDP; ``backfill``: the policy's (strict credit only)."""
     segment = segment_for(comm, partition_bytes=partition_bytes, credit_bytes=credit_bytes,
                           credit_mode=credit_mode, steps=steps, warmup=warmup,
                           timeline_dir=timeline_dir, tune=tune, order=order, enabled=enabled,
@@ -448,7 +458,7 @@ def _run_segment(model: Any, args: tuple, kwargs: dict, seg: Segment, cfg: dict[
     sdp = None
     if seg.kind == "sdp":
         policy = (FifoPolicy(cross_barrier=seg.cross_barrier) if seg.policy == "fifo"
-                  else seg.priority_policy())
+                  else seg.scheduled_policy())
         first = seg.warmup + (tuner.total_steps if tuner is not None else 0)
         window = (first, first + min(seg.steps, 3) - 1)
         sdp = ScheduledDataParallel(model, policy, optimizer=opt_cls,
