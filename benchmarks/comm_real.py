@@ -119,6 +119,16 @@ def summarise(label: str, rounds: list[list[float]]) -> dict[str, Any]:
             "steps": len(pooled)}
 
 
+def add_paired_ratios(summary: dict[str, dict[str, Any]], base: str) -> None:
+    """Each configuration's ``paired_ddp_ratio``: the median over rounds of ``base``'s round
+    median over this configuration's in the same round (minutes apart at most, so a drift
+    between rounds cancels)."""
+    for s in summary.values():
+        s["paired_ddp_ratio"] = statistics.median(
+            b / m for b, m in zip(summary[base]["round_medians_s"], s["round_medians_s"],
+                                  strict=False))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="vgg16")
@@ -169,12 +179,7 @@ def main() -> int:
     for seg in (*job.segments, *compute_1.segments):
         rows.setdefault(seg.label, []).append(list(seg.step_times_s))
     summary = {label: summarise(label, rounds) for label, rounds in rows.items()}
-    # Paired by round: DDP's round median over this configuration's in the same round (a
-    # few minutes apart), so a drift between rounds cancels; the median over rounds.
-    for s in summary.values():
-        s["paired_ddp_ratio"] = statistics.median(
-            d / m for d, m in zip(summary["ddp-25MB"]["round_medians_s"], s["round_medians_s"],
-                                  strict=False))
+    add_paired_ratios(summary, "ddp-25MB")
 
     ddp = summary["ddp-25MB"]["median_s"]
     compute = summary["compute-1"]["median_s"]

@@ -393,6 +393,25 @@ def test_cli_train_runs_the_static_order(capsys):
     assert "static order" in out and "step time  median" in out
 
 
+@pytest.mark.timeout(180)
+def test_cli_train_bytescheduler_fuses_small_gradients(tmp_path, capsys):
+    from trainsched.cli import main
+
+    code = main(["train", "mlp", "--nproc", "2", "--comm", "bytescheduler", "--steps", "3",
+                 "--warmup", "1", "--batch-size", "4", "--timeline", str(tmp_path), "--json"])
+    assert code == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["comm"] == "bytescheduler" and doc["median_s"] > 0
+    trace = json.loads((tmp_path / "rank0.trace.json").read_text())
+    tracks = {e["args"]["name"] for e in trace["traceEvents"]
+              if e["ph"] == "M" and e["name"] == "thread_name"
+              and e["args"]["name"].startswith("comm/")}  # fmt: skip
+    # The MLP's gradients are all below 1 MiB: fused into flat buffers of at most 4 MiB, each
+    # named after its most urgent member and the count of the others.
+    assert tracks and all("+" in t for t in tracks), tracks
+    assert sum(int(t.rsplit("+", 1)[1].split(" ")[0]) + 1 for t in tracks) == 6  # 6 params
+
+
 def test_cli_train_runs_backfill(capsys):
     from trainsched.cli import main
 
@@ -420,6 +439,9 @@ def test_cli_train_runs_backfill(capsys):
     (["--backfill"], "it needs credit_mode 'strict'"),
     (["--comm", "fifo", "--backfill"], "--backfill lets a smaller partition"),
     (["--comm", "ddp", "--backfill"], "--backfill lets a smaller partition"),
+    (["--comm", "bytescheduler", "--backfill"], "it needs credit_mode 'strict'"),
+    (["--comm", "bytescheduler", "--credit", "1MiB", "--credit-mode", "strict"],
+     "must hold one partition"),
 ])
 def test_cli_train_rejects_bad_input_before_spawning(capsys, argv, message):
     from trainsched.cli import main

@@ -196,6 +196,11 @@ def _parse_credit(text: str) -> float:
     return float("inf") if text.strip().lower() in ("inf", "unlimited") else parse_size(text)
 
 
+def _given(args: argparse.Namespace, names: Sequence[str]) -> list[str]:
+    """Which of the options ``names`` (argparse destinations) were given, as flags."""
+    return [f"--{n.replace('_', '-')}" for n in names if getattr(args, n) not in (None, False)]
+
+
 def _data_policy(args: argparse.Namespace) -> Any:
     """The comm policy ``--comm-policy`` names, with the partition and credit flags given."""
     from trainsched.comm import comm_policy
@@ -206,10 +211,9 @@ def _data_policy(args: argparse.Namespace) -> Any:
                for flag, field in _POLICY_FLAGS.items() if getattr(args, flag) not in (None, False)}
     name = _comm_policy_name(args)
     if options and name in ("fifo", "ddp"):
-        given = ", ".join(f"--{f.replace('_', '-')}" for f in _POLICY_FLAGS
-                          if getattr(args, f) not in (None, False))
-        raise TrainschedError(f"{given}: --comm-policy {name} has no partition or credit; use "
-                              f"priority, bytescheduler, tictac or p3")
+        raise TrainschedError(f"{', '.join(_given(args, list(_POLICY_FLAGS)))}: --comm-policy "
+                              f"{name} has no partition or credit; use priority, bytescheduler, "
+                              f"tictac or p3")
     return comm_policy(name, **options)
 
 
@@ -293,9 +297,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from trainsched.sim import bubble_fraction, write_trace
 
     if args.parallelism != "data":
-        flags = [f"--{f.replace('_', '-')}" for f in (*_POLICY_FLAGS, "comm_policy", "steps",
-                                                      "autotune", "startup_overlap")
-                 if getattr(args, f) not in (None, False)]
+        flags = _given(args, [*_POLICY_FLAGS, "comm_policy", "steps", "autotune",
+                              "startup_overlap"])
         if args.algorithm != "ring":
             flags.append("--algorithm")
         if flags:
@@ -304,11 +307,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     graph = _training_graph(args.graph, args.optimizer)
     cluster = resolve_cluster(args.cluster)
     policy, steps, autotune = None, 1, None
-    if args.parallelism == "data":
-        policy = _data_policy(args) if not args.autotune else None
-        steps = _data_steps(args, policy or ByteSchedulerPolicy())
-        if args.autotune:
-            policy, autotune = _simulate_autotune(graph, cluster, args, steps)
+    if args.parallelism == "data" and args.autotune:
+        steps = _data_steps(args, ByteSchedulerPolicy())  # the policy it tunes
+        policy, autotune = _simulate_autotune(graph, cluster, args, steps)
+    elif args.parallelism == "data":
+        policy = _data_policy(args)
+        steps = _data_steps(args, policy)
     result = simulate_plan(graph, cluster, args, policy=policy, steps=steps)
     if args.trace:
         write_trace(args.trace, result, title=f"{graph.meta.get('model', 'graph')} "
@@ -341,7 +345,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     print(f"{graph.meta.get('model', args.graph)} on {cluster.name}, {args.parallelism}:")
     if args.parallelism == "data":
-        _print_data_plan(doc, args)
+        _print_data_plan(doc)
     steps = doc.get("steps", 1)
     print(f"  step time        {format_duration(result.step_time_s)} "
           f"(dependency bound {format_duration(result.dependency_bound_s)}"
@@ -360,7 +364,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_data_plan(doc: dict[str, Any], args: argparse.Namespace) -> None:
+def _print_data_plan(doc: dict[str, Any]) -> None:
     """The data-parallel lines of ``simulate``: the policy, and the tuner's trials if any."""
     from trainsched.units import format_duration, format_size
 
@@ -378,11 +382,15 @@ def _print_data_plan(doc: dict[str, Any], args: argparse.Namespace) -> None:
     what = [policy["class"]]
     if policy.get("partition_bytes") is not None:
         what.append(f"partition {format_size(policy['partition_bytes'])}")
-    if "credit_bytes" in policy and "partition_bytes" in policy:
+    if "credit_bytes" in policy and "partition_bytes" in policy:  # priority-queue policies
         credit = policy["credit_bytes"]
-        what.append("one collective in flight" if credit is None else "credit unlimited"
-                    if credit == "inf" else f"credit {format_size(credit)} "
-                    f"{policy['credit_mode']}{' with backfill' if policy['backfill'] else ''}")
+        if credit is None:
+            what.append("one collective in flight")
+        elif credit == "inf":
+            what.append("credit unlimited")
+        else:
+            backfill = " with backfill" if policy["backfill"] else ""
+            what.append(f"credit {format_size(credit)} {policy['credit_mode']}{backfill}")
     if policy.get("cross_barrier"):
         what.append("crossing the barrier")
     steady = f", steady step of {doc['steps']}" if doc["steps"] > 1 else ""

@@ -78,6 +78,22 @@ def _data(policy: str, steps: int = 1) -> Strategy:
     return run
 
 
+def _data_tuned(graph: Graph, cluster: Cluster, o: Options) -> tuple[SimResult, int, int, str]:
+    """ByteScheduler at the partition and credit the tuner picks on the simulator (15 trials,
+    seed 0, the steady step of 3), the way ``simulate --autotune`` picks them."""
+    from trainsched.comm import ByteSchedulerPolicy
+    from trainsched.comm.tune import simulated_objective, tune, tuned_policy
+    from trainsched.units import format_size
+
+    best = tune(simulated_objective(graph, cluster, o.ranks, steps=3))
+    policy = tuned_policy(ByteSchedulerPolicy(), best.partition_bytes, best.credit_bytes)
+    result = simulate_data_parallel(graph, cluster, ranks=o.ranks, policy=policy, steps=3)
+    return result, o.ranks, o.ranks * o.batch_size, (
+        f"{o.ranks} replicas, ring all-reduce, bytescheduler tuned on the simulator: partition "
+        f"{format_size(best.partition_bytes)}, credit {format_size(best.credit_bytes)}, steady "
+        f"step of 3")
+
+
 def _pipeline(schedule: str) -> Strategy:
     def run(graph: Graph, cluster: Cluster, o: Options) -> tuple[SimResult, int, int, str]:
         stages = stage_costs_from_graph(graph, o.ranks, o.microbatches)
@@ -108,6 +124,7 @@ STRATEGIES: dict[str, Strategy] = {
     "data-fifo": _data("fifo"),
     "data-ddp": _data("ddp"),
     "data-bytescheduler": _data("bytescheduler", steps=3),
+    "data-bytescheduler-tuned": _data_tuned,
     "pipeline-gpipe": _pipeline("gpipe"),
     "pipeline-1f1b": _pipeline("1f1b"),
     "placed-auto": _placed("auto"),
