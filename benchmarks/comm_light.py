@@ -6,8 +6,8 @@ byteps #339 and #370 (``specs/comm.md`` §11) reported a scheduler that was slow
 framework's own all-reduce on communication-light models, even with partitioning and credit
 effectively off. This benchmark measures the same question here, on two models:
 
-- ``mlp``: the zoo's 3-layer MLP (6 parameters, 0.6 MB of gradients, a few ms per step), where
-  the per-step and per-collective overheads are all there is;
+- ``mlp``: the zoo's MLP (4 linear layers, 8 parameters, 0.8 MB of gradients, a few ms per
+  step), where the per-step and per-collective overheads are all there is;
 - ``resnet50`` at 32 x 32, batch 4 per rank: 161 parameters, 102 MB of gradients, compute
   several times its all-reduce.
 

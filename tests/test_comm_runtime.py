@@ -408,8 +408,10 @@ def test_cli_train_bytescheduler_fuses_small_gradients(tmp_path, capsys):
               and e["args"]["name"].startswith("comm/")}  # fmt: skip
     # The MLP's gradients are all below 1 MiB: fused into flat buffers of at most 4 MiB, each
     # named after its most urgent member and the count of the others.
-    assert tracks and all("+" in t for t in tracks), tracks
-    assert sum(int(t.rsplit("+", 1)[1].split(" ")[0]) + 1 for t in tracks) == 6  # 6 params
+    groups = {t.split(" (lane")[0] for t in tracks}
+    assert groups and all("+" in g for g in groups), groups
+    # Every one of the MLP's 8 parameters (4 linear layers) is in exactly one fused group.
+    assert sum(int(g.rsplit("+", 1)[1]) + 1 for g in groups) == 8
 
 
 def test_cli_train_runs_backfill(capsys):

@@ -319,7 +319,8 @@ def test_train_autotune_tunes_online_in_one_job_and_times_the_best(capsys):
 
 
 @pytest.mark.parametrize(("flags", "problem"), [
-    (["--comm", "ddp"], "--autotune tunes the priority scheduler's partition and credit"),
+    (["--comm", "ddp"], "--autotune tunes the scheduler's partition and credit; drop --comm "
+                           "ddp (or use --comm priority or bytescheduler)"),
     (["--tune-partition", "4MiB"], "--tune-partition takes LOW-HIGH"),
     (["--tune-credit", "8MiB-1MiB"], "--tune-credit takes LOW-HIGH with 0 < LOW <= HIGH"),
     (["--tune-trials", "0"], "--tune-trials must be >= 1"),
@@ -333,3 +334,22 @@ def test_train_autotune_rejects_bad_flags_on_one_line(flags, problem, capsys):
     assert main(["train", "mlp", "--autotune", *flags]) == 2
     err = capsys.readouterr().err
     assert problem in err and err.count("\n") == 1
+
+
+@pytest.mark.timeout(300)
+def test_train_autotune_tunes_the_bytescheduler_policy_too(capsys):
+    from trainsched.cli import main
+
+    code = main(["train", "mlp", "--nproc", "2", "--comm", "bytescheduler", "--autotune",
+                 "--tune-trials", "2", "--tune-steps", "1", "--tune-confirm", "0",
+                 "--tune-partition", "64KiB-1MiB", "--tune-credit", "64KiB-4MiB", "--steps", "2",
+                 "--warmup", "1", "--timeout", "120", "--json"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    tuned = out["autotune"]
+    assert out["comm"] == "bytescheduler"
+    assert [t["phase"] for t in tuned["trials"]] == ["start", "startup", "startup"]
+    best = min(tuned["trials"], key=lambda t: (t["step_time_s"], t["number"]))  # start too
+    assert (tuned["partition_bytes"], tuned["credit_bytes"]) == (best["partition_bytes"],
+                                                                 best["credit_bytes"])
+    assert tuned["switches"][-1][1:] == [best["partition_bytes"], best["credit_bytes"]]

@@ -934,6 +934,11 @@ class _Dispatch:
         self.deferred: list[tuple[int, int, int]] = []
         self.works: dict[int, Any] = {}
         self.tensors: dict[int, torch.Tensor] = {}  # in flight: the view or packed buffer
+        # Per bucket, its flat buffer, reused every step: a fresh one each step would cost a
+        # page fault per 4 KiB (buffers this large are mmapped and unmapped again). The
+        # members' gradients are views into it from the all-reduce to their updates, which
+        # come before the next forward of their module and so before the next packing.
+        self.buffers: dict[int, torch.Tensor] = {}
         self.issued_s: dict[int, float] = {}
         self.queued_s: dict[int, float] = {}
         self.missing: list[int] = []  # per collective: members not ready yet in this step
@@ -965,6 +970,7 @@ class _Dispatch:
         self.index = index
         self.layer = {index[g.name]: g.layer_index for g in gradients}
         self.parts: list[list[tuple[int, int, int]]] = []  # per collective: (param, lo, hi)
+        self.buffers = {}  # a new plan numbers its collectives anew
         self.holders: dict[int, list[int]] = {}
         for c, coll in enumerate(plan):
             row = []
@@ -1166,7 +1172,12 @@ class _Dispatch:
             assert grad is not None
             tensor = grad.view(-1)[lo:hi]
         else:
-            tensor = torch.cat([sdp._grads[k].view(-1)[lo:hi] for k, lo, hi in row])
+            members = [sdp._grads[k].view(-1)[lo:hi] for k, lo, hi in row]
+            tensor = self.buffers.get(c)
+            if tensor is None:
+                tensor = self.buffers[c] = torch.cat(members)
+            else:
+                torch.cat(members, out=tensor)
         self.tensors[c] = tensor
         sdp._max_in_flight = max(sdp._max_in_flight, self.core.max_in_flight_bytes)
         t = _now() - sdp._t0
@@ -1226,7 +1237,11 @@ class _Dispatch:
             for k, lo, hi in self.parts[c]:
                 grad = sdp._grads[k]
                 assert grad is not None
-                grad.view(-1)[lo:hi].copy_(tensor[offset:offset + hi - lo])
+                reduced = tensor[offset:offset + hi - lo]
+                if hi - lo == grad.numel():  # a whole gradient: its slice of the bucket
+                    sdp._grads[k] = reduced.view(grad.shape)  # is the gradient (no copy)
+                else:
+                    grad.view(-1)[lo:hi].copy_(reduced)
                 offset += hi - lo
         if sdp._in_window(self.step):
             track = self.tracks[c]
