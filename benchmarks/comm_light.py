@@ -46,7 +46,10 @@ def configurations(steps: int, warmup: int) -> list[Segment]:
             Segment(label="priority 4/16MiB", policy="priority", **sched),
             Segment(label="bytescheduler 4/16MiB", policy="bytescheduler", **sched),
             Segment(label="bytescheduler 4/16MiB, static order", policy="bytescheduler",
-                    order="static", **sched)]
+                    order="static", **sched),
+            Segment(label="bytescheduler 32/64MiB, fusion 32MiB", kind="sdp",
+                    policy="bytescheduler", partition_bytes=32 * MiB, credit_bytes=64 * MiB,
+                    fusion_bytes=32 * MiB, **common)]
 
 
 def main() -> int:

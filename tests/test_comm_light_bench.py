@@ -16,7 +16,8 @@ def test_quick_light_run_times_every_configuration_against_ddp(tmp_path):
     summary = data["models"]["mlp"]["summary"]
     assert list(summary) == ["ddp-25MB", "pass-through (enabled=False)", "fifo",
                              "priority 4/16MiB", "bytescheduler 4/16MiB",
-                             "bytescheduler 4/16MiB, static order"]
+                             "bytescheduler 4/16MiB, static order",
+                             "bytescheduler 32/64MiB, fusion 32MiB"]
     assert summary["ddp-25MB"]["paired_ddp_ratio"] == 1.0
     for s in summary.values():
         assert len(s["round_medians_s"]) == 1 and s["median_s"] > 0
