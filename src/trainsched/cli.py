@@ -500,11 +500,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(_dump({**doc, "out_dir": str(out_dir)}))
         return 0
     print(f"{title}; costs: {graph.meta.get('tier')} ({graph.meta.get('device', '?')})")
-    header = (f"  {'strategy':<16}{'devices':>8}{'step':>11}{'samples/s':>11}{'speedup':>9}"
-              f"{'peak mem':>11}{'idle':>7}{'exposed comm':>14}")
+    width = max(len("strategy"), *(len(r.strategy) for r in rows)) + 2
+    header = (f"  {'strategy':<{width}}{'devices':>8}{'step':>11}{'samples/s':>11}"
+              f"{'speedup':>9}{'peak mem':>11}{'idle':>7}{'exposed comm':>14}")
     print(header)
     for r in rows:
-        print(f"  {r.strategy:<16}{r.devices:>8}{format_duration(r.step_time_s):>11}"
+        print(f"  {r.strategy:<{width}}{r.devices:>8}{format_duration(r.step_time_s):>11}"
               f"{r.samples_per_s:>11.1f}{r.speedup:>8.2f}x"
               f"{format_size(r.peak_memory_bytes) + (' OOM' if r.oom else ''):>11}"
               f"{100 * r.idle_fraction:>6.1f}%{format_duration(r.exposed_comm_s):>14}")

@@ -188,6 +188,7 @@ def write_chart(path: str, rows: list[Row], title: str) -> None:
     ax.axvline(1.0, color="black", linewidth=0.8)
     for y, v in enumerate(values):
         ax.text(v, y, f" {v:.2f}x", va="center", fontsize=9)
+    ax.set_xlim(0, 1.15 * max(values, default=1.0))  # room for the longest bar's label
     ax.set_xlabel("throughput speedup over one device (red: out of memory)")
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
