@@ -29,7 +29,7 @@ import sys
 import time
 
 from _common import cpu_model, write_results
-from comm_real import add_paired_ratios, summarise
+from comm_real import summarise_rounds
 from trainsched.runtime.train import Segment, run_segments
 
 MiB = 1 << 20
@@ -74,11 +74,7 @@ def main() -> int:
                            batch_size=spec["batch_size"], image_size=spec["image_size"],
                            optimizer="sgd", lr=0.01, timeout_s=3600)
         host = job.host
-        rows: dict[str, list[list[float]]] = {}
-        for seg in job.segments:
-            rows.setdefault(seg.label, []).append(list(seg.step_times_s))
-        summary = {label: summarise(label, rounds) for label, rounds in rows.items()}
-        add_paired_ratios(summary, "ddp-25MB")
+        rows, summary = summarise_rounds(job.segments)
         size = f" {spec['image_size']}x{spec['image_size']}" if spec["image_size"] else ""
         print(f"{name}{size}, batch {spec['batch_size']} per rank, 2 gloo ranks; medians of "
               f"{spec['repeats']} rounds x {spec['steps']} steps")

@@ -119,14 +119,21 @@ def summarise(label: str, rounds: list[list[float]]) -> dict[str, Any]:
             "steps": len(pooled)}
 
 
-def add_paired_ratios(summary: dict[str, dict[str, Any]], base: str) -> None:
-    """Each configuration's ``paired_ddp_ratio``: the median over rounds of ``base``'s round
-    median over this configuration's in the same round (minutes apart at most, so a drift
-    between rounds cancels)."""
+def summarise_rounds(segments: Any, base: str = "ddp-25MB") -> tuple[
+        dict[str, list[list[float]]], dict[str, dict[str, Any]]]:
+    """Timed segments (one per configuration and round) by label: their step times per round
+    and :func:`summarise`'s summary, with each configuration's ``paired_ddp_ratio``: the median
+    over rounds of ``base``'s round median over this configuration's in the same round
+    (minutes apart at most, so a drift between rounds cancels)."""
+    rows: dict[str, list[list[float]]] = {}
+    for seg in segments:
+        rows.setdefault(seg.label, []).append(list(seg.step_times_s))
+    summary = {label: summarise(label, rounds) for label, rounds in rows.items()}
     for s in summary.values():
         s["paired_ddp_ratio"] = statistics.median(
             b / m for b, m in zip(summary[base]["round_medians_s"], s["round_medians_s"],
                                   strict=False))
+    return rows, summary
 
 
 def main() -> int:
@@ -175,11 +182,7 @@ def main() -> int:
         run_segments(args.model, [traced], nproc=2, batch_size=args.batch_size,
                      image_size=args.image_size, timeout_s=3600)
         parts = anatomy(Path(tmp) / "rank0.trace.json")
-    rows: dict[str, list[list[float]]] = {}
-    for seg in (*job.segments, *compute_1.segments):
-        rows.setdefault(seg.label, []).append(list(seg.step_times_s))
-    summary = {label: summarise(label, rounds) for label, rounds in rows.items()}
-    add_paired_ratios(summary, "ddp-25MB")
+    rows, summary = summarise_rounds((*job.segments, *compute_1.segments))
 
     ddp = summary["ddp-25MB"]["median_s"]
     compute = summary["compute-1"]["median_s"]
