@@ -1,41 +1,22 @@
-"""Placement, Action, Schedule: where ops run and in what order, the parts of a plan.
+"""Action and Schedule: the per-rank ordered action lists of a pipeline plan.
 
-A :class:`Placement` maps every op of a graph to a device index; it round-trips exactly through
-the ``trainsched.placement/1`` JSON file. A :class:`Schedule` is a per-rank ordered list of
-:class:`Action` s (``0F0 0F1 0B0 ...``), written like PyTorch pipelining writes them, so the same
-schedule moves between trainsched's text form, PyTorch's CSV files and its runtime.
-:meth:`Schedule.validate` proves a schedule complete and deadlock-free before the simulator or the
-runtime executes it. The formats and every error are described in ``docs/plans.md``.
+A :class:`Schedule` is a per-rank ordered list of :class:`Action` s (``0F0 0F1 0B0 ...``),
+written like PyTorch pipelining writes them, so the same schedule moves between trainsched's text
+form, PyTorch's CSV files and its runtime. :meth:`Schedule.validate` proves a schedule complete
+and deadlock-free before the simulator or the runtime executes it (``docs/plans.md``).
 """
+
 
 from __future__ import annotations
 
-import copy
 import csv
 import io
-import json
-import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 from trainsched.errors import TrainschedError
-from trainsched.graph import (
-    Graph,
-    _check_keys,
-    _dump,
-    _kind_of,
-    _show,
-    atomic_write_text,
-    read_text_file,
-)
-
-if TYPE_CHECKING:
-    from trainsched.cluster import Cluster
-
-PLACEMENT_FORMAT = "trainsched.placement/1"
 
 COMPUTE_KINDS = ("F", "I", "W", "B")
 COMM_KINDS = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
@@ -49,203 +30,6 @@ _MAX_LISTED = 20  # problems shown in one error message
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _names(names: Sequence[str], limit: int = 10) -> str:
-    shown = ", ".join(repr(n) for n in names[:limit])
-    return shown + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
-
-
-# --- Placement ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True, repr=False)
-class Placement:
-    """Which device runs each op: ``device_of[op name]`` is a device index below ``num_devices``.
-
-    Checked when built (non-empty names, integer indices in range); :meth:`validate` checks it
-    against a graph and optionally a cluster. ``device_of`` and ``meta`` are stored read-only,
-    ``device_of`` sorted by name, so equal placements print and save identically.
-    """
-
-    device_of: Mapping[str, int]
-    num_devices: int
-    meta: Mapping[str, Any] = field(default_factory=dict)
-
-    __hash__ = None  # type: ignore[assignment]  # the mappings are not hashable
-
-    def __post_init__(self) -> None:
-        n = self.num_devices
-        if not _is_int(n) or n < 1:
-            raise TrainschedError(f"placement: num_devices must be an integer >= 1, got {n!r}")
-        if not isinstance(self.device_of, Mapping):
-            raise TrainschedError(
-                f"placement: device_of must map op names to device indices, "
-                f"got {type(self.device_of).__name__}"
-            )
-        for name, device in self.device_of.items():
-            if not isinstance(name, str) or not name:
-                raise TrainschedError(
-                    f"placement: op names must be non-empty strings, got {name!r}"
-                )
-            if not _is_int(device) or not 0 <= device < n:
-                raise TrainschedError(
-                    f"placement: op {name!r} is on device {device!r}, outside 0..{n - 1}; "
-                    f"use an index below num_devices={n} or raise num_devices"
-                )
-        if not isinstance(self.meta, Mapping):
-            raise TrainschedError(f"placement: meta must be a mapping, got {self.meta!r}")
-        device_of = dict(sorted(self.device_of.items()))
-        object.__setattr__(self, "device_of", MappingProxyType(device_of))
-        object.__setattr__(self, "meta", MappingProxyType(copy.deepcopy(dict(self.meta))))
-
-    def __repr__(self) -> str:
-        return f"<Placement: {len(self.device_of)} ops on {self.num_devices} devices>"
-
-    @classmethod
-    def single(cls, graph: Graph, device: int = 0, *, num_devices: int | None = None) -> Placement:
-        """Every op of ``graph`` on ``device``: the baseline placements are measured against.
-
-        ``num_devices`` defaults to ``device + 1``.
-        """
-        if not _is_int(device) or device < 0:
-            raise TrainschedError(f"device must be an integer >= 0, got {device!r}")
-        return cls(
-            device_of=dict.fromkeys(graph.topological_order(), device),
-            num_devices=device + 1 if num_devices is None else num_devices,
-            meta={"policy": "single"},
-        )
-
-    def validate(self, graph: Graph, cluster: Cluster | None = None) -> None:
-        """Check that this places ``graph`` (and fits ``cluster``); raise naming the ops if not.
-
-        Every op of the graph has a device, no other names appear, the ops of one co-location
-        group (``Op.group``) share a device, and the cluster has ``num_devices`` devices or more.
-        """
-        missing = [name for name in graph.topological_order() if name not in self.device_of]
-        if missing:
-            raise TrainschedError(
-                f"placement leaves {len(missing)} op(s) of the graph without a device: "
-                f"{_names(missing)}; give every op a device"
-            )
-        unknown = [name for name in self.device_of if name not in graph]
-        if unknown:
-            raise TrainschedError(
-                f"placement names {len(unknown)} op(s) that are not in the graph: "
-                f"{_names(unknown)}; remove them, or validate against the graph they come from"
-            )
-        groups: dict[str, list[str]] = {}
-        for op in graph.ops:
-            if op.group is not None:
-                groups.setdefault(op.group, []).append(op.name)
-        for group, members in groups.items():
-            devices = sorted({self.device_of[name] for name in members})
-            if len(devices) > 1:
-                where = ", ".join(f"{name!r} on {self.device_of[name]}" for name in members[:10])
-                raise TrainschedError(
-                    f"co-location group {group!r} is split across devices {devices}: {where}; "
-                    "put all ops of a group on one device"
-                )
-        if cluster is not None and self.num_devices > cluster.num_devices:
-            raise TrainschedError(
-                f"placement uses {self.num_devices} devices but cluster {cluster.name!r} has "
-                f"{cluster.num_devices}; place on fewer devices or use a larger cluster"
-            )
-
-    def ops_on(self, device: int, graph: Graph | None = None) -> tuple[str, ...]:
-        """Names of the ops on ``device``: in ``graph``'s topological order, else by name."""
-        if not _is_int(device) or not 0 <= device < self.num_devices:
-            raise TrainschedError(
-                f"device {device!r} is outside 0..{self.num_devices - 1} of this placement"
-            )
-        if graph is None:
-            return tuple(name for name, d in self.device_of.items() if d == device)
-        return tuple(n for n in graph.topological_order() if self.device_of.get(n) == device)
-
-    # --- JSON ----------------------------------------------------------------------------------
-
-    def to_json(self) -> str:
-        """The file text (``trainsched.placement/1``): byte-identical for equal placements."""
-        try:
-            meta = _dump(dict(self.meta))
-        except (TypeError, ValueError) as exc:
-            raise TrainschedError(f"placement meta is not JSON-serialisable: {exc}") from None
-        entries = ",".join(f"\n  {_dump(name)}: {d}" for name, d in self.device_of.items())
-        device_of = f"{{{entries}\n}}" if entries else "{}"
-        return (
-            f'{{"format": {_dump(PLACEMENT_FORMAT)},\n"num_devices": {self.num_devices},\n'
-            f'"meta": {meta},\n"device_of": {device_of}}}\n'
-        )
-
-    @classmethod
-    def from_json(cls, text: str, source: str = "<string>") -> Placement:
-        """Parse the file text; every problem is a TrainschedError that starts with ``source``."""
-        doc = _read_json(text, source)
-        if not isinstance(doc, dict):
-            raise TrainschedError(f"{source}: expected a JSON object, got {_kind_of(doc)}")
-        if doc.get("format") != PLACEMENT_FORMAT:
-            found = f"format {doc['format']!r}" if "format" in doc else "no 'format' field"
-            raise TrainschedError(
-                f"{source}: {found}; this reader supports {PLACEMENT_FORMAT!r} "
-                "(is this a placement file?)"
-            )
-        fields = ("format", "num_devices", "meta", "device_of")
-        _check_keys(doc, fields, ("num_devices", "device_of"), source, "")
-        if not _is_int(doc["num_devices"]):
-            raise TrainschedError(
-                f"{source}: num_devices: expected an integer, got {_show(doc['num_devices'])}"
-            )
-        device_of = doc["device_of"]
-        if not isinstance(device_of, dict):
-            raise TrainschedError(
-                f"{source}: device_of: expected an object mapping op names to device indices, "
-                f"got {_kind_of(device_of)}"
-            )
-        for name, device in device_of.items():
-            if not _is_int(device):
-                raise TrainschedError(
-                    f"{source}: device_of[{name!r}]: expected an integer device index, "
-                    f"got {_show(device)}"
-                )
-        meta = doc.get("meta", {})
-        if not isinstance(meta, dict):
-            raise TrainschedError(f"{source}: meta: expected an object, got {_kind_of(meta)}")
-        try:
-            return cls(device_of=device_of, num_devices=doc["num_devices"], meta=meta)
-        except TrainschedError as exc:
-            raise TrainschedError(f"{source}: {exc}") from None
-
-    def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the JSON file atomically (a failure leaves the old file, never a partial one)."""
-        atomic_write_text(path, self.to_json())
-
-    @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> Placement:
-        """Read a placement file written by :meth:`save` or by hand (docs/plans.md)."""
-        return cls.from_json(read_text_file(path, "placement"), source=str(path))
-
-
-def _read_json(text: str, source: str) -> Any:
-    """``json.loads`` with errors naming ``source``; a key twice in one object is an error."""
-
-    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        obj: dict[str, Any] = {}
-        for key, value in pairs:
-            if key in obj:
-                raise TrainschedError(
-                    f"{source}: key {key!r} appears twice in one object; keep one "
-                    "(an op is placed exactly once)"
-                )
-            obj[key] = value
-        return obj
-
-    try:
-        return json.loads(text, object_pairs_hook=unique)
-    except json.JSONDecodeError as exc:
-        hint = " (the text ends early: truncated?)" if exc.pos >= len(text.rstrip()) else ""
-        raise TrainschedError(
-            f"{source}: malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}{hint}"
-        ) from None
 
 
 # --- Action ------------------------------------------------------------------------------------
