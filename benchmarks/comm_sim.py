@@ -40,13 +40,14 @@ from typing import Any
 from _common import cpu_model, write_results
 from trainsched.cluster import Link, resolve_cluster
 from trainsched.comm import ByteSchedulerPolicy, DdpBucketPolicy, FifoPolicy, graph_gradients
-from trainsched.comm.tune import grid_search, simulated_objective, tune
+from trainsched.comm.tune import grid_search, tune
 from trainsched.sim import (
     collective_s,
     crossing_bound_s,
     simulate_data_parallel,
     simulate_single,
 )
+from trainsched.sim.tune import simulated_objective
 
 MiB = 1 << 20
 MODELS = [("vgg16", 32, None), ("resnet50", 32, None), ("bert-base", 8, 128)]

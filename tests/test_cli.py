@@ -293,7 +293,8 @@ def test_simulate_data_policies_and_their_flags(tmp_path, capsys):
 
 def test_simulate_autotune_picks_the_best_trial_and_simulates_it(tmp_path, capsys):
     from trainsched.cluster import resolve_cluster
-    from trainsched.comm.tune import simulated_objective, tune
+    from trainsched.comm.tune import tune
+    from trainsched.sim.tune import simulated_objective
     from trainsched.training import to_training
 
     path = _comm_graph(tmp_path)

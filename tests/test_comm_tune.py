@@ -13,13 +13,13 @@ from trainsched.comm.policy import ByteSchedulerPolicy
 from trainsched.comm.tune import (
     OnlineTuner,
     grid_search,
-    simulated_objective,
     tune,
     tuned_policy,
 )
 from trainsched.errors import TrainschedError
 from trainsched.graph import Edge, Graph, Op
 from trainsched.sim import simulate_data_parallel
+from trainsched.sim.tune import simulated_objective
 from trainsched.training import to_training
 
 MiB = 1 << 20

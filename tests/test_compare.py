@@ -130,8 +130,9 @@ def test_bytescheduler_row_is_the_steady_step_and_beats_fifo_when_communication_
 
 def test_tuned_bytescheduler_row_runs_the_tuners_point_and_is_never_behind_the_defaults():
     from trainsched.comm import ByteSchedulerPolicy
-    from trainsched.comm.tune import simulated_objective, tune, tuned_policy
+    from trainsched.comm.tune import tune, tuned_policy
     from trainsched.sim import simulate_data_parallel
+    from trainsched.sim.tune import simulated_objective
     from trainsched.units import format_size
 
     graph = _chain()

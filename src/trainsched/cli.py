@@ -256,7 +256,8 @@ def _simulate_autotune(graph: Any, cluster: Any, args: argparse.Namespace,
     the bytescheduler policy at the point it picks (exactly the policy its trials simulated)
     and the tuner's result."""
     from trainsched.comm import ByteSchedulerPolicy
-    from trainsched.comm.tune import simulated_objective, tune, tuned_policy
+    from trainsched.comm.tune import tune, tuned_policy
+    from trainsched.sim.tune import simulated_objective
 
     if _comm_policy_name(args) != "bytescheduler":
         raise TrainschedError(f"--autotune tunes the bytescheduler policy; drop --comm-policy "

@@ -82,7 +82,8 @@ def _data_tuned(graph: Graph, cluster: Cluster, o: Options) -> tuple[SimResult, 
     """ByteScheduler at the partition and credit the tuner picks on the simulator (15 trials,
     seed 0, the steady step of 3), the way ``simulate --autotune`` picks them."""
     from trainsched.comm import ByteSchedulerPolicy
-    from trainsched.comm.tune import simulated_objective, tune, tuned_policy
+    from trainsched.comm.tune import tune, tuned_policy
+    from trainsched.sim.tune import simulated_objective
     from trainsched.units import format_size
 
     best = tune(simulated_objective(graph, cluster, o.ranks, steps=3))

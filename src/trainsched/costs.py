@@ -16,6 +16,7 @@ from trainsched.cluster import DeviceSpec, Link
 from trainsched.errors import TrainschedError
 
 __all__ = [
+    "ALGORITHMS",
     "allgather_s",
     "binomial_tree_allreduce_s",
     "byteps_optimal_s",
@@ -27,6 +28,11 @@ __all__ = [
     "roofline_s",
     "tree_allreduce_s",
 ]
+
+#: The all-reduce algorithms the collective costs model: ring, tree (recursive halving and
+#: doubling), parameter servers (``ps``) and a node-local all-reduce before the servers
+#: (``ps-local``).
+ALGORITHMS = ("ring", "tree", "ps", "ps-local")
 
 
 def _check(size_bytes: float, *counts: tuple[str, int, int]) -> None:

@@ -25,6 +25,7 @@ __all__ = [
     "format_flops",
     "format_flops_rate",
     "format_size",
+    "is_int",
     "parse_bandwidth",
     "parse_duration",
     "parse_flops_rate",
@@ -54,6 +55,11 @@ FLOPS_RATE_UNITS: Mapping[str, float] = {
 }
 
 _NUMBER_AND_UNIT = re.compile(r"\s*([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*(\S*)\s*")
+
+
+def is_int(value: object) -> bool:
+    """True for an ``int`` that is not a ``bool`` (JSON and flags give both)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _accepted(units: Mapping[str, float]) -> str:

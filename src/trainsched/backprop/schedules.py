@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from trainsched.errors import TrainschedError
 from trainsched.plan import Action, Schedule
+from trainsched.registry import Registry
 
 
 def _check_sizes(num_stages: int, num_microbatches: int) -> None:
@@ -75,18 +76,17 @@ def one_f_one_b(num_stages: int, num_microbatches: int, split_backward: bool = F
     return _validated(rows, p, m)
 
 
-SCHEDULES: dict[str, Callable[..., Schedule]] = {"gpipe": gpipe, "1f1b": one_f_one_b}
+#: Schedule generators by name; ``compare=True``: a row of ``trainsched compare``.
+SCHEDULES: Registry[Callable[..., Schedule]] = Registry("pipeline schedule", "schedules")
+SCHEDULES.register("gpipe", gpipe, compare=True)
+SCHEDULES.register("1f1b", one_f_one_b, compare=True)
 
 
 def build_schedule(
     name: str, num_stages: int, num_microbatches: int, split_backward: bool = False
 ) -> Schedule:
     """The schedule generator registered as ``name`` (see :data:`SCHEDULES`), applied."""
-    if name not in SCHEDULES:
-        raise TrainschedError(
-            f"unknown pipeline schedule {name!r}; known schedules: {', '.join(SCHEDULES)}"
-        )
-    return SCHEDULES[name](num_stages, num_microbatches, split_backward)
+    return SCHEDULES.lookup(name)(num_stages, num_microbatches, split_backward)
 
 
 def bubble_fraction_ideal(num_stages: int, num_microbatches: int) -> float:

@@ -40,13 +40,13 @@ import functools
 import heapq
 import math
 import numbers
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from trainsched.errors import TrainschedError
 from trainsched.graph import Graph
+from trainsched.registry import Registry
 
 __all__ = [
     "COMM_POLICIES",
@@ -427,31 +427,30 @@ class ByteSchedulerPolicy:
 #: The slice size of the ``p3`` baseline (ours, not P3's; override with ``partition_bytes``).
 P3_SLICE_BYTES = 1 * MiB
 
-#: Policy name -> the callable (called with the policy's options) that builds it. ``tictac``
+#: Policy name -> the callable (called with the policy's options) that builds it; tags:
+#: ``compare`` (a row of ``trainsched compare``), ``tuned`` (also a row at the partition and
+#: credit the tuner picks on the simulator). ``tictac``
 #: and ``p3`` are :class:`PriorityPolicy` with the published systems' settings: one collective
 #: in flight at a time in layer priority, each layer's next forward waiting only for its own
 #: update; whole tensors (TicTac, Hashemi et al., MLSys 2019) or fixed slices (P3, Jayarajan
 #: et al., SysML 2019). Options given by name override those settings.
-COMM_POLICIES: Mapping[str, Callable[..., CommPolicy]] = MappingProxyType({
-    "fifo": FifoPolicy,
-    "ddp": DdpBucketPolicy,
-    "priority": PriorityPolicy,
-    "bytescheduler": ByteSchedulerPolicy,
-    "tictac": functools.partial(PriorityPolicy, partition_bytes=None, credit_bytes=None,
-                                cross_barrier=True),
-    "p3": functools.partial(PriorityPolicy, partition_bytes=P3_SLICE_BYTES, credit_bytes=None,
-                            cross_barrier=True),
-})
+COMM_POLICIES: Registry[Callable[..., CommPolicy]] = Registry("comm policy", "policies")
+COMM_POLICIES.register("fifo", FifoPolicy, compare=True)
+COMM_POLICIES.register("ddp", DdpBucketPolicy, compare=True)
+COMM_POLICIES.register("priority", PriorityPolicy)
+COMM_POLICIES.register("bytescheduler", ByteSchedulerPolicy, compare=True, tuned=True)
+COMM_POLICIES.register("tictac", functools.partial(
+    PriorityPolicy, partition_bytes=None, credit_bytes=None, cross_barrier=True))
+COMM_POLICIES.register("p3", functools.partial(
+    PriorityPolicy, partition_bytes=P3_SLICE_BYTES, credit_bytes=None, cross_barrier=True))
 
 
 def comm_policy(name: str, **options: Any) -> CommPolicy:
     """The registered policy called ``name`` (case-insensitive), built with ``options``."""
-    key = name.strip().lower() if isinstance(name, str) else name
-    if key not in COMM_POLICIES:
-        raise TrainschedError(f"unknown comm policy {name!r}; known policies: "
-                              f"{', '.join(COMM_POLICIES)}")
+    build = COMM_POLICIES.lookup(name)
+    key = name.strip().lower()
     try:
-        return COMM_POLICIES[key](**options)
+        return build(**options)
     except TypeError as exc:
         raise TrainschedError(f"comm policy {key!r}: {exc}") from None
 

@@ -7,9 +7,9 @@ picks from what it has seen (ByteScheduler: 5). It returns the best point seen a
 
 Offline, the objective is any callable ``(partition_bytes, credit_bytes) -> seconds per step``:
 
-- :func:`simulated_objective` simulates ``steps`` steps of a training graph on a cluster with
-  :class:`~trainsched.comm.policy.ByteSchedulerPolicy` at that point (offline, in
-  milliseconds);
+- :func:`trainsched.sim.tune.simulated_objective` simulates ``steps`` steps of a training graph
+  on a cluster with :class:`~trainsched.comm.policy.ByteSchedulerPolicy` at that point
+  (offline, in milliseconds; it lives with the simulator, which this module never imports);
 - :func:`trainsched.runtime.train.run_trial` trains on real ranks at that point (``trainsched
   train --autotune``).
 
@@ -33,9 +33,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from trainsched.comm.policy import ByteSchedulerPolicy, MiB
+from trainsched.comm.policy import MiB
 from trainsched.errors import TrainschedError
-from trainsched.sim.data_parallel import simulate_data_parallel
 
 __all__ = [
     "DEFAULT_CREDIT_RANGE",
@@ -45,7 +44,6 @@ __all__ = [
     "Trial",
     "TuneResult",
     "grid_search",
-    "simulated_objective",
     "tune",
     "tuned_policy",
 ]
@@ -432,31 +430,3 @@ def grid_search(objective: Objective, partitions: Iterable[int],
                          step_time_s=_measure(objective, p, c), phase="grid")
                    for k, (p, c) in enumerate(points))  # fmt: skip
     return _best(trials)
-
-
-def simulated_objective(graph: Any, cluster: Any, ranks: int, algorithm: str = "ring", *,
-                        steps: int = 3, startup_overlap: bool = False,
-                        **policy_options: Any) -> Objective:
-    """The simulator's step time (steady period of ``steps`` steps, see
-    :func:`trainsched.sim.simulate_data_parallel`) of ``graph`` on ``ranks`` ranks of
-    ``cluster`` with ``algorithm``, under :class:`ByteSchedulerPolicy` at the given partition
-    and credit. ``policy_options`` go to the policy (``credit_mode``, ``cross_barrier``,
-    ``fusion_bytes``); without ``fusion_bytes`` small neighbours are fused up to one partition
-    (``fusion_bytes = partition_bytes``), so the partition size sets every task's size and
-    the number of collectives, which is what pays each collective's start-up latency. With
-    ``credit_mode="strict"`` a credit below the partition is raised to one partition.
-    ``startup_overlap`` goes to the simulator (collectives in flight together overlap their
-    start-up latency)."""
-
-    base = ByteSchedulerPolicy(**{"fusion_bytes": MiB, **policy_options})  # bad options fail now
-    fused = "fusion_bytes" not in policy_options
-
-    def objective(partition_bytes: int, credit_bytes: int) -> float:
-        policy = tuned_policy(base, partition_bytes, credit_bytes)
-        if not fused:
-            policy = replace(policy, fusion_bytes=base.fusion_bytes)
-        return simulate_data_parallel(graph, cluster, ranks=ranks, policy=policy,
-                                      algorithm=algorithm, steps=steps,
-                                      startup_overlap=startup_overlap).step_time_s
-
-    return objective

@@ -27,6 +27,7 @@ from trainsched.placement.reduce import Problem, reduce_graph
 from trainsched.placement.sct import m_sct
 from trainsched.placement.topo import topo_devices
 from trainsched.plan import Placement
+from trainsched.registry import Registry
 from trainsched.units import format_size
 
 __all__ = ["ALGORITHMS", "PLACERS", "Candidate", "PlacementResult", "place"]
@@ -64,15 +65,16 @@ def _contiguous(by: str) -> Placer:
 
 
 #: name -> placer, in the order ``auto`` breaks exact ties (after fewer devices used).
-PLACERS: dict[str, Placer] = {
-    "m-sct": _sct,
-    "m-etf": lambda problem, machine, ctx: _Run(schedule=m_etf(problem, machine)),
-    "m-topo": lambda problem, machine, ctx: _Run(devices=topo_devices(problem, machine)),
-    "contiguous-params": _contiguous("params"),
-    "contiguous-compute": _contiguous("compute"),
-    "contiguous-count": _contiguous("count"),
-    "single": lambda problem, machine, ctx: _Run(devices=single_devices(problem, machine)),
-}
+PLACERS: Registry[Placer] = Registry("placer", "placers")
+PLACERS.register("m-sct", _sct)
+PLACERS.register("m-etf", lambda problem, machine, ctx: _Run(schedule=m_etf(problem, machine)))
+PLACERS.register("m-topo",
+                 lambda problem, machine, ctx: _Run(devices=topo_devices(problem, machine)))
+PLACERS.register("contiguous-params", _contiguous("params"))
+PLACERS.register("contiguous-compute", _contiguous("compute"))
+PLACERS.register("contiguous-count", _contiguous("count"))
+PLACERS.register("single",
+                 lambda problem, machine, ctx: _Run(devices=single_devices(problem, machine)))
 ALGORITHMS = ("auto", *PLACERS)
 
 

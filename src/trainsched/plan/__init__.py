@@ -8,6 +8,23 @@ The parts: :class:`Placement` (which device runs each op), :class:`Action` and
 """
 
 from trainsched.plan.placement import PLACEMENT_FORMAT, Placement
+from trainsched.plan.plans import (
+    COLLECTIVE_ORDERS,
+    PLAN_FORMAT,
+    PLAN_KINDS,
+    SYNC_PROTOCOLS,
+    DataParallelPlan,
+    ModelRef,
+    PipelinePlan,
+    PlacedPlan,
+    Plan,
+    SinglePlan,
+    default_steps,
+    load_plan,
+    plan_from_json,
+    plan_to_json,
+    save_plan,
+)
 from trainsched.plan.schedule import (
     ACTION_KINDS,
     COMM_KINDS,
@@ -19,11 +36,26 @@ from trainsched.plan.schedule import (
 
 __all__ = [
     "ACTION_KINDS",
+    "COLLECTIVE_ORDERS",
     "COMM_KINDS",
     "COMPUTE_KINDS",
     "PLACEMENT_FORMAT",
+    "PLAN_FORMAT",
+    "PLAN_KINDS",
     "STAGE_KINDS",
+    "SYNC_PROTOCOLS",
     "Action",
+    "DataParallelPlan",
+    "ModelRef",
+    "PipelinePlan",
+    "PlacedPlan",
     "Placement",
+    "Plan",
     "Schedule",
+    "SinglePlan",
+    "default_steps",
+    "load_plan",
+    "plan_from_json",
+    "plan_to_json",
+    "save_plan",
 ]
