@@ -250,6 +250,15 @@ class Cluster:
         """The same cluster with ``num_nodes`` nodes (name and everything else unchanged)."""
         return replace(self, num_nodes=num_nodes)
 
+    def first_devices(self, count: int) -> Cluster:
+        """The cluster cut to its first ``count`` devices, whole nodes first (``count`` up to
+        one node's devices: one node of ``count``)."""
+        if not (isinstance(count, int) and 1 <= count <= self.num_devices):
+            raise TrainschedError(f"cluster {self.name!r} has {self.num_devices} devices; cannot "
+                                  f"take {count!r} of them")
+        per_node = min(count, self.devices_per_node)
+        return replace(self, devices_per_node=per_node, num_nodes=-(-count // per_node))
+
     def to_dict(self) -> dict[str, Any]:
         """The file format (``docs/cluster.md``) with plain numbers in bytes, s, bytes/s, FLOP/s."""
         dev = self.device

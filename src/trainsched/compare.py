@@ -2,41 +2,24 @@
 
 Strategies differ in how many samples one step processes (data parallel replicates the batch on
 every rank; a pipeline splits one batch into micro-batches), so rows are ranked by throughput,
-samples per second, and the speedup is throughput over the single-device baseline. Later
-techniques (placement, communication scheduling, out-of-order backprop, synchronisation) add
-their rows to :data:`STRATEGIES`.
+samples per second, and the speedup is throughput over the single-device baseline. The
+strategies and their plans come from :mod:`trainsched.strategies` (made from the registries);
+each plan is simulated by :func:`trainsched.sim.simulate`, the entry the runtime's twin
+:func:`trainsched.runtime.run` mirrors.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
-from trainsched.backprop.schedules import build_schedule
 from trainsched.cluster import Cluster
-from trainsched.comm import comm_policy
 from trainsched.errors import TrainschedError
 from trainsched.graph import Graph
-from trainsched.placement import place
-from trainsched.sim import (
-    SimResult,
-    bubble_fraction,
-    simulate_data_parallel,
-    simulate_pipeline,
-    simulate_placed,
-    simulate_single,
-)
-from trainsched.stages import stage_costs_from_graph
+from trainsched.sim import SimResult, bubble_fraction, simulate
+from trainsched.strategies import Options, Planned, make_plans, strategies
 
-
-@dataclass(frozen=True, kw_only=True)
-class Options:
-    """How wide the parallel strategies are: ranks (or stages) and micro-batches."""
-
-    ranks: int
-    microbatches: int
-    batch_size: int
+__all__ = ["Options", "Row", "compare", "compare_plans", "strategies", "write_chart"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,112 +42,39 @@ class Row:
         return dict(self.__dict__)
 
 
-Strategy = Callable[[Graph, Cluster, Options], tuple[SimResult, int, int, str]]
-
-
-def _single(graph: Graph, cluster: Cluster, o: Options) -> tuple[SimResult, int, int, str]:
-    return simulate_single(graph, cluster), 1, o.batch_size, "all ops on one device"
-
-
-def _data(policy: str, steps: int = 1) -> Strategy:
-    """Data parallelism with a registered comm policy; ``steps`` > 1: the steady step of that
-    many (a policy crossing the barrier gains only there; with the barrier it is the same)."""
-    def run(graph: Graph, cluster: Cluster, o: Options) -> tuple[SimResult, int, int, str]:
-        result = simulate_data_parallel(graph, cluster, ranks=o.ranks, policy=comm_policy(policy),
-                                        steps=steps)
-        steady = f", steady step of {steps}" if steps > 1 else ""
-        return result, o.ranks, o.ranks * o.batch_size, (
-            f"{o.ranks} replicas, ring all-reduce, {policy} gradient communication{steady}")
-    return run
-
-
-def _data_tuned(graph: Graph, cluster: Cluster, o: Options) -> tuple[SimResult, int, int, str]:
-    """ByteScheduler at the partition and credit the tuner picks on the simulator (15 trials,
-    seed 0, the steady step of 3), the way ``simulate --autotune`` picks them."""
-    from trainsched.comm import ByteSchedulerPolicy
-    from trainsched.comm.tune import tune, tuned_policy
-    from trainsched.sim.tune import simulated_objective
-    from trainsched.units import format_size
-
-    best = tune(simulated_objective(graph, cluster, o.ranks, steps=3))
-    policy = tuned_policy(ByteSchedulerPolicy(), best.partition_bytes, best.credit_bytes)
-    result = simulate_data_parallel(graph, cluster, ranks=o.ranks, policy=policy, steps=3)
-    return result, o.ranks, o.ranks * o.batch_size, (
-        f"{o.ranks} replicas, ring all-reduce, bytescheduler tuned on the simulator: partition "
-        f"{format_size(best.partition_bytes)}, credit {format_size(best.credit_bytes)}, steady "
-        f"step of 3")
-
-
-def _pipeline(schedule: str) -> Strategy:
-    def run(graph: Graph, cluster: Cluster, o: Options) -> tuple[SimResult, int, int, str]:
-        stages = stage_costs_from_graph(graph, o.ranks, o.microbatches)
-        result = simulate_pipeline(stages, build_schedule(schedule, o.ranks, o.microbatches),
-                                   cluster)
-        return result, o.ranks, o.batch_size, (
-            f"{o.ranks} stages balanced by compute, {o.microbatches} micro-batches")
-    return run
-
-
-def _placed(algorithm: str) -> Strategy:
-    """Model parallelism: ops placed on ``o.ranks`` devices by trainsched.placement."""
-    def run(graph: Graph, cluster: Cluster, o: Options) -> tuple[SimResult, int, int, str]:
-        per_node = min(o.ranks, cluster.devices_per_node)
-        devices = replace(cluster, devices_per_node=per_node,
-                          num_nodes=-(-o.ranks // per_node))
-        chosen = place(graph, devices, algorithm)
-        result = simulate_placed(graph, devices, chosen.placement)
-        used = len(set(chosen.placement.device_of.values()))
-        return result, used, o.batch_size, (
-            f"{chosen.placer} placement on {used} of {devices.num_devices} devices")
-    return run
-
-
-#: name -> strategy; the first is the baseline every speedup is measured against.
-STRATEGIES: dict[str, Strategy] = {
-    "single": _single,
-    "data-fifo": _data("fifo"),
-    "data-ddp": _data("ddp"),
-    "data-bytescheduler": _data("bytescheduler", steps=3),
-    "data-bytescheduler-tuned": _data_tuned,
-    "pipeline-gpipe": _pipeline("gpipe"),
-    "pipeline-1f1b": _pipeline("1f1b"),
-    "placed-auto": _placed("auto"),
-}
-
-
-def compare(graph: Graph, cluster: Cluster, options: Options,
-            strategies: list[str] | None = None) -> tuple[list[Row], dict[str, SimResult]]:
-    """Simulate each strategy; rows ranked by throughput (then name), and the raw results."""
-    names = strategies or list(STRATEGIES)
-    unknown = [n for n in names if n not in STRATEGIES]
-    if unknown:
-        raise TrainschedError(f"unknown strategy {unknown[0]!r}; known: {', '.join(STRATEGIES)}")
-    if options.ranks > cluster.num_devices:
-        raise TrainschedError(f"--ranks {options.ranks} is more than the cluster's "
-                              f"{cluster.num_devices} devices")
-    baseline_name = "single"
-    results: dict[str, SimResult] = {}
-    raw: list[tuple[str, SimResult, int, int, str]] = []
-    for name in dict.fromkeys([baseline_name, *names]):
-        result, devices, samples, description = STRATEGIES[name](graph, cluster, options)
-        results[name] = result
-        raw.append((name, result, devices, samples, description))
-    base = results[baseline_name]
-    base_rate = options.batch_size / base.step_time_s if base.step_time_s else 0.0
+def compare_plans(graph: Graph, cluster: Cluster, planned: dict[str, Planned],
+                  batch_size: int) -> tuple[list[Row], dict[str, SimResult]]:
+    """Simulate each plan (``planned`` must hold ``single``, the baseline); rows ranked by
+    throughput (then name), and the results by strategy name."""
+    if "single" not in planned:
+        raise TrainschedError("compare needs the 'single' strategy: every speedup is measured "
+                              "against it")
+    results = {name: simulate(p.plan, graph, cluster) for name, p in planned.items()}
+    base = results["single"]
+    base_rate = batch_size / base.step_time_s if base.step_time_s else 0.0
     rows = []
-    for name, result, devices, samples, description in raw:
-        if name not in names:
-            continue
-        rate = samples / result.step_time_s if result.step_time_s else 0.0
+    for name, p in planned.items():
+        result = results[name]
+        rate = p.samples_per_step / result.step_time_s if result.step_time_s else 0.0
         rows.append(Row(
-            strategy=name, description=description, devices=devices,
-            samples_per_step=samples, step_time_s=result.step_time_s, samples_per_s=rate,
-            speedup=rate / base_rate if base_rate else 0.0,
+            strategy=name, description=p.description, devices=p.plan.devices,
+            samples_per_step=p.samples_per_step, step_time_s=result.step_time_s,
+            samples_per_s=rate, speedup=rate / base_rate if base_rate else 0.0,
             peak_memory_bytes=max(result.peak_memory_bytes.values(), default=0),
             oom=any(result.oom.values()), idle_fraction=bubble_fraction(result),
             exposed_comm_s=result.exposed_comm_s))
     rows.sort(key=lambda r: (-r.samples_per_s, r.strategy))
-    return rows, {n: results[n] for n in names}
+    return rows, results
+
+
+def compare(graph: Graph, cluster: Cluster, options: Options,
+            names: list[str] | None = None) -> tuple[list[Row], dict[str, SimResult]]:
+    """Plan and simulate each strategy (default: every one :func:`strategies` lists); rows
+    ranked by throughput (then name), and the raw results of the strategies asked for."""
+    wanted = list(strategies()) if names is None else list(names)
+    planned = make_plans(graph, cluster, options, list(dict.fromkeys(["single", *wanted])))
+    rows, results = compare_plans(graph, cluster, planned, options.batch_size)
+    return [r for r in rows if r.strategy in wanted], {n: results[n] for n in wanted}
 
 
 def write_chart(path: str, rows: list[Row], title: str) -> None:

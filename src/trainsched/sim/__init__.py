@@ -25,6 +25,7 @@ from trainsched.sim.result import (
     TaskRecord,
     build_result,
 )
+from trainsched.sim.simulate import simulate, training_graph
 from trainsched.sim.trace import chrome_trace, trace_json, write_trace
 
 __all__ = [
@@ -49,10 +50,12 @@ __all__ = [
     "priority_order",
     "rank_classes",
     "run_tasks",
+    "simulate",
     "simulate_data_parallel",
     "simulate_pipeline",
     "simulate_placed",
     "simulate_single",
     "trace_json",
+    "training_graph",
     "write_trace",
 ]

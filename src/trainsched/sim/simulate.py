@@ -1,0 +1,64 @@
+"""``simulate(plan, graph, cluster)``: the one entry to the simulator for every kind of plan.
+
+The plan is validated against the graph and the cluster first (a plan for another model, more
+ranks than devices, a schedule for other stage counts: a clear error). A forward-only graph
+gets its backward and optimizer ops (:func:`trainsched.graph.to_training`, plain SGD), as the
+command line does. Each kind of plan goes to its executor:
+
+- single device: :func:`simulate_single`;
+- placed: :func:`simulate_placed` on the cluster's first ``placement.num_devices`` devices;
+- data parallel: :func:`simulate_data_parallel` with the plan's policy, algorithm, steps and
+  start-up overlap;
+- pipeline: the stages the plan's cuts make (:func:`stage_costs_from_graph`) under its
+  schedule, :func:`simulate_pipeline`.
+"""
+
+from __future__ import annotations
+
+from trainsched.cluster import Cluster
+from trainsched.errors import TrainschedError
+from trainsched.graph import Graph
+from trainsched.plan import DataParallelPlan, PipelinePlan, PlacedPlan, Plan, SinglePlan
+from trainsched.sim.data_parallel import simulate_data_parallel
+from trainsched.sim.executors import simulate_placed, simulate_single
+from trainsched.sim.pipeline import simulate_pipeline
+from trainsched.sim.result import SimResult
+from trainsched.stages import stage_costs_from_graph
+from trainsched.training import to_training
+
+__all__ = ["simulate", "training_graph"]
+
+
+def training_graph(graph: Graph) -> Graph:
+    """``graph`` as a training graph: a forward-only graph gets backward and SGD ops."""
+    if all(op.kind == "forward" for op in graph.ops):
+        return to_training(graph)
+    return graph
+
+
+def simulate(plan: Plan, graph: Graph, cluster: Cluster) -> SimResult:
+    """Predict one step of ``plan`` for ``graph`` on ``cluster`` (module docstring)."""
+    if not isinstance(graph, Graph):
+        raise TrainschedError(f"simulate needs a Graph, got {type(graph).__name__}")
+    if not isinstance(cluster, Cluster):
+        raise TrainschedError(f"simulate needs a Cluster (trainsched.cluster.resolve_cluster "
+                              f"makes one from a preset name), got {type(cluster).__name__}")
+    graph = training_graph(graph)
+    if isinstance(plan, SinglePlan):
+        plan.validate(graph, cluster)
+        return simulate_single(graph, cluster)
+    if isinstance(plan, PlacedPlan):
+        plan.validate(graph, cluster)
+        devices = cluster.first_devices(plan.placement.num_devices)
+        return simulate_placed(graph, devices, plan.placement)
+    if isinstance(plan, DataParallelPlan):
+        plan.validate(graph, cluster)
+        return simulate_data_parallel(graph, cluster, ranks=plan.ranks, policy=plan.policy,
+                                      algorithm=plan.algorithm, steps=plan.steps,
+                                      startup_overlap=plan.startup_overlap)
+    if isinstance(plan, PipelinePlan):
+        plan.validate(graph, cluster)
+        stages = stage_costs_from_graph(graph, plan.num_stages, plan.num_microbatches,
+                                        cut=list(plan.cuts))
+        return simulate_pipeline(stages, plan.schedule, cluster)
+    raise TrainschedError(f"not a plan: {type(plan).__name__} (trainsched.plan has the kinds)")

@@ -1,0 +1,159 @@
+"""Strategies: the plans ``trainsched compare`` ranks, made from the registries.
+
+A strategy is a name and a builder ``(graph, cluster, options) -> Planned``: a plan (one of
+:mod:`trainsched.plan`'s kinds), how many samples one step of it processes, and a line saying
+what it does. :func:`strategies` makes the list from the registries at each call, so a policy
+registered with ``compare=True`` is a row without any other edit:
+
+- ``single``: every op on one device (the baseline);
+- ``data-<policy>`` for each communication policy tagged ``compare`` (a policy whose updates
+  cross the barrier is simulated for its steady step of 3), and ``data-<policy>-tuned`` for
+  those tagged ``tuned``: the partition and credit the tuner picks on the simulator;
+- ``pipeline-<schedule>`` for each schedule tagged ``compare``: stages balanced by compute;
+- ``placed-auto``: the placers run on ``ranks`` devices, the fastest predicted kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from trainsched.backprop.schedules import SCHEDULES, build_schedule
+from trainsched.cluster import Cluster
+from trainsched.comm.policy import COMM_POLICIES, ByteSchedulerPolicy, comm_policy
+from trainsched.errors import TrainschedError
+from trainsched.graph import Graph
+from trainsched.plan import (
+    DataParallelPlan,
+    ModelRef,
+    PipelinePlan,
+    PlacedPlan,
+    Plan,
+    SinglePlan,
+    default_steps,
+)
+from trainsched.stages import stage_costs_from_graph
+from trainsched.units import format_size
+
+__all__ = ["Options", "Planned", "Strategy", "make_plans", "strategies"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Options:
+    """How wide the parallel strategies are: ranks (or stages) and micro-batches; the batch
+    size per rank (data parallel) or per step (the others)."""
+
+    ranks: int
+    microbatches: int
+    batch_size: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Planned:
+    """A strategy's plan, the samples one step processes and a one-line description."""
+
+    plan: Plan
+    samples_per_step: int
+    description: str
+
+
+Strategy = Callable[[Graph, Cluster, Options], Planned]
+
+
+def _single(graph: Graph, cluster: Cluster, o: Options) -> Planned:
+    return Planned(plan=SinglePlan(model=ModelRef.of(graph)), samples_per_step=o.batch_size,
+                   description="all ops on one device")
+
+
+def _data(name: str) -> Strategy:
+    """Data parallelism with the registered comm policy ``name`` at its defaults."""
+    def build(graph: Graph, cluster: Cluster, o: Options) -> Planned:
+        policy = comm_policy(name)
+        steps = default_steps(policy)
+        steady = f", steady step of {steps}" if steps > 1 else ""
+        return Planned(
+            plan=DataParallelPlan(model=ModelRef.of(graph), ranks=o.ranks, comm=name,
+                                  policy=policy, steps=steps),
+            samples_per_step=o.ranks * o.batch_size,
+            description=f"{o.ranks} replicas, ring all-reduce, {name} gradient "
+                        f"communication{steady}")
+    return build
+
+
+def _data_tuned(name: str) -> Strategy:
+    """The policy ``name`` at the partition and credit the tuner picks on the simulator (15
+    trials, seed 0, the steady step of 3), as ``simulate --autotune`` picks them."""
+    def build(graph: Graph, cluster: Cluster, o: Options) -> Planned:
+        from trainsched.comm.tune import tune, tuned_policy
+        from trainsched.sim.tune import simulated_objective
+
+        base = comm_policy(name)
+        if not isinstance(base, ByteSchedulerPolicy):
+            raise TrainschedError(f"comm policy {name!r} is tagged 'tuned', but the simulator's "
+                                  f"tuner tunes the bytescheduler policy only")
+        best = tune(simulated_objective(graph, cluster, o.ranks, steps=3))
+        policy = tuned_policy(base, best.partition_bytes, best.credit_bytes)
+        return Planned(
+            plan=DataParallelPlan(model=ModelRef.of(graph), ranks=o.ranks, comm=name,
+                                  policy=policy, steps=3),
+            samples_per_step=o.ranks * o.batch_size,
+            description=f"{o.ranks} replicas, ring all-reduce, {name} tuned on the simulator: "
+                        f"partition {format_size(best.partition_bytes)}, credit "
+                        f"{format_size(best.credit_bytes)}, steady step of 3")
+    return build
+
+
+def _pipeline(name: str) -> Strategy:
+    def build(graph: Graph, cluster: Cluster, o: Options) -> Planned:
+        stages = stage_costs_from_graph(graph, o.ranks, o.microbatches)
+        plan = PipelinePlan(model=ModelRef.of(graph),
+                            cuts=tuple(ops[0] for ops in stages.ops[1:]),
+                            schedule=build_schedule(name, o.ranks, o.microbatches),
+                            schedule_name=name)
+        return Planned(plan=plan, samples_per_step=o.batch_size,
+                       description=f"{o.ranks} stages balanced by compute, {o.microbatches} "
+                                   f"micro-batches")
+    return build
+
+
+def _placed(algorithm: str) -> Strategy:
+    """Model parallelism: ops placed on ``o.ranks`` devices by ``placement.place``."""
+    def build(graph: Graph, cluster: Cluster, o: Options) -> Planned:
+        from trainsched.placement import place
+
+        devices = cluster.first_devices(o.ranks)
+        chosen = place(graph, devices, algorithm)
+        used = len(set(chosen.placement.device_of.values()))
+        return Planned(plan=PlacedPlan(model=ModelRef.of(graph), placement=chosen.placement),
+                       samples_per_step=o.batch_size,
+                       description=f"{chosen.placer} placement on {used} of "
+                                   f"{devices.num_devices} devices")
+    return build
+
+
+def strategies() -> dict[str, Strategy]:
+    """Name -> builder, from the registries as they are now (module docstring); the first,
+    ``single``, is the baseline every speedup is measured against."""
+    out: dict[str, Strategy] = {"single": _single}
+    for name in COMM_POLICIES.tagged("compare"):
+        out[f"data-{name}"] = _data(name)
+        if COMM_POLICIES.tags(name).get("tuned"):
+            out[f"data-{name}-tuned"] = _data_tuned(name)
+    for name in SCHEDULES.tagged("compare"):
+        out[f"pipeline-{name}"] = _pipeline(name)
+    out["placed-auto"] = _placed("auto")
+    return out
+
+
+def make_plans(graph: Graph, cluster: Cluster, options: Options,
+               names: list[str] | None = None) -> dict[str, Planned]:
+    """The plans of the strategies ``names`` (default: all), in that order."""
+    known = strategies()
+    names = list(known) if names is None else names
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise TrainschedError(f"unknown strategy {unknown[0]!r}; known: {', '.join(known)}")
+    if options.ranks > cluster.num_devices:
+        raise TrainschedError(f"--ranks {options.ranks} is more than the cluster's "
+                              f"{cluster.num_devices} devices")
+    return {name: known[name](graph, cluster, options) for name in names}
