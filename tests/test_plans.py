@@ -1,0 +1,191 @@
+"""Plans as data: the four kinds, the trainsched.plan/1 file, validation, sim.simulate."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from trainsched.backprop.schedules import gpipe, one_f_one_b
+from trainsched.cluster import resolve_cluster
+from trainsched.comm.policy import ByteSchedulerPolicy, DdpBucketPolicy, PriorityPolicy
+from trainsched.errors import TrainschedError
+from trainsched.graph import Edge, Graph, Op
+from trainsched.plan import (
+    PLAN_FORMAT,
+    DataParallelPlan,
+    ModelRef,
+    PipelinePlan,
+    PlacedPlan,
+    Placement,
+    SinglePlan,
+    load_plan,
+    plan_from_json,
+    plan_to_json,
+    save_plan,
+)
+from trainsched.sim import (
+    simulate,
+    simulate_data_parallel,
+    simulate_pipeline,
+    simulate_placed,
+    simulate_single,
+)
+from trainsched.stages import stage_costs_from_graph
+from trainsched.training import to_training
+
+MiB = 1 << 20
+
+
+def chain(n: int = 6, model: str = "chain") -> Graph:
+    ops = [Op(name=f"l{i}", compute_s=1e-3 * (i + 1), flops=1e9, param_bytes=4_000_000,
+              output_bytes=1_000_000, saved_bytes=1_000_000) for i in range(n)]
+    edges = [Edge(src=f"l{i}", dst=f"l{i + 1}", size_bytes=1_000_000) for i in range(n - 1)]
+    return to_training(Graph(ops, edges, {"model": model, "batch_size": 16}))
+
+
+def every_kind(graph: Graph) -> list:
+    model = ModelRef.of(graph)
+    placement = Placement(device_of={op.name: int(op.name[1]) % 2 if op.name[0] == "l" else 0
+                                     for op in graph.ops}, num_devices=2, meta={"policy": "x"})
+    return [
+        SinglePlan(model=model),
+        PlacedPlan(model=model, placement=placement),
+        DataParallelPlan(model=model, ranks=4, comm="bytescheduler",
+                         policy=ByteSchedulerPolicy(partition_bytes=2 * MiB,
+                                                    credit_bytes=math.inf),
+                         steps=3, order="static", startup_overlap=True),
+        DataParallelPlan(model=model, ranks=2, comm="tictac",
+                         policy=PriorityPolicy(cross_barrier=True), algorithm="tree"),
+        PipelinePlan(model=model, cuts=("l2", "l4"), schedule=one_f_one_b(3, 4),
+                     schedule_name="1f1b"),
+    ]
+
+
+def test_model_ref_fingerprints_the_forward_ops_only():
+    graph = chain()
+    forward = Graph([op for op in graph.ops if op.kind == "forward"],
+                    [e for e in graph.edges if graph.op(e.src).kind == "forward"
+                     and graph.op(e.dst).kind == "forward"], graph.meta)
+    assert ModelRef.of(graph) == ModelRef.of(forward)
+    ref = ModelRef.of(graph)
+    assert (ref.name, ref.forward_ops, ref.batch_size, ref.image_size) == ("chain", 6, 16, None)
+    assert ModelRef.of(chain(7)).fingerprint != ref.fingerprint
+
+
+@pytest.mark.parametrize("index", range(5))
+def test_every_kind_round_trips_exactly_through_the_file(index, tmp_path):
+    plan = every_kind(chain())[index]
+    text = plan_to_json(plan)
+    assert plan_from_json(text) == plan
+    assert plan_to_json(plan_from_json(text)) == text  # byte-identical
+    path = tmp_path / "p.plan.json"
+    save_plan(plan, path)
+    assert load_plan(path) == plan
+    doc = json.loads(text)
+    assert doc["format"] == PLAN_FORMAT and doc["strategy"]["kind"] == plan.kind
+
+
+def test_an_unlimited_credit_is_written_as_inf():
+    plan = every_kind(chain())[2]
+    doc = json.loads(plan_to_json(plan))
+    assert doc["strategy"]["comm"]["fields"]["credit_bytes"] == "inf"
+    assert doc["strategy"]["comm"]["class"] == "ByteSchedulerPolicy"
+
+
+def test_validation_refuses_a_plan_for_another_model():
+    plan = SinglePlan(model=ModelRef.of(chain(6)))
+    with pytest.raises(TrainschedError, match="made for model 'chain' .6 forward ops.*but the "
+                                              "graph is 'other' .7 forward ops"):
+        plan.validate(chain(7, model="other"))
+
+
+def test_validation_refuses_more_ranks_than_devices():
+    plan = DataParallelPlan(model=ModelRef.of(chain()), ranks=16, comm="ddp",
+                            policy=DdpBucketPolicy())
+    with pytest.raises(TrainschedError, match="16 ranks but cluster 'p3.16xlarge' has 8"):
+        plan.validate(chain(), resolve_cluster("p3.16xlarge"))
+
+
+def test_a_schedule_for_another_stage_count_is_refused():
+    with pytest.raises(TrainschedError, match="schedule is for 3 stages but 1 cut.s. make 2"):
+        PipelinePlan(model=ModelRef.of(chain()), cuts=("l3",), schedule=gpipe(3, 2))
+
+
+def test_pipeline_cuts_must_be_forward_ops_in_order():
+    model = ModelRef.of(chain())
+    with pytest.raises(TrainschedError, match="cut 'l9' is not a forward op"):
+        PipelinePlan(model=model, cuts=("l9",), schedule=gpipe(2, 2)).validate(chain())
+    with pytest.raises(TrainschedError, match="cut 'l1' must come after"):
+        PipelinePlan(model=model, cuts=("l3", "l1"), schedule=gpipe(3, 2)).validate(chain())
+
+
+def test_a_placement_for_other_ops_is_refused():
+    plan = PlacedPlan(model=ModelRef.of(chain()),
+                      placement=Placement(device_of={"l0": 0}, num_devices=1))
+    with pytest.raises(TrainschedError, match="without a device"):
+        plan.validate(chain())
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda d: d.update(format="trainsched.plan/9"), "format 'trainsched.plan/9'"),
+    (lambda d: d["strategy"].update(kind="composed"), "composed plans .* not supported yet"),
+    (lambda d: d["strategy"].update(kind="teleport"), "unknown plan kind 'teleport'"),
+    (lambda d: d["strategy"].update(ranks="4"), "strategy.ranks: expected an integer"),
+    (lambda d: d["strategy"].update(ranks=True), "strategy.ranks: expected an integer"),
+    (lambda d: d["strategy"]["comm"].update(name="horovod"), "unknown comm policy 'horovod'"),
+    (lambda d: d["strategy"]["comm"].update({"class": "FifoPolicy"}),
+     "registered as 'bytescheduler' is a ByteSchedulerPolicy, not a FifoPolicy"),
+    (lambda d: d["strategy"]["comm"]["fields"].update(partition_bytes=-1), "partition_bytes"),
+    (lambda d: d["strategy"].update(sync="asp"), "sync must be one of bsp, got 'asp'"),
+    (lambda d: d["strategy"].update(colour="blue"), "strategy.colour: unknown field"),
+    (lambda d: d["model"].pop("fingerprint"), "missing field model.fingerprint"),
+])
+def test_a_bad_plan_file_names_the_field(edit, message):
+    doc = json.loads(plan_to_json(every_kind(chain())[2]))
+    edit(doc)
+    with pytest.raises(TrainschedError, match=f"^plan.json: .*{message}"):
+        plan_from_json(json.dumps(doc), source="plan.json")
+
+
+def test_truncated_and_non_object_files_are_user_errors():
+    text = plan_to_json(SinglePlan(model=ModelRef.of(chain())))
+    with pytest.raises(TrainschedError, match="truncated"):
+        plan_from_json(text.rstrip()[:-1], source="p.json")
+    with pytest.raises(TrainschedError, match="expected a JSON object"):
+        plan_from_json("[1, 2]", source="p.json")
+
+
+def test_simulate_runs_each_kind_on_its_executor():
+    graph, cluster = chain(), resolve_cluster("p3.16xlarge")
+    single, placed, data, _, pipe = every_kind(graph)
+    assert simulate(single, graph, cluster).step_time_s == \
+        simulate_single(graph, cluster).step_time_s
+    assert simulate(placed, graph, cluster).step_time_s == simulate_placed(
+        graph, cluster.first_devices(2), placed.placement).step_time_s
+    assert simulate(data, graph, cluster).step_time_s == simulate_data_parallel(
+        graph, cluster, ranks=4, policy=data.policy, steps=3,
+        startup_overlap=True).step_time_s
+    stages = stage_costs_from_graph(graph, 3, 4, cut=["l2", "l4"])
+    assert simulate(pipe, graph, cluster).step_time_s == \
+        simulate_pipeline(stages, pipe.schedule, cluster).step_time_s
+
+
+def test_simulate_gives_a_forward_graph_its_training_ops():
+    graph = chain()
+    forward = Graph([op for op in graph.ops if op.kind == "forward"],
+                    [e for e in graph.edges if graph.op(e.src).kind == "forward"
+                     and graph.op(e.dst).kind == "forward"], graph.meta)
+    plan = SinglePlan(model=ModelRef.of(graph))
+    cluster = resolve_cluster("p3.16xlarge")
+    assert simulate(plan, forward, cluster).step_time_s == \
+        simulate(plan, graph, cluster).step_time_s
+
+
+def test_simulate_refuses_wrong_types_with_a_clear_error():
+    plan = SinglePlan(model=ModelRef.of(chain()))
+    with pytest.raises(TrainschedError, match="needs a Cluster"):
+        simulate(plan, chain(), "p3.16xlarge")
+    with pytest.raises(TrainschedError, match="not a plan"):
+        simulate("single", chain(), resolve_cluster("p3.16xlarge"))
