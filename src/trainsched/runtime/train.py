@@ -44,7 +44,12 @@ from pathlib import Path
 from typing import Any
 
 from trainsched.comm.dispatch import check_sizes
-from trainsched.comm.policy import CREDIT_MODES, ByteSchedulerPolicy, PriorityPolicy
+from trainsched.comm.policy import (
+    CREDIT_MODES,
+    ByteSchedulerPolicy,
+    FifoPolicy,
+    PriorityPolicy,
+)
 from trainsched.errors import TrainschedError
 from trainsched.runtime.launch import WorkerFailure, free_port, run_workers, status_text
 
@@ -65,7 +70,7 @@ MiB = 1 << 20
 COMMS = ("fifo", "ddp", "priority", "bytescheduler")
 SCHEDULED = ("priority", "bytescheduler")  # the policies with partition and credit
 ORDERS = ("leader", "static")  # ScheduledDataParallel's safe orders ("local" exists to fail)
-KINDS = ("sdp", "ddp", "flat", "compute", "allreduce")
+KINDS = ("sdp", "ddp", "flat", "compute", "allreduce", "placed")
 OPTIMIZERS = ("sgd", "momentum", "adam")
 
 
@@ -94,6 +99,11 @@ class Segment:
     timeline_dir: str | None = None
     tune: dict[str, Any] | None = None  # OnlineTuner options: tune online (SCHEDULED only)
     fusion_bytes: int | None = None  # bytescheduler: fuse gradients below this (None: 1 MiB)
+    # sdp with any comm policy: "module:QualName" of its class and its constructor fields
+    # (what a plan file holds); overrides ``policy`` and the partition/credit fields
+    policy_class: str | None = None
+    policy_fields: dict[str, Any] | None = None
+    placement: dict[str, int] | None = None  # placed: op name -> logical device (on the CPU)
 
     def tuner(self) -> Any:
         """A fresh :class:`~trainsched.comm.tune.OnlineTuner` from ``tune`` (or ``None``)."""
@@ -117,7 +127,11 @@ class Segment:
             raise TrainschedError(f"--warmup must be at least 0, got {self.warmup!r}")
         if self.kind == "ddp" and not (self.bucket_mb > 0):
             raise TrainschedError(f"the DDP bucket size must be positive, got {self.bucket_mb}")
-        if self.kind == "sdp":
+        if (self.placement is None) != (self.kind != "placed"):
+            raise TrainschedError("a placed segment needs a placement, and only it takes one")
+        if self.kind == "sdp" and self.policy_class is not None:
+            self.policy_object()  # bad fields fail here, not in the workers
+        elif self.kind == "sdp":
             if self.policy not in ("fifo", *SCHEDULED):
                 raise TrainschedError(f"sdp policy must be fifo, priority or bytescheduler, "
                                       f"got {self.policy!r}")
@@ -156,6 +170,21 @@ class Segment:
                 self.tuner()
             except TypeError as exc:
                 raise TrainschedError(f"tuning options: {exc}") from None
+
+    def policy_object(self) -> Any:
+        """The comm policy an ``sdp`` segment runs: ``policy_class`` built with
+        ``policy_fields`` when given, else ``fifo`` or :meth:`scheduled_policy`."""
+        if self.policy_class is not None:
+            import importlib
+
+            module, _, name = self.policy_class.partition(":")
+            fields = dict(self.policy_fields or {})
+            if fields.get("credit_bytes") == "inf":
+                fields["credit_bytes"] = math.inf
+            return getattr(importlib.import_module(module), name)(**fields)
+        if self.policy == "fifo":
+            return FifoPolicy(cross_barrier=self.cross_barrier)
+        return self.scheduled_policy()
 
     def scheduled_policy(self) -> PriorityPolicy | ByteSchedulerPolicy:
         """The ``priority`` or ``bytescheduler`` policy (the latter fuses gradients below
@@ -436,7 +465,6 @@ def _run_segment(model: Any, args: tuple, kwargs: dict, seg: Segment, cfg: dict[
     import torch
     import torch.distributed as dist
 
-    from trainsched.comm.policy import FifoPolicy
     from trainsched.runtime.data_parallel import ScheduledDataParallel
 
     opt_cls, opt_kwargs = _optimizer(cfg["optimizer"], cfg["lr"])
@@ -457,8 +485,7 @@ def _run_segment(model: Any, args: tuple, kwargs: dict, seg: Segment, cfg: dict[
 
     sdp = None
     if seg.kind == "sdp":
-        policy = (FifoPolicy(cross_barrier=seg.cross_barrier) if seg.policy == "fifo"
-                  else seg.scheduled_policy())
+        policy = seg.policy_object()
         first = seg.warmup + (tuner.total_steps if tuner is not None else 0)
         window = (first, first + min(seg.steps, 3) - 1)
         sdp = ScheduledDataParallel(model, policy, optimizer=opt_cls,
@@ -470,6 +497,12 @@ def _run_segment(model: Any, args: tuple, kwargs: dict, seg: Segment, cfg: dict[
         opt = None
     elif seg.kind == "ddp":
         net = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=seg.bucket_mb)
+        opt = opt_cls(params, **opt_kwargs)
+    elif seg.kind == "placed":  # logical devices on this CPU, in the placement's order
+        from trainsched.runtime.placed import PlacedModule
+
+        net = PlacedModule(model, seg.placement, example_args=args, example_kwargs=kwargs,
+                           granularity="op")
         opt = opt_cls(params, **opt_kwargs)
     else:  # flat, compute: the plain module, one optimizer
         net = model

@@ -1,0 +1,141 @@
+"""``run(plan)``: the runtime's one entry, the twin of :func:`trainsched.sim.simulate`.
+
+The plan that the simulator scored is the plan that runs, on this host's processes:
+
+- single device: one worker trains the model (forward, backward, optimizer step);
+- placed: one worker runs :class:`~trainsched.runtime.placed.PlacedModule` with the plan's
+  placement (logical devices on the CPU here: correct, not faster; on GPUs, timed per device);
+- data parallel: ``plan.ranks`` gloo workers; ``ddp`` is stock ``DistributedDataParallel``
+  with the plan's bucket size, every other policy runs on
+  :class:`~trainsched.runtime.data_parallel.ScheduledDataParallel` with the plan's policy
+  object and collective order;
+- pipeline: one worker per schedule rank runs the plan's actions
+  (:func:`trainsched.runtime.pipeline.run_pipeline`).
+
+The model is rebuilt from the zoo by the name and input sizes the plan records (or the ones
+given). Every run reports the step times after the warm-up (median, p10, p90) as
+:class:`RunResult`; the parent process never imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from trainsched.errors import TrainschedError
+from trainsched.plan import DataParallelPlan, PipelinePlan, PlacedPlan, Plan, SinglePlan
+
+__all__ = ["RunResult", "quantile", "run"]
+
+MiB = 1 << 20
+TRAINING_SUFFIXES = ("dX", "dW", "opt")  # the training transform's op names: forward op + ":dX"
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` with linear interpolation between order statistics."""
+    times = sorted(values)
+    if len(times) == 1:
+        return times[0]
+    pos = q * (len(times) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(times) - 1)
+    return times[lo] + (times[hi] - times[lo]) * (pos - lo)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunResult:
+    """What running a plan measured: the step times after the warm-up (seconds), the samples
+    one step processes, and the ranks that ran it."""
+
+    kind: str
+    model: str
+    ranks: int
+    samples_per_step: int
+    step_times_s: tuple[float, ...]
+    peak_memory_bytes: int | None = None
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.step_times_s)
+
+    @property
+    def p10_s(self) -> float:
+        return quantile(self.step_times_s, 0.1)
+
+    @property
+    def p90_s(self) -> float:
+        return quantile(self.step_times_s, 0.9)
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples_per_step / self.median_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "model": self.model, "ranks": self.ranks,
+                "samples_per_step": self.samples_per_step, "median_s": self.median_s,
+                "p10_s": self.p10_s, "p90_s": self.p90_s, "samples_per_s": self.samples_per_s,
+                "peak_memory_bytes": self.peak_memory_bytes,
+                "step_times_s": list(self.step_times_s)}
+
+
+def _policy_segment(plan: DataParallelPlan, label: str, steps: int, warmup: int) -> Any:
+    from trainsched.comm.policy import DdpBucketPolicy
+    from trainsched.runtime.train import Segment
+
+    policy = plan.policy
+    if isinstance(policy, DdpBucketPolicy):
+        return Segment(label=label, kind="ddp", bucket_mb=policy.bucket_bytes / MiB,
+                       steps=steps, warmup=warmup)
+    fields = {f.name: getattr(policy, f.name) for f in dataclasses.fields(policy)}
+    if fields.get("credit_bytes") == math.inf:
+        fields["credit_bytes"] = "inf"
+    cls = type(policy)
+    return Segment(label=label, kind="sdp", policy_class=f"{cls.__module__}:{cls.__qualname__}",
+                   policy_fields=fields, order=plan.order, steps=steps, warmup=warmup)
+
+
+def run(plan: Plan, model: str | None = None, *, steps: int = 10, warmup: int = 2,
+        batch_size: int | None = None, image_size: int | None = None,
+        seq_len: int | None = None, optimizer: str = "sgd", lr: float = 0.01,
+        timeout_s: float = 900.0) -> RunResult:
+    """Run ``plan`` for ``warmup`` + ``steps`` steps and measure them (module docstring).
+    ``model`` defaults to the plan's; the input sizes to the ones the plan was made at."""
+    from trainsched.runtime.train import Segment, run_segments
+
+    ref = plan.model
+    name = model or ref.name
+    if model is not None and model != ref.name:
+        raise TrainschedError(f"the plan was made for model {ref.name!r}, not {model!r}; give "
+                              f"{ref.name} or make a plan for {model} (trainsched compare)")
+    sizes = {"batch_size": batch_size or ref.batch_size,
+             "image_size": image_size or ref.image_size, "seq_len": seq_len or ref.seq_len}
+    common = {**sizes, "optimizer": optimizer, "lr": lr, "timeout_s": timeout_s}
+    if isinstance(plan, PipelinePlan):
+        from trainsched.runtime.pipeline import run_pipeline
+
+        measured = run_pipeline(name, plan, steps=steps, warmup=warmup, **common)
+        return RunResult(kind=plan.kind, model=name, ranks=plan.devices,
+                         samples_per_step=measured.batch_size,
+                         step_times_s=tuple(measured.step_times_s))
+    if isinstance(plan, SinglePlan):
+        segment, ranks = Segment(label="single", kind="compute", steps=steps, warmup=warmup), 1
+    elif isinstance(plan, PlacedPlan):
+        # Backward and optimizer ops (``op:dX``, ``op:dW``, ``op:opt``) run where autograd
+        # and the parameters put them: with their forward op, as the placers place them.
+        forward = {n: d for n, d in plan.placement.device_of.items()
+                   if n.rpartition(":")[2] not in TRAINING_SUFFIXES}
+        segment = Segment(label="placed", kind="placed", steps=steps, warmup=warmup,
+                          placement=forward)
+        ranks = 1
+    elif isinstance(plan, DataParallelPlan):
+        segment, ranks = _policy_segment(plan, plan.comm, steps, warmup), plan.ranks
+    else:
+        raise TrainschedError(f"not a plan: {type(plan).__name__}")
+    result = run_segments(name, [segment], nproc=ranks, **common)
+    return RunResult(kind=plan.kind, model=result.model, ranks=ranks,
+                     samples_per_step=ranks * result.batch_size,
+                     step_times_s=tuple(result.first.step_times_s))
