@@ -8,9 +8,10 @@ import pytest
 
 from trainsched.cli import main
 from trainsched.cluster import resolve_cluster
-from trainsched.compare import Options, compare, strategies, write_chart
+from trainsched.compare import Options, compare, strategies
 from trainsched.errors import TrainschedError
 from trainsched.graph import Edge, Graph, Op
+from trainsched.report.chart import write_chart
 from trainsched.sim import simulate_single
 from trainsched.training import to_training
 

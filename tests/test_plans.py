@@ -96,7 +96,7 @@ def test_an_unlimited_credit_is_written_as_inf():
 
 def test_validation_refuses_a_plan_for_another_model():
     plan = SinglePlan(model=ModelRef.of(chain(6)))
-    with pytest.raises(TrainschedError, match="made for model 'chain' .6 forward ops.*but the "
+    with pytest.raises(TrainschedError, match=r"made for model 'chain' .6 forward ops.*but the "
                                               "graph is 'other' .7 forward ops"):
         plan.validate(chain(7, model="other"))
 
@@ -104,12 +104,12 @@ def test_validation_refuses_a_plan_for_another_model():
 def test_validation_refuses_more_ranks_than_devices():
     plan = DataParallelPlan(model=ModelRef.of(chain()), ranks=16, comm="ddp",
                             policy=DdpBucketPolicy())
-    with pytest.raises(TrainschedError, match="16 ranks but cluster 'p3.16xlarge' has 8"):
+    with pytest.raises(TrainschedError, match=r"16 ranks but cluster 'p3.16xlarge' has 8"):
         plan.validate(chain(), resolve_cluster("p3.16xlarge"))
 
 
 def test_a_schedule_for_another_stage_count_is_refused():
-    with pytest.raises(TrainschedError, match="schedule is for 3 stages but 1 cut.s. make 2"):
+    with pytest.raises(TrainschedError, match=r"schedule is for 3 stages but 1 cut.s. make 2"):
         PipelinePlan(model=ModelRef.of(chain()), cuts=("l3",), schedule=gpipe(3, 2))
 
 

@@ -19,7 +19,7 @@ from trainsched.graph import Graph
 from trainsched.sim import SimResult, bubble_fraction, simulate
 from trainsched.strategies import Options, Planned, make_plans, strategies
 
-__all__ = ["Options", "Row", "compare", "compare_plans", "strategies", "write_chart"]
+__all__ = ["Options", "Row", "compare", "compare_plans", "strategies"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,35 +75,3 @@ def compare(graph: Graph, cluster: Cluster, options: Options,
     planned = make_plans(graph, cluster, options, list(dict.fromkeys(["single", *wanted])))
     rows, results = compare_plans(graph, cluster, planned, options.batch_size)
     return [r for r in rows if r.strategy in wanted], {n: results[n] for n in wanted}
-
-
-def write_chart(path: str, rows: list[Row], title: str) -> None:
-    """A bar chart of throughput speedup per strategy, as PNG (needs matplotlib)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:
-        raise TrainschedError("writing the chart needs matplotlib (pip install matplotlib)") \
-            from exc
-    import io
-
-    from trainsched.graph import atomic_write_bytes
-
-    fig, ax = plt.subplots(figsize=(7, 0.5 * len(rows) + 1.5), dpi=100)
-    names = [r.strategy for r in rows][::-1]
-    values = [r.speedup for r in rows][::-1]
-    colors = ["#c0392b" if r.oom else "#2e86c1" for r in rows][::-1]
-    ax.barh(names, values, color=colors)
-    ax.axvline(1.0, color="black", linewidth=0.8)
-    for y, v in enumerate(values):
-        ax.text(v, y, f" {v:.2f}x", va="center", fontsize=9)
-    ax.set_xlim(0, 1.15 * max(values, default=1.0))  # room for the longest bar's label
-    ax.set_xlabel("throughput speedup over one device (red: out of memory)")
-    ax.set_title(title, fontsize=10)
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", metadata={"Software": None})
-    plt.close(fig)
-    atomic_write_bytes(path, buffer.getvalue())

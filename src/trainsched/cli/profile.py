@@ -1,0 +1,77 @@
+"""``trainsched profile``: capture a zoo model into a graph with costs (imports torch)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from trainsched.cli.common import Subcommands, add_json, check_output_dir, dump, error_context
+from trainsched.report.graph_summary import describe_graph, graph_summary
+from trainsched.report.progress import ProgressBar
+
+NAME = "profile"
+
+
+def add_parser(sub: Subcommands) -> None:
+    p = sub.add_parser(NAME, help="capture a model into a graph with costs")
+    p.add_argument("model", help="a zoo model name (trainsched models lists them)")
+    p.add_argument("--batch-size", type=int, default=None, help="examples per batch")
+    p.add_argument("--seq-len", type=int, default=None, help="tokens per example (text models)")
+    p.add_argument("--image-size", type=int, default=None,
+                   help="image side of vision models (default 224; >= 32)")
+    p.add_argument("--granularity", choices=("op", "module"), default="op")
+    p.add_argument("--module-depth", type=int, default=None,
+                   help="with --granularity module: group by module path truncated to this "
+                   "many components (e.g. 2 gives ResNet blocks)")
+    p.add_argument("--costs", choices=("measured", "roofline", "static"), default="measured",
+                   help="measured on this machine, roofline for --device-kind, or static "
+                   "(FLOPs and bytes only)")
+    p.add_argument("--device-kind", default=None,
+                   help="device of the roofline costs (default H100; see docs/cluster.md)")
+    p.add_argument("--device", default=None, help="where measured costs run: cpu or cuda")
+    p.add_argument("--repeats", type=int, default=10,
+                   help="most timed calls per op and phase (at least 3; fewer for slow ops)")
+    p.add_argument("--warmup", type=int, default=0,
+                   help="untimed warm-up calls per op and phase")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch intra-op threads while measuring (default: torch's; use 1 on a "
+                   "shared host)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    p.add_argument("--top", type=int, default=10, help="heaviest ops to show")
+    p.add_argument("-o", "--output", default=None, help="write the graph JSON here")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    add_json(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from trainsched.capture import build, capture
+
+    check_output_dir(args.output)
+    started = time.perf_counter()
+    zoo = build(args.model, batch_size=args.batch_size, seq_len=args.seq_len,
+                image_size=args.image_size, seed=args.seed)
+    meta = {"batch_size": zoo.batch_size}
+    if zoo.seq_len is not None:
+        meta["seq_len"] = zoo.seq_len
+    if args.image_size is not None:
+        meta["image_size"] = args.image_size
+    with ProgressBar(f"profiling {zoo.name}", enabled=not args.json and not args.quiet) as bar, \
+            error_context(zoo.name):
+        graph = capture(zoo.model, zoo.args, example_kwargs=zoo.kwargs,
+                        granularity=args.granularity, module_depth=args.module_depth,
+                        costs=args.costs, device_kind=args.device_kind, device=args.device,
+                        warmup=args.warmup, repeats=args.repeats, name=zoo.name, meta=meta,
+                        threads=args.threads,
+                        progress=bar.update)
+    elapsed = time.perf_counter() - started
+    if args.output:
+        graph.save(args.output)
+    summary = graph_summary(graph, top=args.top)
+    if args.json:
+        print(dump({"graph": args.output, "capture_s": round(elapsed, 3), **summary}))
+    else:
+        print(describe_graph(summary, top=args.top))
+        where = f"wrote {args.output}" if args.output else "no -o given: graph not written"
+        print(f"\ncaptured in {elapsed:.1f} s; {where}")
+    return 0

@@ -1,0 +1,194 @@
+"""The text reports of the CLI's verbs, as plain functions returning the lines to print.
+
+Each takes the library's results (or the JSON document the verb also prints with ``--json``)
+and formats them; none computes anything a result does not already hold, so that the text and
+the JSON of one run always agree. Torch-free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from trainsched.units import format_duration, format_size
+
+
+# -- lists --------------------------------------------------------------------------------------
+def preset_list(rows: Sequence[Mapping[str, Any]]) -> str:
+    """``cluster --list``: one preset a line, name then description."""
+    width = max(len(r["name"]) for r in rows)
+    return "\n".join(f"{r['name']:<{width}}  {r['description']}" for r in rows)
+
+
+def model_list(rows: Sequence[Mapping[str, Any]]) -> str:
+    """``models``: one zoo model a line, with its description and default batch size."""
+    return "\n".join(f"{r['name']:<20} {r['description']} (batch {r['default_batch_size']})"
+                     for r in rows)
+
+
+# -- simulate -----------------------------------------------------------------------------------
+def trial_lines(trials: Sequence[Mapping[str, Any]], step_label: str) -> list[str]:
+    """One line per tuner trial: its number, phase, partition, credit and step time."""
+    return [f"  trial {t['number']:>2} ({t['phase']:<7}) partition "
+            f"{format_size(t['partition_bytes']):>10}  credit "
+            f"{format_size(t['credit_bytes']):>10}  {step_label} "
+            f"{format_duration(t['step_time_s'])}" for t in trials]
+
+
+def data_plan_lines(doc: Mapping[str, Any]) -> list[str]:
+    """The data-parallel lines of ``simulate``: the tuner's trials if any, then the policy."""
+    lines = []
+    tuned = doc["autotune"]
+    if tuned is not None:
+        lines += trial_lines(tuned["trials"], "step")
+        lines.append(f"  best of {len(tuned['trials'])} trials: --partition "
+                     f"{tuned['partition_bytes']} --credit {tuned['credit_bytes']} (small "
+                     f"tensors fused up to one partition)")
+    policy = doc["policy"]
+    what = [policy["class"]]
+    if policy.get("partition_bytes") is not None:
+        what.append(f"partition {format_size(policy['partition_bytes'])}")
+    if "credit_bytes" in policy and "partition_bytes" in policy:  # priority-queue policies
+        credit = policy["credit_bytes"]
+        if credit is None:
+            what.append("one collective in flight")
+        elif credit == "inf":
+            what.append("credit unlimited")
+        else:
+            backfill = " with backfill" if policy["backfill"] else ""
+            what.append(f"credit {format_size(credit)} {policy['credit_mode']}{backfill}")
+    if policy.get("cross_barrier"):
+        what.append("crossing the barrier")
+    steady = f", steady step of {doc['steps']}" if doc["steps"] > 1 else ""
+    lines.append(f"  policy           {', '.join(what)}; {doc['ranks']} ranks, "
+                 f"{doc['algorithm']}{steady}")
+    return lines
+
+
+def simulate_report(doc: Mapping[str, Any], model: str) -> str:
+    """``simulate``'s text from its JSON document ``doc``; ``model`` names the graph."""
+    lines = [f"{model} on {doc['cluster']}, {doc['parallelism']}:"]
+    data = doc["parallelism"] == "data"
+    if data:
+        lines += data_plan_lines(doc)
+    steps = doc.get("steps", 1)
+    lines.append(f"  step time        {format_duration(doc['step_time_s'])} "
+                 f"(dependency bound {format_duration(doc['dependency_bound_s'])}"
+                 f"{f' over all {steps} steps' if steps > 1 else ''})")
+    if data and doc["crossing_bound_gradient"]:
+        lines.append(f"  crossing bound   {format_duration(doc['crossing_bound_s'])} (no comm "
+                     f"policy beats it: {doc['crossing_bound_gradient']}'s loop)")
+    lines.append(f"  exposed comm     {format_duration(doc['exposed_comm_s'])}")
+    lines.append(f"  idle compute     {100 * doc['bubble_fraction']:.1f}%")
+    peaks = sorted(doc["peak_memory_bytes"].items())
+    shown = ", ".join(f"{d} {format_size(b)}{' OOM' if doc['oom'].get(d) else ''}"
+                      for d, b in peaks[:8])
+    lines.append(f"  peak memory      {shown}{' ...' if len(peaks) > 8 else ''}")
+    if doc["trace"]:
+        lines.append(f"  trace            {doc['trace']} (open in ui.perfetto.dev)")
+    return "\n".join(lines)
+
+
+# -- place --------------------------------------------------------------------------------------
+def place_report(result: Any, summary: Mapping[str, Any], *, model: str, cluster: Any,
+                 algorithm: str, graph_path: str, cluster_spec: str,
+                 output: str | None) -> str:
+    """``place``'s text: the placer chosen, its times, one row per device, the candidates.
+
+    ``result`` is a placement result and ``summary`` its ``summary()``; ``graph_path`` and
+    ``cluster_spec`` are the arguments as given, for the follow-up command shown.
+    """
+    chosen = f"; auto chose {result.placer}" if algorithm == "auto" else ""
+    lines = [f"{model} on {cluster.name} ({cluster.num_devices} devices, "
+             f"{result.placement.meta['comm']} channels): {algorithm}{chosen}",
+             f"  placement time   {format_duration(result.wall_s)} ({result.ops_before} ops, "
+             f"{result.ops_after} after reduction)"]
+    step = result.predicted_step_s
+    lines.append(f"  predicted step   {format_duration(step) if step is not None else '-'} "
+                 f"(lower bound {format_duration(result.lower_bound_s)}; placer's schedule "
+                 f"{format_duration(result.makespan_s)})")
+    lines.append(f"  {'device':<10}{'ops':>7}{'peak memory':>14}{'capacity':>12}")
+    for name, ops in summary["ops_per_device"].items():
+        peak, cap = summary["peak_bytes"][name], summary["capacity_bytes"][name]
+        lines.append(f"  {name:<10}{ops:>7}{format_size(peak):>14}{format_size(cap):>12}"
+                     f"{'  OOM' if peak > cap else ''}")
+    if result.candidates:
+        shown = ", ".join(f"{c.name} {format_duration(c.step_s)}{' OOM' if c.oom else ''}"
+                          if c.step_s is not None else f"{c.name} (did not fit)"
+                          for c in result.candidates)
+        lines.append(f"  candidates       {shown}")
+    if output:
+        lines.append(f"  wrote {output} (trainsched simulate {graph_path} --cluster "
+                     f"{cluster_spec} --parallelism placed --placement {output})")
+    return "\n".join(lines)
+
+
+# -- compare ------------------------------------------------------------------------------------
+def compare_report(rows: Sequence[Any], *, title: str, tier: Any, device: Any,
+                   out_dir: Any) -> str:
+    """``compare``'s table: one row per strategy, fastest first, and where the files went."""
+    lines = [f"{title}; costs: {tier} ({device})"]
+    width = max(len("strategy"), *(len(r.strategy) for r in rows)) + 2
+    lines.append(f"  {'strategy':<{width}}{'devices':>8}{'step':>11}{'samples/s':>11}"
+                 f"{'speedup':>9}{'peak mem':>11}{'idle':>7}{'exposed comm':>14}")
+    for r in rows:
+        lines.append(f"  {r.strategy:<{width}}{r.devices:>8}{format_duration(r.step_time_s):>11}"
+                     f"{r.samples_per_s:>11.1f}{r.speedup:>8.2f}x"
+                     f"{format_size(r.peak_memory_bytes) + (' OOM' if r.oom else ''):>11}"
+                     f"{100 * r.idle_fraction:>6.1f}%{format_duration(r.exposed_comm_s):>14}")
+    lines.append(f"\n  wrote {out_dir}/compare.json, compare.png and one trace per strategy "
+                 f"(open *.trace.json in ui.perfetto.dev)")
+    return "\n".join(lines)
+
+
+# -- train --------------------------------------------------------------------------------------
+def _step_time_line(seg: Any, warmup: int, label: str) -> str:
+    return (f"  {label}  median {format_duration(seg.median_s)}  p10 "
+            f"{format_duration(seg.quantile_s(0.1))}  p90 "
+            f"{format_duration(seg.quantile_s(0.9))}  ({len(seg.step_times_s)} steps after "
+            f"{warmup} warm-up)")
+
+
+def train_report(result: Any, *, nproc: int, comm: str, partition_bytes: int,
+                 credit_bytes: float, credit_mode: str, backfill: bool, order: str,
+                 scheduled: bool, optimizer: str, warmup: int, timeline: str | None) -> str:
+    """``train``'s text: how gradients were communicated, step times, throughput."""
+    credit = "unlimited" if credit_bytes == float("inf") else format_size(credit_bytes)
+    policy = (f"partition {format_size(partition_bytes)}, credit {credit} {credit_mode}"
+              f"{' with backfill' if backfill else ''}, crossing the barrier")
+    how = {"fifo": "whole tensors in ready order, barrier",
+           "ddp": "torch DistributedDataParallel, 25 MiB buckets",
+           "priority": policy,
+           "bytescheduler": f"{policy}, gradients below 1 MiB fused"}[comm]
+    if comm != "ddp":
+        how += (", scheduler off (--no-schedule: stock DDP, 25 MiB buckets)" if not scheduled
+                else f", {order} order")
+    lines = [f"{result.model}: {nproc} gloo ranks x batch {result.batch_size}, --comm "
+             f"{comm} ({how}), {optimizer}",
+             _step_time_line(result.first, warmup, "step time"),
+             f"  throughput {result.throughput():.2f} samples/s"]
+    if timeline:
+        lines.append(f"  wrote {timeline}/rank<r>.trace.json (open in ui.perfetto.dev)")
+    return "\n".join(lines)
+
+
+def autotune_intro(*, model: str, nproc: int, search_trials: int, confirm_trials: int,
+                   trial_steps: int, total_steps: int, warmup: int, steps: int) -> str:
+    """``train --autotune``'s first line, printed before the job starts: what it will run."""
+    return (f"{model}: tuning partition and credit online on {nproc} gloo ranks: the start "
+            f"point, {search_trials} search and {confirm_trials} confirmation trials of "
+            f"{trial_steps} steps ({total_steps} steps), then {warmup} + {steps} at the "
+            f"chosen point")
+
+
+def autotune_report(result: Any, tuned: Mapping[str, Any], *, warmup: int) -> str:
+    """``train --autotune``'s text: each trial, the point chosen, and the timed steps there."""
+    lines = trial_lines(tuned["trials"], "median step")
+    lines.append(f"  best: --partition {tuned['partition_bytes']} --credit "
+                 f"{tuned['credit_bytes']} ({format_size(tuned['partition_bytes'])}, "
+                 f"{format_size(tuned['credit_bytes'])}; median "
+                 f"{format_duration(tuned['step_time_s'])} in its trials), from step "
+                 f"{tuned['total_steps']} on every rank")
+    lines.append(_step_time_line(result.first, warmup, "step time there"))
+    lines.append(f"  throughput {result.throughput():.2f} samples/s")
+    return "\n".join(lines)
