@@ -5,12 +5,15 @@ model (not for a graph ``.json``)."""
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
+from typing import Any
 
 from trainsched.cli.common import Subcommands, add_json, dump, error_context
 from trainsched.errors import TrainschedError
+from trainsched.report.chart import write_measured_chart
 from trainsched.report.progress import ProgressBar
-from trainsched.report.tables import compare_report
+from trainsched.report.tables import compare_report, measured_report
 
 NAME = "compare"
 
@@ -32,6 +35,14 @@ def add_parser(sub: Subcommands) -> None:
                    help="pipeline micro-batches (default: 2 x ranks)")
     p.add_argument("--optimizer", default="sgd", help="sgd, momentum or adam")
     p.add_argument("--out-dir", default="compare-out", help="where traces, chart and table go")
+    p.add_argument("--run", action="store_true",
+                   help="also run every strategy this host can run (its plan, for real) and "
+                   "show measured beside predicted")
+    p.add_argument("--steps", type=int, default=5, help="--run: timed steps per strategy")
+    p.add_argument("--warmup", type=int, default=2, help="--run: untimed first steps")
+    p.add_argument("--calibration", default=None,
+                   help="--run on a cpu cluster: a cluster file from trainsched calibrate to "
+                   "predict with (default: calibrate this host first)")
     add_json(p)
     p.set_defaults(func=run)
 
@@ -40,10 +51,16 @@ def run(args: argparse.Namespace) -> int:
     from trainsched import compare as comparing
     from trainsched.cluster import resolve_cluster
     from trainsched.graph import Graph, atomic_write_text
+    from trainsched.plan import Prediction, save_plan
     from trainsched.report.chart import write_chart
     from trainsched.sim import write_trace
     from trainsched.training import to_training
 
+    for flag, value, minimum in (("--steps", args.steps, 1), ("--warmup", args.warmup, 0)):
+        if value < minimum:
+            raise TrainschedError(f"{flag} {value}: give at least {minimum}")
+    if args.calibration is not None and not args.run:
+        raise TrainschedError("--calibration sets what --run predicts with; add --run")
     cluster = resolve_cluster(args.cluster)
     if args.ranks is not None and not 1 <= args.ranks <= cluster.num_devices:
         raise TrainschedError(f"--ranks {args.ranks}: the cluster has {cluster.num_devices} "
@@ -78,20 +95,79 @@ def run(args: argparse.Namespace) -> int:
     ranks = args.ranks or cluster.num_devices
     options = comparing.Options(ranks=ranks, microbatches=args.microbatches or 2 * ranks,
                                 batch_size=int(graph.meta.get("batch_size", 1)))
-    rows, results = comparing.compare(graph, cluster, options)
+    if args.run and cluster.device.kind.startswith("cpu"):
+        cluster = _host_cluster(args, cluster, out_dir)
+    planned = comparing.make_plans(graph, cluster, options)
+    rows, results = comparing.compare_plans(graph, cluster, planned, options.batch_size)
     model = graph.meta.get("model", args.model)
     for name, result in results.items():
         write_trace(out_dir / f"{name}.trace.json", result, title=f"{model} {name}",
                     meta={"strategy": name, "cluster": cluster.name})
+        save_plan(planned[name].plan, out_dir / f"{name}.plan.json",
+                  Prediction(cluster=cluster.name, step_time_s=result.step_time_s,
+                             samples_per_step=planned[name].samples_per_step))
     title = f"{model} (batch {options.batch_size}) on {cluster.name}, {ranks} devices"
     write_chart(str(out_dir / "compare.png"), rows, title)
     doc = {"model": model, "cluster": cluster.name, "ranks": ranks,
            "microbatches": options.microbatches, "batch_size": options.batch_size,
            "tier": graph.meta.get("tier"), "rows": [r.to_dict() for r in rows]}
+    measured = None
+    if args.run:
+        measured = _run_rows(args, planned, rows, model)
+        doc["measured"] = measured
+        pairs = [(r.strategy, r.step_time_s, measured[r.strategy]["median_s"]) for r in rows
+                 if "median_s" in measured[r.strategy]]
+        write_measured_chart(str(out_dir / "measured.png"), pairs,
+                             f"{model}: predicted and measured step on this host")
     atomic_write_text(out_dir / "compare.json", dump(doc) + "\n")  # same inputs, same bytes
     if args.json:
         print(dump({**doc, "out_dir": str(out_dir)}))
         return 0
     print(compare_report(rows, title=title, tier=graph.meta.get("tier"),
                          device=graph.meta.get("device", "?"), out_dir=out_dir))
+    if measured is not None:
+        print(measured_report(rows, measured, out_dir=out_dir))
     return 0
+
+
+def _host_cluster(args: argparse.Namespace, cluster: Any, out_dir: Path) -> Any:
+    """The cluster ``--run`` predicts with on a cpu cluster: the ``--calibration`` file, else
+    this host calibrated now (written to OUT_DIR/calibration.json for the next run)."""
+    from trainsched.cluster import resolve_cluster
+    from trainsched.graph import atomic_write_text
+
+    if args.calibration is not None:
+        return resolve_cluster(args.calibration)
+    from trainsched.runtime.calibrate import calibrate
+
+    if not args.json:
+        print(f"calibrating this host's gloo on {cluster.num_devices} ranks (reuse it with "
+              f"--calibration {out_dir}/calibration.json)", file=sys.stderr, flush=True)
+    calibrated = calibrate(world_size=cluster.num_devices, repeats=5).to_cluster()
+    atomic_write_text(out_dir / "calibration.json", calibrated.to_json())
+    return calibrated
+
+
+def _run_rows(args: argparse.Namespace, planned: dict[str, Any], rows: list[Any],
+              model: str) -> dict[str, dict[str, Any]]:
+    """Run each row's plan that this host can run; its measured figures, or why not."""
+    from trainsched.runtime import run, runnable
+
+    out: dict[str, dict[str, Any]] = {}
+    for k, r in enumerate(rows):
+        plan = planned[r.strategy].plan
+        reason = runnable(plan, model)
+        if reason is not None:
+            out[r.strategy] = {"skipped": reason}
+            continue
+        if not args.json:
+            print(f"running {r.strategy} ({k + 1}/{len(rows)})", file=sys.stderr, flush=True)
+        with error_context(f"running {r.strategy}"):
+            result = run(plan, model, steps=args.steps, warmup=args.warmup,
+                         optimizer=args.optimizer)
+        out[r.strategy] = {"median_s": result.median_s, "p10_s": result.p10_s,
+                           "p90_s": result.p90_s, "samples_per_s": result.samples_per_s,
+                           "ranks": result.ranks,
+                           "measured_over_predicted": result.median_s / r.step_time_s
+                           if r.step_time_s else None}
+    return out

@@ -18,11 +18,13 @@ from trainsched.plan.plans import (
     PipelinePlan,
     PlacedPlan,
     Plan,
+    Prediction,
     SinglePlan,
     default_steps,
     load_plan,
     plan_from_json,
     plan_to_json,
+    read_plan_file,
     save_plan,
 )
 from trainsched.plan.schedule import (
@@ -51,11 +53,13 @@ __all__ = [
     "PlacedPlan",
     "Placement",
     "Plan",
+    "Prediction",
     "Schedule",
     "SinglePlan",
     "default_steps",
     "load_plan",
     "plan_from_json",
     "plan_to_json",
+    "read_plan_file",
     "save_plan",
 ]

@@ -51,11 +51,13 @@ __all__ = [
     "PipelinePlan",
     "PlacedPlan",
     "Plan",
+    "Prediction",
     "SinglePlan",
     "default_steps",
     "load_plan",
     "plan_from_json",
     "plan_to_json",
+    "read_plan_file",
     "save_plan",
 ]
 
@@ -295,6 +297,26 @@ PLAN_KINDS: Mapping[str, type] = {cls.kind: cls for cls in
                                   (SinglePlan, PlacedPlan, DataParallelPlan, PipelinePlan)}
 
 
+@dataclass(frozen=True, kw_only=True)
+class Prediction:
+    """What the simulator predicted for a plan, kept beside it in the plan file so that a run
+    of the plan can print measured beside predicted: the cluster it was simulated on, the step
+    time and the samples one step processes."""
+
+    cluster: str
+    step_time_s: float
+    samples_per_step: int
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.cluster, str) and self.cluster):
+            raise TrainschedError(f"prediction: cluster must be a name, got {self.cluster!r}")
+        value = self.step_time_s
+        if isinstance(value, bool) or not isinstance(value, int | float) or \
+                not 0 <= value < math.inf:
+            raise TrainschedError(f"prediction: step_time_s must be seconds >= 0, got {value!r}")
+        _check_count("prediction: samples_per_step", self.samples_per_step, 1)
+
+
 # --- JSON ----------------------------------------------------------------------------------------
 
 
@@ -331,11 +353,13 @@ def _strategy_doc(plan: Plan) -> dict[str, Any]:
     raise TrainschedError(f"not a plan: {type(plan).__name__}")
 
 
-def plan_to_json(plan: Plan) -> str:
+def plan_to_json(plan: Plan, prediction: Prediction | None = None) -> str:
     """The ``trainsched.plan/1`` text: sorted keys, two-space indent, byte-identical for equal
-    plans."""
-    doc = {"format": PLAN_FORMAT, "model": dataclasses.asdict(plan.model),
-           "strategy": _strategy_doc(plan)}
+    plans; ``prediction``, when given, is kept under ``predicted``."""
+    doc: dict[str, Any] = {"format": PLAN_FORMAT, "model": dataclasses.asdict(plan.model),
+                           "strategy": _strategy_doc(plan)}
+    if prediction is not None:
+        doc["predicted"] = dataclasses.asdict(prediction)
     try:
         return json.dumps(doc, indent=2, sort_keys=True, allow_nan=False) + "\n"
     except (TypeError, ValueError) as exc:
@@ -442,6 +466,10 @@ def _read_strategy(r: _Reader, model: ModelRef) -> Plan:
 
 def plan_from_json(text: str, source: str = "<string>") -> Plan:
     """Parse :func:`plan_to_json`'s text; every problem names ``source`` and the field."""
+    return _parse(text, source)[0]
+
+
+def _parse(text: str, source: str) -> tuple[Plan, Prediction | None]:
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -455,7 +483,7 @@ def plan_from_json(text: str, source: str = "<string>") -> Plan:
         found = f"format {doc['format']!r}" if "format" in doc else "no 'format' field"
         raise TrainschedError(f"{source}: {found}; this reader supports {PLAN_FORMAT!r} (is this "
                               f"a plan file? trainsched compare writes them)")
-    r.only("format", "model", "strategy")
+    r.only("format", "model", "strategy", "predicted")
     m = r.sub("model")
     m.only("name", "fingerprint", "forward_ops", "batch_size", "image_size", "seq_len")
     try:
@@ -464,18 +492,32 @@ def plan_from_json(text: str, source: str = "<string>") -> Plan:
                          batch_size=m.get("batch_size", (int, type(None)), None),
                          image_size=m.get("image_size", (int, type(None)), None),
                          seq_len=m.get("seq_len", (int, type(None)), None))
-        return _read_strategy(r.sub("strategy"), model)
+        plan = _read_strategy(r.sub("strategy"), model)
+        prediction = None
+        if "predicted" in doc:
+            q = r.sub("predicted")
+            q.only("cluster", "step_time_s", "samples_per_step")
+            prediction = Prediction(cluster=q.get("cluster", str),
+                                    step_time_s=q.get("step_time_s", (int, float)),
+                                    samples_per_step=q.get("samples_per_step", int))
+        return plan, prediction
     except TrainschedError as exc:
         message = str(exc)
         raise TrainschedError(message if message.startswith(source)
                               else f"{source}: {message}") from None
 
 
-def save_plan(plan: Plan, path: str | os.PathLike[str]) -> None:
+def save_plan(plan: Plan, path: str | os.PathLike[str],
+              prediction: Prediction | None = None) -> None:
     """Write the plan file atomically (never a partial file)."""
-    atomic_write_text(path, plan_to_json(plan))
+    atomic_write_text(path, plan_to_json(plan, prediction))
+
+
+def read_plan_file(path: str | os.PathLike[str]) -> tuple[Plan, Prediction | None]:
+    """The plan in a plan file and the prediction kept with it (``None`` if none)."""
+    return _parse(read_text_file(path, "plan"), str(path))
 
 
 def load_plan(path: str | os.PathLike[str]) -> Plan:
     """Read a plan file written by :func:`save_plan` (or by hand, ``docs/plans.md``)."""
-    return plan_from_json(read_text_file(path, "plan"), source=str(path))
+    return read_plan_file(path)[0]

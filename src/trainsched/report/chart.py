@@ -44,3 +44,34 @@ def write_chart(path: str, rows: Sequence[Row], title: str) -> None:
     fig.savefig(buffer, format="png", metadata={"Software": None})
     plt.close(fig)
     atomic_write_bytes(path, buffer.getvalue())
+
+
+def write_measured_chart(path: str, pairs: Sequence[tuple[str, float, float]],
+                         title: str) -> None:
+    """Predicted and measured step time per strategy (``(name, predicted_s, measured_s)``),
+    side by side as horizontal bars, in milliseconds (PNG, needs matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise TrainschedError("writing the chart needs matplotlib (pip install matplotlib)") \
+            from exc
+
+    rows = list(pairs)[::-1]
+    fig, ax = plt.subplots(figsize=(7, 0.7 * len(rows) + 1.5), dpi=100)
+    ys = range(len(rows))
+    ax.barh([y + 0.2 for y in ys], [1e3 * p for _, p, _ in rows], height=0.4,
+            color="#85c1e9", label="predicted")
+    ax.barh([y - 0.2 for y in ys], [1e3 * m for _, _, m in rows], height=0.4,
+            color="#2e86c1", label="measured (median)")
+    ax.set_yticks(list(ys), [name for name, _, _ in rows])
+    ax.set_xlabel("step time (ms)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", metadata={"Software": None})
+    plt.close(fig)
+    atomic_write_bytes(path, buffer.getvalue())

@@ -141,6 +141,30 @@ def compare_report(rows: Sequence[Any], *, title: str, tier: Any, device: Any,
     return "\n".join(lines)
 
 
+def measured_report(rows: Sequence[Any], measured: dict[str, dict[str, Any]],
+                    out_dir: Any) -> str:
+    """``compare --run``'s second table: predicted and measured step per strategy, or why a
+    strategy was not run."""
+    width = max(len("strategy"), *(len(r.strategy) for r in rows)) + 2
+    lines = ["\nmeasured on this host (median of the timed steps):",
+             f"  {'strategy':<{width}}{'predicted':>11}{'measured':>11}{'p10':>11}{'p90':>11}"
+             f"{'meas/pred':>11}"]
+    for r in rows:
+        m = measured[r.strategy]
+        if "skipped" in m:
+            lines.append(f"  {r.strategy:<{width}}{format_duration(r.step_time_s):>11}  "
+                         f"not run: {m['skipped']}")
+            continue
+        ratio = m["measured_over_predicted"]
+        lines.append(f"  {r.strategy:<{width}}{format_duration(r.step_time_s):>11}"
+                     f"{format_duration(m['median_s']):>11}{format_duration(m['p10_s']):>11}"
+                     f"{format_duration(m['p90_s']):>11}"
+                     f"{'-' if ratio is None else f'{ratio:.2f}x':>11}")
+    lines.append(f"\n  wrote {out_dir}/measured.png and one plan per strategy (*.plan.json: "
+                 f"trainsched train MODEL --plan FILE runs one)")
+    return "\n".join(lines)
+
+
 # -- train --------------------------------------------------------------------------------------
 def _step_time_line(seg: Any, warmup: int, label: str) -> str:
     return (f"  {label}  median {format_duration(seg.median_s)}  p10 "

@@ -1,7 +1,8 @@
 """Real ``torch.distributed`` runs on this host. With ``capture``, the only package that imports
 torch (and only inside the worker processes it spawns, or for a CUDA check).
 
-``calibrate(...)`` measures p2p and all-reduce times and fits α–β links (see
+``run(plan, ...)`` runs a plan and measures its steps, the twin of ``trainsched.sim.simulate``
+(see :mod:`trainsched.runtime.run`). ``calibrate(...)`` measures p2p and all-reduce times and fits α–β links (see
 :mod:`trainsched.runtime.calibrate`). ``PlacedModule`` runs a model placed across devices (see
 :mod:`trainsched.runtime.placed`); it is imported on first use, so importing this package stays
 torch-free.
@@ -10,8 +11,9 @@ torch-free.
 from typing import Any
 
 from trainsched.runtime.calibrate import Calibration, Row, calibrate
+from trainsched.runtime.run import RunResult, run, runnable
 
-__all__ = ["Calibration", "PlacedModule", "Row", "calibrate"]
+__all__ = ["Calibration", "PlacedModule", "Row", "RunResult", "calibrate", "run", "runnable"]
 
 
 def __getattr__(name: str) -> Any:

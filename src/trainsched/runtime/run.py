@@ -29,7 +29,7 @@ from typing import Any
 from trainsched.errors import TrainschedError
 from trainsched.plan import DataParallelPlan, PipelinePlan, PlacedPlan, Plan, SinglePlan
 
-__all__ = ["RunResult", "quantile", "run"]
+__all__ = ["RunResult", "quantile", "run", "runnable"]
 
 MiB = 1 << 20
 TRAINING_SUFFIXES = ("dX", "dW", "opt")  # the training transform's op names: forward op + ":dX"
@@ -80,6 +80,22 @@ class RunResult:
                 "p10_s": self.p10_s, "p90_s": self.p90_s, "samples_per_s": self.samples_per_s,
                 "peak_memory_bytes": self.peak_memory_bytes,
                 "step_times_s": list(self.step_times_s)}
+
+
+def runnable(plan: Plan, model: str | None = None) -> str | None:
+    """Why this host cannot run ``plan`` (``None``: it can): the model must be one the zoo
+    builds (a name or ``file.py:function``), and every rank needs a core of its own."""
+    import os
+
+    from trainsched.capture.zoo import MODELS
+
+    name = model or plan.model.name
+    if name not in MODELS and ":" not in name:
+        return f"model {name!r} is not in the zoo (trainsched models lists it)"
+    cores = os.cpu_count() or 1
+    if plan.devices > cores:
+        return f"needs {plan.devices} ranks; this host has {cores} cores"
+    return None
 
 
 def _policy_segment(plan: DataParallelPlan, label: str, steps: int, warmup: int) -> Any:
