@@ -14,8 +14,15 @@ from trainsched.cli.common import (
     parse_credit,
     tune_ranges,
 )
+from trainsched.comm.policy import COMM_POLICIES
 from trainsched.errors import TrainschedError
-from trainsched.report.tables import autotune_intro, autotune_report, train_report
+from trainsched.report.tables import (
+    autotune_intro,
+    autotune_report,
+    plan_run_report,
+    registered_report,
+    train_report,
+)
 
 NAME = "train"
 
@@ -24,12 +31,15 @@ def add_parser(sub: Subcommands) -> None:
     p = sub.add_parser(NAME, help="train a zoo model on N real gloo ranks with scheduled "
                        "communication and print the measured step time")
     p.add_argument("model", help="a zoo model name or file.py:function")
+    p.add_argument("--plan", default=None,
+                   help="run this plan file (trainsched compare writes one per strategy) and "
+                   "print measured beside predicted; under torchrun, this process is one rank")
     p.add_argument("--nproc", type=int, default=2, help="worker processes (ranks)")
-    p.add_argument("--comm", choices=("fifo", "ddp", "priority", "bytescheduler"),
-                   default="priority",
+    p.add_argument("--comm", choices=tuple(COMM_POLICIES), default="priority",
                    help="fifo: whole tensors, barrier; ddp: torch DDP; priority: partitions, "
                    "credit, crossing the barrier; bytescheduler: priority with gradients below "
-                   "1 MiB fused into one collective")
+                   "1 MiB fused into one collective; any other registered policy at its "
+                   "defaults")
     p.add_argument("--partition", default="4MiB", help="priority/bytescheduler: partition size")
     p.add_argument("--credit", default="16MiB",
                    help="priority/bytescheduler: bytes in flight (or inf)")
@@ -67,10 +77,20 @@ def add_parser(sub: Subcommands) -> None:
     p.set_defaults(func=run)
 
 
+#: Flags ``--plan`` replaces (the plan says what they would): destination -> default.
+PLAN_REPLACES = {"nproc": 2, "comm": "priority", "partition": "4MiB", "credit": "16MiB",
+                 "credit_mode": "overdraft", "backfill": False, "order": "leader",
+                 "no_schedule": False, "autotune": False, "timeline": None}
+
+
 def run(args: argparse.Namespace) -> int:
-    from trainsched.runtime.train import train
+    from trainsched.runtime.train import COMMS, train
     from trainsched.units import parse_size
 
+    if args.plan is not None:
+        return _run_plan(args)
+    if args.comm not in COMMS:
+        return _run_registered(args)
     partition = parse_size(args.partition)
     credit = parse_credit(args.credit)
     if args.autotune:
@@ -153,4 +173,62 @@ def _autotune(args: argparse.Namespace, partition: int, credit: float) -> int:
                     "throughput_samples_per_s": result.throughput(), **result.to_dict()}))
         return 0
     print(autotune_report(result, tuned, warmup=args.warmup))
+    return 0
+
+
+def _run_plan(args: argparse.Namespace) -> int:
+    """``--plan FILE``: run the plan; print measured beside the prediction the file holds."""
+    from trainsched.plan import read_plan_file
+    from trainsched.runtime import run as run_plan
+
+    given = [f"--{k.replace('_', '-')}" for k, v in PLAN_REPLACES.items()
+             if getattr(args, k) != v]
+    if given:
+        raise TrainschedError(f"{', '.join(given)}: the plan file sets how the model is run; "
+                              f"drop {'them' if len(given) > 1 else 'it'} or drop --plan")
+    plan, prediction = read_plan_file(args.plan)
+    result = run_plan(plan, args.model, steps=args.steps, warmup=args.warmup,
+                      batch_size=args.batch_size, image_size=args.image_size,
+                      seq_len=args.seq_len, optimizer=args.optimizer, lr=args.lr,
+                      timeout_s=args.timeout)
+    if result is None:  # one rank of a torchrun job that is not rank 0
+        return 0
+    doc = {"plan": args.plan, **result.to_dict(),
+           "predicted": None if prediction is None else {
+               "cluster": prediction.cluster, "step_time_s": prediction.step_time_s,
+               "measured_over_predicted": result.median_s / prediction.step_time_s
+               if prediction.step_time_s else None}}
+    print(dump(doc) if args.json else plan_run_report(args.plan, plan, result, prediction,
+                                                      warmup=args.warmup))
+    return 0
+
+
+def _run_registered(args: argparse.Namespace) -> int:
+    """``--comm NAME`` for a registered policy beyond the four the flags describe: the
+    policy at its registered defaults, on the scheduled runtime."""
+    from trainsched.comm.policy import comm_policy
+    from trainsched.runtime.run import policy_segment
+    from trainsched.runtime.train import run_segments
+
+    given = [f"--{k.replace('_', '-')}" for k in ("partition", "credit", "credit_mode",
+                                                  "backfill", "no_schedule", "autotune",
+                                                  "timeline")
+             if getattr(args, k) != PLAN_REPLACES[k]]
+    if given:
+        raise TrainschedError(f"{', '.join(given)}: --comm {args.comm} runs the registered "
+                              f"policy at its defaults; drop {', '.join(given)}")
+    segment = policy_segment(comm_policy(args.comm), label=args.comm, order=args.order,
+                             steps=args.steps, warmup=args.warmup)
+    result = run_segments(args.model, [segment], nproc=args.nproc, batch_size=args.batch_size,
+                          image_size=args.image_size, seq_len=args.seq_len,
+                          optimizer=args.optimizer, lr=args.lr, timeout_s=args.timeout)
+    seg = result.first
+    if args.json:
+        print(dump({"comm": args.comm, "order": args.order, "warmup": args.warmup,
+                    "steps": args.steps, "median_s": seg.median_s,
+                    "p10_s": seg.quantile_s(0.1), "p90_s": seg.quantile_s(0.9),
+                    "throughput_samples_per_s": result.throughput(), **result.to_dict()}))
+        return 0
+    print(registered_report(result, comm=args.comm, nproc=args.nproc, order=args.order,
+                            optimizer=args.optimizer, warmup=args.warmup))
     return 0

@@ -216,3 +216,32 @@ def autotune_report(result: Any, tuned: Mapping[str, Any], *, warmup: int) -> st
     lines.append(_step_time_line(result.first, warmup, "step time there"))
     lines.append(f"  throughput {result.throughput():.2f} samples/s")
     return "\n".join(lines)
+
+
+def plan_run_report(path: str, plan: Any, result: Any, prediction: Any, *, warmup: int) -> str:
+    """``train --plan``'s text: what ran, measured step times, and the plan's prediction."""
+    lines = [f"{result.model}: plan {path} ({plan.kind}, {result.ranks} rank"
+             f"{'s' if result.ranks > 1 else ''}, {result.samples_per_step} samples per step)",
+             f"  measured   median {format_duration(result.median_s)}  p10 "
+             f"{format_duration(result.p10_s)}  p90 {format_duration(result.p90_s)}  "
+             f"({len(result.step_times_s)} steps after {warmup} warm-up)"]
+    if prediction is None:
+        lines.append("  predicted  - (the plan file holds no prediction)")
+    else:
+        ratio = result.median_s / prediction.step_time_s if prediction.step_time_s else None
+        lines.append(f"  predicted  {format_duration(prediction.step_time_s)} on "
+                     f"{prediction.cluster}"
+                     + (f"  (measured / predicted {ratio:.2f}x)" if ratio else ""))
+    lines.append(f"  throughput {result.samples_per_s:.2f} samples/s")
+    return "\n".join(lines)
+
+
+def registered_report(result: Any, *, comm: str, nproc: int, order: str, optimizer: str,
+                      warmup: int) -> str:
+    """``train --comm NAME`` for a registered policy at its defaults."""
+    seg = result.first
+    return "\n".join([
+        f"{result.model}: {nproc} gloo ranks x batch {result.batch_size}, --comm {comm} "
+        f"(the registered policy at its defaults, {order} order), {optimizer}",
+        _step_time_line(seg, warmup, "step time"),
+        f"  throughput {result.throughput():.2f} samples/s"])

@@ -2,7 +2,8 @@
 torch (and only inside the worker processes it spawns, or for a CUDA check).
 
 ``run(plan, ...)`` runs a plan and measures its steps, the twin of ``trainsched.sim.simulate``
-(see :mod:`trainsched.runtime.run`). ``calibrate(...)`` measures p2p and all-reduce times and fits α–β links (see
+(see :mod:`trainsched.runtime.run`). ``calibrate(...)`` measures p2p and all-reduce times and
+fits α–β links (see
 :mod:`trainsched.runtime.calibrate`). ``PlacedModule`` runs a model placed across devices (see
 :mod:`trainsched.runtime.placed`); it is imported on first use, so importing this package stays
 torch-free.

@@ -29,7 +29,7 @@ from typing import Any
 from trainsched.errors import TrainschedError
 from trainsched.plan import DataParallelPlan, PipelinePlan, PlacedPlan, Plan, SinglePlan
 
-__all__ = ["RunResult", "quantile", "run", "runnable"]
+__all__ = ["RunResult", "policy_segment", "quantile", "run", "runnable"]
 
 MiB = 1 << 20
 TRAINING_SUFFIXES = ("dX", "dW", "opt")  # the training transform's op names: forward op + ":dX"
@@ -98,11 +98,14 @@ def runnable(plan: Plan, model: str | None = None) -> str | None:
     return None
 
 
-def _policy_segment(plan: DataParallelPlan, label: str, steps: int, warmup: int) -> Any:
+def policy_segment(policy: Any, *, label: str, order: str = "leader", steps: int,
+                   warmup: int) -> Any:
+    """The runtime's segment for any comm policy object: DDP's buckets on stock
+    ``DistributedDataParallel``, every other policy on ``ScheduledDataParallel`` (its class
+    and fields travel to the workers)."""
     from trainsched.comm.policy import DdpBucketPolicy
     from trainsched.runtime.train import Segment
 
-    policy = plan.policy
     if isinstance(policy, DdpBucketPolicy):
         return Segment(label=label, kind="ddp", bucket_mb=policy.bucket_bytes / MiB,
                        steps=steps, warmup=warmup)
@@ -111,7 +114,7 @@ def _policy_segment(plan: DataParallelPlan, label: str, steps: int, warmup: int)
         fields["credit_bytes"] = "inf"
     cls = type(policy)
     return Segment(label=label, kind="sdp", policy_class=f"{cls.__module__}:{cls.__qualname__}",
-                   policy_fields=fields, order=plan.order, steps=steps, warmup=warmup)
+                   policy_fields=fields, order=order, steps=steps, warmup=warmup)
 
 
 def run(plan: Plan, model: str | None = None, *, steps: int = 10, warmup: int = 2,
@@ -148,7 +151,9 @@ def run(plan: Plan, model: str | None = None, *, steps: int = 10, warmup: int = 
                           placement=forward)
         ranks = 1
     elif isinstance(plan, DataParallelPlan):
-        segment, ranks = _policy_segment(plan, plan.comm, steps, warmup), plan.ranks
+        segment = policy_segment(plan.policy, label=plan.comm, order=plan.order, steps=steps,
+                                 warmup=warmup)
+        ranks = plan.ranks
     else:
         raise TrainschedError(f"not a plan: {type(plan).__name__}")
     result = run_segments(name, [segment], nproc=ranks, **common)
