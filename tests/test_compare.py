@@ -10,9 +10,8 @@ from trainsched.cli import main
 from trainsched.cluster import resolve_cluster
 from trainsched.compare import STRATEGIES, Options, compare, write_chart
 from trainsched.errors import TrainschedError
-from trainsched.graph import Edge, Graph, Op
+from trainsched.graph import Edge, Graph, Op, to_training
 from trainsched.sim import simulate_single
-from trainsched.training import to_training
 
 
 def _chain(n: int = 6) -> Graph:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from trainsched.backprop.schedules import build_schedule
+from trainsched.backprop.stages import stage_costs_from_graph
 from trainsched.cluster import Cluster
 from trainsched.comm import comm_policy
 from trainsched.errors import TrainschedError
@@ -27,7 +28,6 @@ from trainsched.sim import (
     simulate_placed,
     simulate_single,
 )
-from trainsched.stages import stage_costs_from_graph
 
 
 @dataclass(frozen=True, kw_only=True)

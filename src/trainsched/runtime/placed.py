@@ -36,7 +36,7 @@ maximal same-device *segments* in program order. Nothing in the model is rewritt
 
 Names: op-granularity placements name exported nodes (``conv2d_3``) and user inputs (``x``);
 module-granularity placements name module calls (``layer1.0``, ``relu#2``, ``<root>``) exactly as
-:func:`trainsched.coarsen.coarsen_by_module` builds them (that function does the mapping here).
+:func:`trainsched.graph.coarsen_by_module` builds them (that function does the mapping here).
 The program is the training-mode one; the wrapper refuses to run in ``eval()`` mode.
 """
 
@@ -55,9 +55,8 @@ from torch import fx, nn
 from torch.export.graph_signature import ConstantArgument, InputKind, OutputKind
 
 from trainsched.capture.trace import _match_inputs, _normalise, quiet_torch_logs
-from trainsched.coarsen import coarsen_by_module
 from trainsched.errors import TrainschedError
-from trainsched.graph import Graph, Op
+from trainsched.graph import Graph, Op, coarsen_by_module
 
 __all__ = ["PlacedModule", "Segment", "StepStats", "StepTiming", "Transfer"]
 

@@ -23,8 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainsched.errors import TrainschedError
-from trainsched.graph import Graph
-from trainsched.training import to_training
+from trainsched.graph import Graph, to_training
 
 __all__ = ["CUT_MODES", "StageCosts", "balanced_cuts", "stage_costs_from_graph", "uniform_stages"]
 
@@ -217,7 +216,7 @@ def stage_costs_from_graph(graph: Graph, num_stages: int, num_microbatches: int,
                            cut: str | Sequence[int | str] = "compute") -> StageCosts:
     """Cut ``graph``'s forward ops into ``num_stages`` contiguous stages and cost them.
 
-    ``graph`` is a training graph (:func:`trainsched.training.to_training`); a forward-only
+    ``graph`` is a training graph (:func:`trainsched.graph.to_training`); a forward-only
     graph is transformed with the default SGD optimizer first. Its forward ops, in the graph's
     topological order, are cut by ``cut``: ``"compute"`` balances the sum of each op's forward,
     dX and dW time, ``"params"`` its parameter bytes (the smallest largest stage in both cases),
