@@ -1,0 +1,3 @@
+"""TEMP shim: the old ``trainsched.training`` path until cli.py imports ``trainsched.graph``."""
+
+from trainsched.graph.training import *  # noqa: F403
