@@ -24,6 +24,7 @@ from typing import Any
 
 from trainsched.errors import TrainschedError
 from trainsched.graph import Graph, to_training
+from trainsched.units import is_int
 
 __all__ = ["CUT_MODES", "StageCosts", "balanced_cuts", "stage_costs_from_graph", "uniform_stages"]
 
@@ -32,10 +33,6 @@ CUT_MODES = ("compute", "params")
 _TIME_FIELDS = ("forward_s", "backward_input_s", "backward_weight_s")
 _BYTE_FIELDS = ("activation_bytes", "saved_bytes", "param_bytes", "grad_bytes",
                 "optimizer_state_bytes")  # fmt: skip
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,7 +76,7 @@ class StageCosts:
                         and math.isfinite(v) and v >= 0
                     kind = "a finite number of seconds >= 0"
                 else:
-                    ok = _is_int(v) and v >= 0
+                    ok = is_int(v) and v >= 0
                     kind = "an integer number of bytes >= 0"
                 if not ok:
                     raise TrainschedError(f"stage costs: {name}[{s}] must be {kind}, got {v!r}")
@@ -95,7 +92,7 @@ class StageCosts:
             raise TrainschedError(f"stage costs: ops has {len(ops)} entries for {p} stages")
         object.__setattr__(self, "ops", ops)
         m = self.num_microbatches
-        if m is not None and not (_is_int(m) and m >= 1):
+        if m is not None and not (is_int(m) and m >= 1):
             raise TrainschedError(f"stage costs: num_microbatches must be an integer >= 1 or "
                                   f"None, got {m!r}")
 
@@ -120,7 +117,7 @@ def uniform_stages(num_stages: int, forward_s: float, backward_input_s: float,
                    backward_weight_s: float, activation_bytes: int = 0, *, saved_bytes: int = 0,
                    param_bytes: int = 0) -> StageCosts:
     """``num_stages`` equal stages (every stage but the last sends ``activation_bytes``)."""
-    if not (_is_int(num_stages) and num_stages >= 1):
+    if not (is_int(num_stages) and num_stages >= 1):
         raise TrainschedError(f"num_stages must be an integer >= 1, got {num_stages!r}")
     p = num_stages
     return StageCosts(forward_s=(forward_s,) * p, backward_input_s=(backward_input_s,) * p,
@@ -192,7 +189,7 @@ def _check_cuts(cut: Sequence[Any], order: Sequence[str], num_stages: int) -> tu
                                       "the name of a stage's first op or its index in forward "
                                       "order")
             points.append(where[c])
-        elif _is_int(c):
+        elif is_int(c):
             points.append(c)
         else:
             raise TrainschedError(f"cut point {c!r} must be an op name or an index into the "
@@ -232,7 +229,7 @@ def stage_costs_from_graph(graph: Graph, num_stages: int, num_microbatches: int,
     is left out.
     """
     for name, value in (("num_stages", num_stages), ("num_microbatches", num_microbatches)):
-        if not (_is_int(value) and value >= 1):
+        if not (is_int(value) and value >= 1):
             raise TrainschedError(f"{name} must be an integer >= 1, got {value!r}")
     if all(op.kind == "forward" for op in graph.ops):
         graph = to_training(graph)
