@@ -68,7 +68,7 @@ WHAT_IF_SCALES = [1.0, 0.5, 1 / 3, 0.25]
 
 def capture_graph(name: str, batch: int, seq: int | None) -> Any:
     from trainsched.capture import build, capture
-    from trainsched.training import to_training
+    from trainsched.graph import to_training
 
     zoo = build(name, batch_size=batch, seq_len=seq)
     graph = capture(zoo.model, zoo.args, example_kwargs=zoo.kwargs, costs="roofline",

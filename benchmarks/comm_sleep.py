@@ -44,11 +44,10 @@ import _sleepnet
 from _common import cpu_model, write_results
 from trainsched.cluster import Cluster, Link, device_kind
 from trainsched.comm import DdpBucketPolicy, FifoPolicy, PriorityPolicy
-from trainsched.graph import Edge, Graph, Op
+from trainsched.graph import Edge, Graph, Op, to_training
 from trainsched.runtime.launch import free_port, run_workers
 from trainsched.runtime.train import Segment, run_segments
 from trainsched.sim import simulate_data_parallel
-from trainsched.training import to_training
 
 HERE = Path(__file__).resolve().parent
 

@@ -43,11 +43,10 @@ import torch
 from _common import cpu_model, write_results
 from trainsched.capture import capture, zoo
 from trainsched.cluster import DEVICE_KINDS, Cluster, cluster_from_flags
-from trainsched.graph import Graph
+from trainsched.graph import Graph, to_training
 from trainsched.plan import Placement
 from trainsched.runtime import PlacedModule
 from trainsched.sim import simulate_placed
-from trainsched.training import to_training
 
 LINK_LATENCY = "5us"
 MOMENTUM = 0.9

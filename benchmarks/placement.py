@@ -34,10 +34,9 @@ import scipy
 from _common import cpu_model, write_results
 from trainsched.cluster import cluster_preset
 from trainsched.errors import TrainschedError
-from trainsched.graph import Edge, Graph, Op
+from trainsched.graph import Edge, Graph, Op, to_training
 from trainsched.placement import PLACERS, place
 from trainsched.sim import simulate_placed
-from trainsched.training import to_training
 
 ALGORITHMS = (*PLACERS, "auto")
 ZOO = (("resnet50", {"batch_size": 32}), ("inception_v3", {"batch_size": 32}),

@@ -30,9 +30,8 @@ from collections.abc import Callable
 
 from _common import cpu_model, write_results
 from trainsched.cluster import cluster_from_flags
-from trainsched.graph import Edge, Graph, Op
+from trainsched.graph import Edge, Graph, Op, to_training
 from trainsched.sim import TaskGraph, run_tasks, simulate_placed
-from trainsched.training import to_training
 
 TARGET_EVENTS_PER_S = 300_000
 

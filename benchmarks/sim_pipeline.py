@@ -29,10 +29,10 @@ from collections.abc import Callable
 
 from _common import cpu_model, write_results
 from trainsched.backprop.schedules import gpipe, one_f_one_b
+from trainsched.backprop.stages import uniform_stages
 from trainsched.cluster import cluster_from_flags
 from trainsched.plan import Schedule
 from trainsched.sim import simulate_pipeline
-from trainsched.stages import uniform_stages
 
 TARGET_S = 2.0  # the 64 x 256 1F1B step
 MIB = 1 << 20

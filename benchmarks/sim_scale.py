@@ -27,9 +27,8 @@ import time
 
 from _common import cpu_model, write_results
 from trainsched.cluster import cluster_preset
-from trainsched.graph import Edge, Graph, Op
+from trainsched.graph import Edge, Graph, Op, to_training
 from trainsched.sim import simulate_data_parallel
-from trainsched.training import to_training
 
 TARGET_1024_S = 2.0
 RESNET50_PARAMS = 25_557_032

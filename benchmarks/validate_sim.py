@@ -247,7 +247,7 @@ def _interleave(runs: dict[str, Any], job: dict[str, Any], *,
 
 def _captured(model: Any, args: tuple, kwargs: dict | None = None) -> Any:
     from trainsched.capture import capture
-    from trainsched.training import to_training
+    from trainsched.graph import to_training
 
     graph = capture(model, args, example_kwargs=kwargs or {}, costs="measured", threads=1)
     return to_training(graph, optimizer="sgd")
@@ -272,8 +272,8 @@ def predict_pipeline(job: dict[str, Any], cfg: dict[str, Any], cluster: Any,
     import torch
 
     from trainsched.backprop.schedules import build_schedule
+    from trainsched.backprop.stages import StageCosts, stage_costs_from_graph
     from trainsched.sim import simulate_pipeline
-    from trainsched.stages import StageCosts, stage_costs_from_graph
 
     model, batch, image, split = job["model"]
     m = cfg["microbatches"]

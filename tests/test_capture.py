@@ -10,8 +10,7 @@ from trainsched import costs as cost_models  # noqa: E402
 from trainsched.capture import build, capture  # noqa: E402
 from trainsched.cluster import device_kind  # noqa: E402
 from trainsched.errors import TrainschedError  # noqa: E402
-from trainsched.graph import Graph  # noqa: E402
-from trainsched.training import to_training  # noqa: E402
+from trainsched.graph import Graph, to_training  # noqa: E402
 
 B = 64
 W = 256

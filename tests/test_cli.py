@@ -199,7 +199,7 @@ def test_profile_into_a_missing_directory_fails_before_capturing(tmp_path, capsy
 
 
 def test_simulate_single_is_the_serial_sum_of_the_training_graph(tmp_path, capsys):
-    from trainsched.training import to_training
+    from trainsched.graph import to_training
 
     path = _graph(tmp_path)
     trace = tmp_path / "t.json"
@@ -226,7 +226,7 @@ def test_simulate_data_and_pipeline_and_placed(tmp_path, capsys):
     pipe = json.loads(capsys.readouterr().out)
     assert 0 < pipe["bubble_fraction"] < 1
     placement = tmp_path / "p.json"
-    from trainsched.training import to_training
+    from trainsched.graph import to_training
 
     train = to_training(Graph.load(path))
     Placement(device_of={op.name: 0 for op in train.ops}, num_devices=1).save(placement)
@@ -249,8 +249,8 @@ def _comm_graph(tmp_path: Path) -> Path:
 
 def test_simulate_data_policies_and_their_flags(tmp_path, capsys):
     from trainsched.comm import PriorityPolicy, comm_policy
+    from trainsched.graph import to_training
     from trainsched.sim import simulate_data_parallel
-    from trainsched.training import to_training
 
     path = _comm_graph(tmp_path)
     base = ["simulate", str(path), "--cluster", "p3.16xlarge:2", "--parallelism", "data",
@@ -294,8 +294,8 @@ def test_simulate_data_policies_and_their_flags(tmp_path, capsys):
 def test_simulate_autotune_picks_the_best_trial_and_simulates_it(tmp_path, capsys):
     from trainsched.cluster import resolve_cluster
     from trainsched.comm.tune import tune
+    from trainsched.graph import to_training
     from trainsched.sim.tune import simulated_objective
-    from trainsched.training import to_training
 
     path = _comm_graph(tmp_path)
     assert main(["simulate", str(path), "--cluster", "p3.16xlarge:2", "--parallelism", "data",

@@ -25,10 +25,9 @@ from trainsched.comm.dispatch import (
     replay_fifo_wire,
 )
 from trainsched.errors import TrainschedError
-from trainsched.graph import Edge, Graph, Op
+from trainsched.graph import Edge, Graph, Op, to_training
 from trainsched.sim import collective_s, simulate_data_parallel
 from trainsched.sim.data_parallel import collective_startup_s
-from trainsched.training import to_training
 
 MB = 1_000_000
 MS = 1e-3

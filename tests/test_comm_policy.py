@@ -24,8 +24,7 @@ from trainsched.comm import (
     may_dispatch,
 )
 from trainsched.errors import TrainschedError
-from trainsched.graph import Edge, Graph, Op
-from trainsched.training import to_training
+from trainsched.graph import Edge, Graph, Op, to_training
 
 MiB = 1 << 20
 

@@ -405,7 +405,7 @@ def test_cli_train_bytescheduler_fuses_small_gradients(tmp_path, capsys):
     trace = json.loads((tmp_path / "rank0.trace.json").read_text())
     tracks = {e["args"]["name"] for e in trace["traceEvents"]
               if e["ph"] == "M" and e["name"] == "thread_name"
-              and e["args"]["name"].startswith("comm/")}  # fmt: skip
+              and e["args"]["name"].startswith("rank0/comm/")}  # fmt: skip
     # The MLP's gradients are all below 1 MiB: fused into flat buffers of at most 4 MiB, each
     # named after its most urgent member and the count of the others.
     groups = {t.split(" (lane")[0] for t in tracks}

@@ -17,10 +17,9 @@ from trainsched.comm.tune import (
     tuned_policy,
 )
 from trainsched.errors import TrainschedError
-from trainsched.graph import Edge, Graph, Op
+from trainsched.graph import Edge, Graph, Op, to_training
 from trainsched.sim import simulate_data_parallel
 from trainsched.sim.tune import simulated_objective
-from trainsched.training import to_training
 
 MiB = 1 << 20
 # VGG-16's layers: parameters (weights and bias, millions) and forward GFLOPs per image.

@@ -10,10 +10,9 @@ from trainsched.cli import main
 from trainsched.cluster import resolve_cluster
 from trainsched.compare import Options, compare, strategies
 from trainsched.errors import TrainschedError
-from trainsched.graph import Edge, Graph, Op
+from trainsched.graph import Edge, Graph, Op, to_training
 from trainsched.report.chart import write_chart
 from trainsched.sim import simulate_single
-from trainsched.training import to_training
 
 
 def _chain(n: int = 6) -> Graph:

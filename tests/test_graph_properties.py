@@ -10,8 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trainsched.errors import TrainschedError
-from trainsched.graph import Edge, Graph, Op
-from trainsched.training import to_training
+from trainsched.graph import Edge, Graph, Op, to_training
 
 costs = st.floats(min_value=0.0, max_value=1e3, allow_nan=False, allow_infinity=False)
 sizes = st.integers(min_value=0, max_value=2**40)

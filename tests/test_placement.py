@@ -11,14 +11,13 @@ import pytest
 
 from trainsched.cluster import cluster_from_flags
 from trainsched.errors import TrainschedError
-from trainsched.graph import Edge, Graph, Op
+from trainsched.graph import Edge, Graph, Op, to_training
 from trainsched.placement import PLACERS, Machine, place, reduce_graph, run_schedule
 from trainsched.placement.baselines import contiguous_devices
 from trainsched.placement.reduce import canonical_order
 from trainsched.placement.sct import edge_costs, favourites, solve_lp
 from trainsched.placement.topo import topo_devices
 from trainsched.plan import Placement
-from trainsched.training import to_training
 
 GB = 10**9  # 1 s on a 1 GB/s link
 

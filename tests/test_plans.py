@@ -8,10 +8,11 @@ import math
 import pytest
 
 from trainsched.backprop.schedules import gpipe, one_f_one_b
+from trainsched.backprop.stages import stage_costs_from_graph
 from trainsched.cluster import resolve_cluster
 from trainsched.comm.policy import ByteSchedulerPolicy, DdpBucketPolicy, PriorityPolicy
 from trainsched.errors import TrainschedError
-from trainsched.graph import Edge, Graph, Op
+from trainsched.graph import Edge, Graph, Op, to_training
 from trainsched.plan import (
     PLAN_FORMAT,
     DataParallelPlan,
@@ -32,8 +33,6 @@ from trainsched.sim import (
     simulate_placed,
     simulate_single,
 )
-from trainsched.stages import stage_costs_from_graph
-from trainsched.training import to_training
 
 MiB = 1 << 20
 

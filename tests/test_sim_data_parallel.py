@@ -17,7 +17,7 @@ from trainsched.cluster import Cluster, Link, device_kind
 from trainsched.comm import Collective, DdpBucketPolicy, FifoPolicy, PriorityPolicy
 from trainsched.costs import parameter_server_s, ring_allreduce_s, tree_allreduce_s
 from trainsched.errors import TrainschedError
-from trainsched.graph import Edge, Graph, Op
+from trainsched.graph import Edge, Graph, Op, to_training
 from trainsched.sim import (
     chrome_trace,
     collective_link,
@@ -26,7 +26,6 @@ from trainsched.sim import (
     simulate_data_parallel,
     simulate_single,
 )
-from trainsched.training import to_training
 
 MS = 1e-3
 MB = 1_000_000  # 1 ms on the 1 GB/s intra-node link

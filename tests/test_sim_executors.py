@@ -12,7 +12,7 @@ import pytest
 from trainsched.cluster import cluster_from_flags
 from trainsched.costs import p2p_s
 from trainsched.errors import TrainschedError
-from trainsched.graph import Edge, Graph, Op
+from trainsched.graph import Edge, Graph, Op, to_training
 from trainsched.sim import (
     TaskGraph,
     build_result,
@@ -24,7 +24,6 @@ from trainsched.sim import (
     trace_json,
     write_trace,
 )
-from trainsched.training import to_training
 
 MB = 1_000_000  # 1 ms on a 1 GB/s link
 

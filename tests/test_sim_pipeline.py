@@ -14,6 +14,7 @@ from dataclasses import replace
 import pytest
 
 from trainsched.backprop.schedules import bubble_fraction_ideal, gpipe, one_f_one_b
+from trainsched.backprop.stages import uniform_stages
 from trainsched.cluster import Link, cluster_from_flags
 from trainsched.costs import p2p_s
 from trainsched.errors import TrainschedError
@@ -28,7 +29,6 @@ from trainsched.sim import (
     simulate_single,
     trace_json,
 )
-from trainsched.stages import uniform_stages
 
 MB = 1_000_000  # 1 ms on a 1 GB/s link
 
@@ -243,7 +243,7 @@ SCRIPT = textwrap.dedent("""
     from trainsched.backprop.schedules import one_f_one_b
     from trainsched.cluster import Link, cluster_from_flags
     from trainsched.sim import simulate_pipeline, trace_json
-    from trainsched.stages import uniform_stages
+    from trainsched.backprop.stages import uniform_stages
     cluster = cluster_from_flags(devices=4, memory="1GiB", bandwidth="1GB/s", latency="10us",
                                  comm="sequential")
     stages = uniform_stages(4, 1e-3, 7e-4, 9e-4, activation_bytes=123456, saved_bytes=999)

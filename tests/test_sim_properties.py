@@ -146,9 +146,8 @@ def test_zero_cost_op_changes_nothing(case, data):
 DETERMINISM_SCRIPT = """
 import hashlib
 from trainsched.cluster import cluster_from_flags
-from trainsched.graph import Edge, Graph, Op
+from trainsched.graph import Edge, Graph, Op, to_training
 from trainsched.sim import simulate_placed, trace_json
-from trainsched.training import to_training
 
 ops = [Op(name=f"block{i}", compute_s=1e-3 * (1 + i % 3), param_bytes=4096 * (i % 2),
           output_bytes=8192, saved_bytes=4096, temp_bytes=512) for i in range(12)]

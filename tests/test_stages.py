@@ -8,10 +8,14 @@ import random
 
 import pytest
 
+from trainsched.backprop.stages import (
+    StageCosts,
+    balanced_cuts,
+    stage_costs_from_graph,
+    uniform_stages,
+)
 from trainsched.errors import TrainschedError
-from trainsched.graph import Edge, Graph, Op
-from trainsched.stages import StageCosts, balanced_cuts, stage_costs_from_graph, uniform_stages
-from trainsched.training import to_training
+from trainsched.graph import Edge, Graph, Op, to_training
 
 MS = 1e-3
 

@@ -6,7 +6,7 @@ import pytest
 
 from trainsched.errors import TrainschedError
 from trainsched.graph import Edge, Graph, Op
-from trainsched.training import DEFAULT_MEMORY_BANDWIDTH_BYTES_PER_S, to_training
+from trainsched.graph.training import DEFAULT_MEMORY_BANDWIDTH_BYTES_PER_S, to_training
 
 
 def edge_list(graph: Graph) -> list[tuple[str, str, int, str]]:

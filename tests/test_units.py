@@ -13,6 +13,7 @@ from trainsched.units import (
     format_flops,
     format_flops_rate,
     format_size,
+    is_int,
     parse_bandwidth,
     parse_duration,
     parse_flops_rate,
@@ -218,3 +219,14 @@ def test_parse_size_matches_multiplier(value, unit):
     factor = {"B": 1, "kB": 1e3, "MB": 1e6, "GB": 1e9, "KiB": 2**10, "MiB": 2**20,
               "GiB": 2**30, "TiB": 2**40}[unit]
     assert abs(parse_size(f"{value!r}{unit}") - value * factor) <= 0.5 + 1e-9 * value * factor
+
+
+@pytest.mark.parametrize("value", [0, 1, -3, 2**70])
+def test_is_int_accepts_python_ints(value):
+    assert is_int(value)
+
+
+@pytest.mark.parametrize("value", [True, False, 1.0, "1", None, 3 + 0j])
+def test_is_int_refuses_bools_and_non_ints(value):
+    assert not is_int(value)
+

@@ -17,9 +17,7 @@ torch = pytest.importorskip("torch")
 
 from trainsched.capture import build, capture  # noqa: E402
 from trainsched.capture.zoo import MODELS  # noqa: E402
-from trainsched.coarsen import coarsen_by_module  # noqa: E402
-from trainsched.graph import Graph  # noqa: E402
-from trainsched.training import to_training  # noqa: E402
+from trainsched.graph import Graph, coarsen_by_module, to_training  # noqa: E402
 
 CHEAP = ("mlp", "small-cnn", "tiny-gpt2")
 

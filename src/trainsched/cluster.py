@@ -35,6 +35,7 @@ from trainsched.units import (
     format_duration,
     format_flops_rate,
     format_size,
+    is_int,
     parse_bandwidth,
     parse_duration,
     parse_flops_rate,
@@ -73,10 +74,6 @@ def _require(ok: bool, message: str) -> None:
         raise TrainschedError(message)
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _finite(value: float) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -104,7 +101,7 @@ class DeviceSpec:
     def __post_init__(self) -> None:
         where = f"device {self.kind!r}"
         _require(isinstance(self.kind, str) and self.kind != "", "device kind must be a name")
-        _require(_is_int(self.memory_bytes) and self.memory_bytes > 0,
+        _require(is_int(self.memory_bytes) and self.memory_bytes > 0,
                  f"{where}: memory_bytes must be a positive integer, got {self.memory_bytes!r}")
         flops = dict(self.peak_flops_per_s)
         unknown = sorted(set(flops) - set(DTYPES))
@@ -188,17 +185,17 @@ class Cluster:
     def __post_init__(self) -> None:
         where = f"cluster {self.name!r}"
         _require(isinstance(self.name, str) and self.name != "", "a cluster needs a name")
-        _require(_is_int(self.devices_per_node) and self.devices_per_node > 0,
+        _require(is_int(self.devices_per_node) and self.devices_per_node > 0,
                  f"{where}: devices per node must be a positive integer, "
                  f"got {self.devices_per_node!r}")
-        _require(_is_int(self.num_nodes) and self.num_nodes > 0,
+        _require(is_int(self.num_nodes) and self.num_nodes > 0,
                  f"{where}: nodes must be a positive integer, got {self.num_nodes!r}")
         _require(self.comm in COMM_MODES,
                  f"{where}: comm must be 'sequential' or 'parallel', got {self.comm!r}")
         _require(self.num_nodes == 1 or self.inter_node is not None,
                  f"{where}: {self.num_nodes} nodes need an inter-node link "
                  "(give [inter_node] bandwidth and latency)")
-        _require(_is_int(self.parameter_servers) and self.parameter_servers >= 0,
+        _require(is_int(self.parameter_servers) and self.parameter_servers >= 0,
                  f"{where}: parameter servers must be a count >= 0, "
                  f"got {self.parameter_servers!r}")
         _require(self.parameter_servers == 0 or self.ps_link is not None,
@@ -227,7 +224,7 @@ class Cluster:
         return names.index(name)
 
     def _check_index(self, i: int) -> None:
-        _require(_is_int(i) and 0 <= i < self.num_devices,
+        _require(is_int(i) and 0 <= i < self.num_devices,
                  f"cluster {self.name!r}: device index {i!r} out of range "
                  f"0..{self.num_devices - 1}")
 
@@ -480,7 +477,7 @@ def cluster_preset(name: str, nodes: int | None = None) -> Cluster:
                                  f"{', '.join(PRESETS)}")
     assert preset is not None
     if nodes is not None:
-        _require(_is_int(nodes) and nodes > 0,
+        _require(is_int(nodes) and nodes > 0,
                  f"number of nodes must be a positive integer, got {nodes!r}")
     return preset.build(preset.default_nodes if nodes is None else nodes)
 
@@ -561,7 +558,7 @@ def _string(value: Any) -> str:
 def _count(value: Any, minimum: int = 1) -> int:
     if isinstance(value, str) and value.strip().isdigit():
         value = int(value)
-    _require(_is_int(value) and value >= minimum,
+    _require(is_int(value) and value >= minimum,
              f"expected an integer >= {minimum}, got {value!r}")
     return value
 

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from trainsched.backprop.schedules import SCHEDULES, build_schedule
+from trainsched.backprop.stages import stage_costs_from_graph
 from trainsched.cluster import Cluster
 from trainsched.comm.policy import COMM_POLICIES, ByteSchedulerPolicy, comm_policy
 from trainsched.errors import TrainschedError
@@ -32,7 +33,6 @@ from trainsched.plan import (
     SinglePlan,
     default_steps,
 )
-from trainsched.stages import stage_costs_from_graph
 from trainsched.units import format_size
 
 __all__ = ["Options", "Planned", "Strategy", "make_plans", "strategies"]

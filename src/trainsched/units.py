@@ -9,6 +9,9 @@ second, FLOP per second); these functions are the only place where ``"16GiB"``, 
 Decimal prefixes (k, M, G, T, P) are powers of 1000, binary ones (Ki, Mi, Gi, Ti) of 1024. In
 bandwidths a lower-case ``b`` after the prefix means bits (``25Gb/s``, ``100Gbit/s``,
 ``100Gbps``) and an upper-case ``B`` bytes (``12.5GB/s``).
+
+:func:`is_int` is the one check of a count or index every module's validation uses: an ``int``
+but not a ``bool`` (``True`` is no device count).
 """
 
 from __future__ import annotations

@@ -23,9 +23,8 @@ import torch
 
 from trainsched.capture.profile import Phase, Progress, StepCost, StepRunner
 from trainsched.capture.trace import Traced, _tree_map, quiet_torch_logs, trace
-from trainsched.coarsen import coarsen_by_module
 from trainsched.errors import TrainschedError
-from trainsched.graph import Edge, Graph, Op
+from trainsched.graph import Edge, Graph, Op, coarsen_by_module
 
 TIERS = ("measured", "roofline", "static")
 GRANULARITIES = ("op", "module")

@@ -120,17 +120,17 @@ def trace_export(model: torch.nn.Module, args: tuple, kwargs: dict) -> Traced:
     trainable = {fqn for fqn in signature.inputs_to_parameters.values()
                  if fqn in state and state[fqn].requires_grad}
 
-    input_values = _match_inputs(program, args, kwargs)
+    input_values = match_inputs(program, args, kwargs)
 
     graph = program.graph
     output_node = next(n for n in graph.nodes if n.op == "output")
     user_out_names = set(signature.user_outputs)
     outputs = [n.name for n in _flatten(list(output_node.args)) if isinstance(n, fx.Node)
                and n.name in user_out_names]
-    return _normalise(graph, state_of, input_values, state, trainable, outputs, "export")
+    return normalise_graph(graph, state_of, input_values, state, trainable, outputs, "export")
 
 
-def _match_inputs(program: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
+def match_inputs(program: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
     """Pair the exported program's user-input placeholders with the example tensors."""
     names = set(program.graph_signature.user_inputs)
     placeholders = [n for n in program.graph.nodes if n.op == "placeholder" and n.name in names]
@@ -216,10 +216,14 @@ def _flatten(value: Any) -> list:
     return [value]
 
 
-def _normalise(graph: fx.Graph, state_of: dict[str, str], input_values: dict[str, Any],
-               state: dict[str, torch.Tensor], trainable: set[str], outputs: list[str],
-               method: str) -> Traced:
-    """Split an exported graph into steps and views; drop input-independent work."""
+def normalise_graph(graph: fx.Graph, state_of: dict[str, str], input_values: dict[str, Any],
+                    state: dict[str, torch.Tensor], trainable: set[str], outputs: list[str],
+                    method: str) -> Traced:
+    """Split an exported graph into steps and views; drop input-independent work.
+
+    ``input_values`` pairs user-input placeholders with example tensors (:func:`match_inputs`);
+    :class:`trainsched.runtime.PlacedModule` splits a program the same way capture does.
+    """
     # Per-batch work is whatever reads a user input or a trainable parameter (the latter gets a
     # gradient even when computed from constants, e.g. position embeddings).
     depends_on_input: set[str] = set(input_values) | {

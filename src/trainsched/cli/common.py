@@ -89,8 +89,7 @@ def tune_ranges(args: argparse.Namespace) -> tuple[tuple[int, int], tuple[int, i
 
 def training_graph(path: str, optimizer: str) -> Any:
     """A graph file as a training graph: a forward graph gets its backward and optimizer ops."""
-    from trainsched.graph import Graph
-    from trainsched.training import to_training
+    from trainsched.graph import Graph, to_training
 
     graph = Graph.load(path)
     if all(op.kind == "forward" for op in graph.ops):

@@ -50,11 +50,10 @@ def add_parser(sub: Subcommands) -> None:
 def run(args: argparse.Namespace) -> int:
     from trainsched import compare as comparing
     from trainsched.cluster import resolve_cluster
-    from trainsched.graph import Graph, atomic_write_text
+    from trainsched.graph import Graph, atomic_write_text, to_training
     from trainsched.plan import Prediction, save_plan
     from trainsched.report.chart import write_chart
     from trainsched.sim import write_trace
-    from trainsched.training import to_training
 
     for flag, value, minimum in (("--steps", args.steps, 1), ("--warmup", args.warmup, 0)):
         if value < minimum:

@@ -93,7 +93,7 @@ def simulate_plan(graph: Any, cluster: Any, args: argparse.Namespace, *,
                                           policy=policy, algorithm=args.algorithm, steps=steps,
                                           startup_overlap=args.startup_overlap)
     from trainsched.backprop.schedules import build_schedule
-    from trainsched.stages import stage_costs_from_graph
+    from trainsched.backprop.stages import stage_costs_from_graph
 
     stages_n = args.ranks or cluster.num_devices
     micro = args.microbatches or 2 * stages_n

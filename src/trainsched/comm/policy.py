@@ -47,6 +47,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 from trainsched.errors import TrainschedError
 from trainsched.graph import Graph
 from trainsched.registry import Registry
+from trainsched.units import is_int
 
 __all__ = [
     "COMM_POLICIES",
@@ -75,10 +76,6 @@ CREDIT_MODES = ("strict", "overdraft")
 DDP_BUCKET_ORDERS = ("ready", "reverse_layer")
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 @dataclass(frozen=True, kw_only=True)
 class Gradient:
     """The gradient a ``backward_weight`` op produces: ``name`` is its tensor
@@ -96,7 +93,7 @@ class Gradient:
             raise TrainschedError(f"a gradient needs a name, got {self.name!r}")
         for field, minimum in (("size_bytes", 0), ("layer_index", None), ("ready_index", 0)):
             value = getattr(self, field)
-            if not _is_int(value) or (minimum is not None and value < minimum):
+            if not is_int(value) or (minimum is not None and value < minimum):
                 bound = f" >= {minimum}" if minimum is not None else ""
                 raise TrainschedError(f"gradient {self.name!r}: {field} must be an "
                                       f"integer{bound}, got {value!r}")
@@ -122,10 +119,10 @@ class Collective:
         if len(set(members)) != len(members):
             raise TrainschedError(f"collective {self.name!r} lists a gradient twice: {members}")
         object.__setattr__(self, "members", members)
-        if not (_is_int(self.size_bytes) and self.size_bytes >= 0):
+        if not (is_int(self.size_bytes) and self.size_bytes >= 0):
             raise TrainschedError(f"collective {self.name!r}: size_bytes must be an integer "
                                   f">= 0, got {self.size_bytes!r}")
-        if not _is_int(self.priority):
+        if not is_int(self.priority):
             raise TrainschedError(f"collective {self.name!r}: priority must be an integer, "
                                   f"got {self.priority!r}")
 
@@ -215,7 +212,7 @@ def _check_backfill(owner: str, backfill: Any, credit_bytes: Any, credit_mode: s
 def _check_credit(owner: str, credit_bytes: Any, credit_mode: Any) -> None:
     number = isinstance(credit_bytes, numbers.Real) and not isinstance(credit_bytes, bool)
     if credit_bytes is not None and not (
-            number and credit_bytes >= 0 and (_is_int(credit_bytes) or credit_bytes == math.inf)):
+            number and credit_bytes >= 0 and (is_int(credit_bytes) or credit_bytes == math.inf)):
         raise TrainschedError(f"{owner}: credit_bytes must be None, an integer >= 0 or "
                               f"math.inf, got {credit_bytes!r}")
     if credit_mode not in CREDIT_MODES:
@@ -226,7 +223,7 @@ def _check_credit(owner: str, credit_bytes: Any, credit_mode: Any) -> None:
 def _check_bytes(owner: str, field: str, value: Any, *, optional: bool = False) -> None:
     if optional and value is None:
         return
-    if not (_is_int(value) and value > 0):
+    if not (is_int(value) and value > 0):
         none = " or None" if optional else ""
         raise TrainschedError(f"{owner}: {field} must be a positive integer{none}, "
                               f"got {value!r}")
@@ -381,7 +378,7 @@ class ByteSchedulerPolicy:
         _check_bytes(owner, "partition_bytes", self.partition_bytes)
         _check_credit(owner, self.credit_bytes, self.credit_mode)
         _check_backfill(owner, self.backfill, self.credit_bytes, self.credit_mode)
-        if not (_is_int(self.fusion_bytes) and self.fusion_bytes >= 0):
+        if not (is_int(self.fusion_bytes) and self.fusion_bytes >= 0):
             raise TrainschedError(f"{owner}: fusion_bytes must be an integer >= 0 (0: no "
                                   f"fusion), got {self.fusion_bytes!r}")
         if (self.credit_mode == "strict" and self.credit_bytes is not None

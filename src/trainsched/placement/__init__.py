@@ -8,7 +8,7 @@ predictions. ``docs/placement.md`` describes the algorithms, the cost model and 
 """
 
 from trainsched.placement.api import ALGORITHMS, PLACERS, Candidate, PlacementResult, place
-from trainsched.placement.model import Machine, Schedule, Stall, Transfer, run_schedule
+from trainsched.placement.model import Machine, PlacerSchedule, Stall, Transfer, run_schedule
 from trainsched.placement.reduce import Problem, canonical_order, reduce_graph
 
 __all__ = [
@@ -17,8 +17,8 @@ __all__ = [
     "Candidate",
     "Machine",
     "PlacementResult",
+    "PlacerSchedule",
     "Problem",
-    "Schedule",
     "Stall",
     "Transfer",
     "canonical_order",

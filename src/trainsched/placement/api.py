@@ -22,7 +22,7 @@ from trainsched.errors import TrainschedError
 from trainsched.graph import Graph
 from trainsched.placement.baselines import contiguous_devices, group_static_bytes, single_devices
 from trainsched.placement.etf import m_etf
-from trainsched.placement.model import Machine, Schedule, Stall, run_schedule
+from trainsched.placement.model import Machine, PlacerSchedule, Stall, run_schedule
 from trainsched.placement.reduce import Problem, reduce_graph
 from trainsched.placement.sct import m_sct
 from trainsched.placement.topo import topo_devices
@@ -46,7 +46,7 @@ class _Run:
     """A placer's answer: a device per op (static placers) or a schedule (dynamic ones)."""
 
     devices: list[int] | None = None
-    schedule: Schedule | None = None
+    schedule: PlacerSchedule | None = None
     lp_value_s: float | None = None
 
 
@@ -106,7 +106,7 @@ class PlacementResult:
     algorithm: str
     placer: str
     problem: Problem
-    schedule: Schedule
+    schedule: PlacerSchedule
     machine: Machine
     makespan_s: float
     predicted_step_s: float | None
@@ -353,7 +353,7 @@ def _group_weights(graph: Graph, problem: Problem) -> dict[str, list[float]]:
     return weights
 
 
-def _expand(problem: Problem, schedule: Schedule) -> dict[str, int]:
+def _expand(problem: Problem, schedule: PlacerSchedule) -> dict[str, int]:
     group_dev = [0] * len(problem.group_ops)
     for i, g in enumerate(problem.group):
         group_dev[g] = schedule.device[i]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from trainsched.placement.model import Machine, Schedule, Stall, run_schedule
+from trainsched.placement.model import Machine, PlacerSchedule, Stall, run_schedule
 from trainsched.placement.reduce import Problem
 
 _BISECTION_STEPS = 60
@@ -26,7 +26,7 @@ def single_devices(problem: Problem, machine: Machine) -> list[int]:
     return [best] * problem.n
 
 
-def single(problem: Problem, machine: Machine) -> Schedule:
+def single(problem: Problem, machine: Machine) -> PlacerSchedule:
     return run_schedule(problem, machine, fixed=single_devices(problem, machine))
 
 
@@ -85,6 +85,7 @@ def contiguous_devices(problem: Problem, machine: Machine,
     return [group_dev[g] for g in problem.group]
 
 
-def contiguous(problem: Problem, machine: Machine, group_weights: Sequence[float]) -> Schedule:
+def contiguous(problem: Problem, machine: Machine,
+               group_weights: Sequence[float]) -> PlacerSchedule:
     return run_schedule(problem, machine,
                         fixed=contiguous_devices(problem, machine, group_weights))

@@ -9,10 +9,10 @@ transfers cost more than its parallelism gains stays on few devices.
 
 from __future__ import annotations
 
-from trainsched.placement.model import Machine, Schedule, fewest_devices, run_schedule
+from trainsched.placement.model import Machine, PlacerSchedule, fewest_devices, run_schedule
 from trainsched.placement.reduce import Problem
 
 
-def m_etf(problem: Problem, machine: Machine) -> Schedule:
+def m_etf(problem: Problem, machine: Machine) -> PlacerSchedule:
     """m-ETF's schedule of ``problem`` on ``machine`` (raises ``Stall`` when nothing fits)."""
     return fewest_devices(machine, lambda on: run_schedule(problem, on), problem)

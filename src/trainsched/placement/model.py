@@ -39,7 +39,7 @@ from trainsched.cluster import Cluster
 from trainsched.errors import TrainschedError
 from trainsched.placement.reduce import Problem
 
-__all__ = ["Machine", "Schedule", "Stall", "Transfer", "fewest_devices", "run_schedule"]
+__all__ = ["Machine", "PlacerSchedule", "Stall", "Transfer", "fewest_devices", "run_schedule"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,7 +106,7 @@ class Transfer:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Schedule:
+class PlacerSchedule:
     """A placer's schedule of a Problem: device, start and end per op, transfers in commit
     order (each channel serves its transfers in this order), peak bytes per device."""
 
@@ -129,8 +129,8 @@ class Stall(Exception):
         self.needed_bytes = needed_bytes
 
 
-def fewest_devices(machine: Machine, schedule_on: Callable[[Machine], Schedule],
-                   problem: Problem) -> Schedule:
+def fewest_devices(machine: Machine, schedule_on: Callable[[Machine], PlacerSchedule],
+                   problem: Problem) -> PlacerSchedule:
     """The shortest of ``schedule_on`` over the first k devices, k = m and then 1, 2, 4, ...
     (ties: fewer devices), padded to all m devices. A greedy placer spreads work as soon as
     another device can start it sooner; when transfers cost more than the parallelism gains,
@@ -141,7 +141,7 @@ def fewest_devices(machine: Machine, schedule_on: Callable[[Machine], Schedule],
     work = sum(problem.compute_s)
     critical = problem.critical_path_s()
     counts = [m, *sorted(2**i for i in range(m.bit_length()) if 2**i < m)]
-    best: Schedule | None = None
+    best: PlacerSchedule | None = None
     best_k = 0
     stall: Stall | None = None
     for k in counts:
@@ -163,7 +163,7 @@ def fewest_devices(machine: Machine, schedule_on: Callable[[Machine], Schedule],
 
 
 def run_schedule(problem: Problem, machine: Machine, *, fixed: Sequence[int] | None = None,
-                 favourite: Sequence[int] | None = None) -> Schedule:
+                 favourite: Sequence[int] | None = None) -> PlacerSchedule:
     """m-ETF on ``problem`` (see the module docstring); with ``fixed`` (a device per op) the
     list schedule of that placement; with ``favourite`` (a child per op, -1 for none) m-SCT's
     reservations. Raises :class:`Stall` when memory leaves nothing to start."""
@@ -610,7 +610,7 @@ class _Scheduler:
 
     # --- the clock loop ------------------------------------------------------------------
 
-    def run(self) -> Schedule:
+    def run(self) -> PlacerSchedule:
         n, m = self.n, self.m
         for v in range(n):
             if self.npred[v] == 0:
@@ -660,9 +660,9 @@ class _Scheduler:
                    for d in self.devices_for(o))
         return Stall(o, need)
 
-    def result(self) -> Schedule:
+    def result(self) -> PlacerSchedule:
         peaks = _peaks(self.m, self.resident, self.allocs)
-        return Schedule(device=tuple(self.dev), start_s=tuple(self.start),
+        return PlacerSchedule(device=tuple(self.dev), start_s=tuple(self.start),
                         end_s=tuple(self.end), order=tuple(tuple(x) for x in self.order),
                         transfers=tuple(self.transfers), peak_bytes=tuple(peaks),
                         makespan_s=max(self.end, default=0.0))

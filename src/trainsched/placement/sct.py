@@ -28,7 +28,7 @@ from scipy.optimize import linprog
 from scipy.sparse import csr_array
 
 from trainsched.errors import TrainschedError
-from trainsched.placement.model import Machine, Schedule, fewest_devices, run_schedule
+from trainsched.placement.model import Machine, PlacerSchedule, fewest_devices, run_schedule
 from trainsched.placement.reduce import Problem
 
 PHASE2_SLACK = 1e-9
@@ -127,7 +127,7 @@ def favourites(n: int, edges: list[tuple[int, int, float]], x: list[float],
 
 
 def m_sct(problem: Problem, machine: Machine, threshold: float = 0.5
-          ) -> tuple[Schedule, float, list[int]]:
+          ) -> tuple[PlacerSchedule, float, list[int]]:
     """m-SCT's schedule, the LP value w* (seconds) and the favourite child of each op."""
     edges = edge_costs(problem, machine)
     w_star, x = solve_lp(problem, edges)

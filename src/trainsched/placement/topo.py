@@ -10,7 +10,7 @@ placement.
 
 from __future__ import annotations
 
-from trainsched.placement.model import Machine, Schedule, Stall, run_schedule
+from trainsched.placement.model import Machine, PlacerSchedule, Stall, run_schedule
 from trainsched.placement.reduce import Problem
 
 
@@ -41,6 +41,6 @@ def topo_devices(problem: Problem, machine: Machine) -> list[int]:
     return devices
 
 
-def m_topo(problem: Problem, machine: Machine) -> Schedule:
+def m_topo(problem: Problem, machine: Machine) -> PlacerSchedule:
     """m-TOPO's placement, scheduled as a list schedule."""
     return run_schedule(problem, machine, fixed=topo_devices(problem, machine))

@@ -18,13 +18,14 @@ from typing import TYPE_CHECKING, Any
 from trainsched.errors import TrainschedError
 from trainsched.graph import (
     Graph,
-    _check_keys,
-    _dump,
-    _kind_of,
-    _show,
     atomic_write_text,
+    check_keys,
+    dump_json,
+    kind_of,
     read_text_file,
+    show_value,
 )
+from trainsched.units import is_int
 
 if TYPE_CHECKING:
     from trainsched.cluster import Cluster
@@ -32,9 +33,6 @@ if TYPE_CHECKING:
 PLACEMENT_FORMAT = "trainsched.placement/1"
 
 
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _names(names: Sequence[str], limit: int = 10) -> str:
@@ -62,7 +60,7 @@ class Placement:
 
     def __post_init__(self) -> None:
         n = self.num_devices
-        if not _is_int(n) or n < 1:
+        if not is_int(n) or n < 1:
             raise TrainschedError(f"placement: num_devices must be an integer >= 1, got {n!r}")
         if not isinstance(self.device_of, Mapping):
             raise TrainschedError(
@@ -74,7 +72,7 @@ class Placement:
                 raise TrainschedError(
                     f"placement: op names must be non-empty strings, got {name!r}"
                 )
-            if not _is_int(device) or not 0 <= device < n:
+            if not is_int(device) or not 0 <= device < n:
                 raise TrainschedError(
                     f"placement: op {name!r} is on device {device!r}, outside 0..{n - 1}; "
                     f"use an index below num_devices={n} or raise num_devices"
@@ -94,7 +92,7 @@ class Placement:
 
         ``num_devices`` defaults to ``device + 1``.
         """
-        if not _is_int(device) or device < 0:
+        if not is_int(device) or device < 0:
             raise TrainschedError(f"device must be an integer >= 0, got {device!r}")
         return cls(
             device_of=dict.fromkeys(graph.topological_order(), device),
@@ -140,7 +138,7 @@ class Placement:
 
     def ops_on(self, device: int, graph: Graph | None = None) -> tuple[str, ...]:
         """Names of the ops on ``device``: in ``graph``'s topological order, else by name."""
-        if not _is_int(device) or not 0 <= device < self.num_devices:
+        if not is_int(device) or not 0 <= device < self.num_devices:
             raise TrainschedError(
                 f"device {device!r} is outside 0..{self.num_devices - 1} of this placement"
             )
@@ -153,13 +151,13 @@ class Placement:
     def to_json(self) -> str:
         """The file text (``trainsched.placement/1``): byte-identical for equal placements."""
         try:
-            meta = _dump(dict(self.meta))
+            meta = dump_json(dict(self.meta))
         except (TypeError, ValueError) as exc:
             raise TrainschedError(f"placement meta is not JSON-serialisable: {exc}") from None
-        entries = ",".join(f"\n  {_dump(name)}: {d}" for name, d in self.device_of.items())
+        entries = ",".join(f"\n  {dump_json(name)}: {d}" for name, d in self.device_of.items())
         device_of = f"{{{entries}\n}}" if entries else "{}"
         return (
-            f'{{"format": {_dump(PLACEMENT_FORMAT)},\n"num_devices": {self.num_devices},\n'
+            f'{{"format": {dump_json(PLACEMENT_FORMAT)},\n"num_devices": {self.num_devices},\n'
             f'"meta": {meta},\n"device_of": {device_of}}}\n'
         )
 
@@ -168,7 +166,7 @@ class Placement:
         """Parse the file text; every problem is a TrainschedError that starts with ``source``."""
         doc = _read_json(text, source)
         if not isinstance(doc, dict):
-            raise TrainschedError(f"{source}: expected a JSON object, got {_kind_of(doc)}")
+            raise TrainschedError(f"{source}: expected a JSON object, got {kind_of(doc)}")
         if doc.get("format") != PLACEMENT_FORMAT:
             found = f"format {doc['format']!r}" if "format" in doc else "no 'format' field"
             raise TrainschedError(
@@ -176,26 +174,26 @@ class Placement:
                 "(is this a placement file?)"
             )
         fields = ("format", "num_devices", "meta", "device_of")
-        _check_keys(doc, fields, ("num_devices", "device_of"), source, "")
-        if not _is_int(doc["num_devices"]):
+        check_keys(doc, fields, ("num_devices", "device_of"), source, "")
+        if not is_int(doc["num_devices"]):
             raise TrainschedError(
-                f"{source}: num_devices: expected an integer, got {_show(doc['num_devices'])}"
+                f"{source}: num_devices: expected an integer, got {show_value(doc['num_devices'])}"
             )
         device_of = doc["device_of"]
         if not isinstance(device_of, dict):
             raise TrainschedError(
                 f"{source}: device_of: expected an object mapping op names to device indices, "
-                f"got {_kind_of(device_of)}"
+                f"got {kind_of(device_of)}"
             )
         for name, device in device_of.items():
-            if not _is_int(device):
+            if not is_int(device):
                 raise TrainschedError(
                     f"{source}: device_of[{name!r}]: expected an integer device index, "
-                    f"got {_show(device)}"
+                    f"got {show_value(device)}"
                 )
         meta = doc.get("meta", {})
         if not isinstance(meta, dict):
-            raise TrainschedError(f"{source}: meta: expected an object, got {_kind_of(meta)}")
+            raise TrainschedError(f"{source}: meta: expected an object, got {kind_of(meta)}")
         try:
             return cls(device_of=device_of, num_devices=doc["num_devices"], meta=meta)
         except TrainschedError as exc:

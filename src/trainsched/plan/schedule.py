@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainsched.errors import TrainschedError
+from trainsched.units import is_int
 
 COMPUTE_KINDS = ("F", "I", "W", "B")
 COMM_KINDS = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
@@ -27,9 +28,6 @@ ACTION_KINDS = COMPUTE_KINDS + COMM_KINDS + STAGE_KINDS
 _ACTION_RE = re.compile(r"([0-9]+)(" + "|".join(ACTION_KINDS) + r")([0-9]*)")
 _MAX_LISTED = 20  # problems shown in one error message
 
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 # --- Action ------------------------------------------------------------------------------------
@@ -51,7 +49,7 @@ class Action:
     microbatch: int | None = None
 
     def __post_init__(self) -> None:
-        if not _is_int(self.stage) or self.stage < 0:
+        if not is_int(self.stage) or self.stage < 0:
             raise TrainschedError(f"action stage must be an integer >= 0, got {self.stage!r}")
         if self.kind not in ACTION_KINDS:
             raise TrainschedError(
@@ -63,7 +61,7 @@ class Action:
                     f"action {self.stage}{self.kind} takes no micro-batch, "
                     f"got {self.microbatch!r}"
                 )
-        elif not _is_int(self.microbatch) or self.microbatch < 0:
+        elif not is_int(self.microbatch) or self.microbatch < 0:
             raise TrainschedError(
                 f"action {self.stage}{self.kind}: micro-batch must be an integer >= 0, "
                 f"got {self.microbatch!r}"
@@ -134,7 +132,7 @@ class Schedule:
                     )
         for name in ("num_stages", "num_microbatches"):
             value = getattr(self, name)
-            if not _is_int(value) or value < 1:
+            if not is_int(value) or value < 1:
                 raise TrainschedError(f"schedule: {name} must be an integer >= 1, got {value!r}")
         if self.stage_to_rank is None:
             mapping = tuple(s % len(ranks) for s in range(self.num_stages))
@@ -146,7 +144,7 @@ class Schedule:
                 "stages; give one rank per stage"
             )
         for s, r in enumerate(mapping):
-            if not _is_int(r) or not 0 <= r < len(ranks):
+            if not is_int(r) or not 0 <= r < len(ranks):
                 raise TrainschedError(
                     f"schedule: stage_to_rank[{s}] = {r!r} is not a rank 0..{len(ranks) - 1}"
                 )
@@ -159,7 +157,7 @@ class Schedule:
 
     def compute_actions(self, rank: int) -> tuple[Action, ...]:
         """Rank ``rank``'s F, I, W and B actions in order: no communication, idle or stage-level."""
-        if not _is_int(rank) or not 0 <= rank < self.num_ranks:
+        if not is_int(rank) or not 0 <= rank < self.num_ranks:
             raise TrainschedError(f"rank {rank!r} is outside 0..{self.num_ranks - 1}")
         return tuple(a for a in self.ranks[rank] if a is not None and a.kind in COMPUTE_KINDS)
 

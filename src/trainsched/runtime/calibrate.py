@@ -37,6 +37,7 @@ from typing import Any
 from trainsched.cluster import Cluster, Link, cluster_preset
 from trainsched.errors import TrainschedError
 from trainsched.runtime.launch import WorkerFailure, free_port, run_workers, status_text
+from trainsched.units import is_int
 
 MiB = 2**20
 DEFAULT_SIZES: tuple[int, ...] = tuple(4**k for k in range(1, 14))  # 4 B .. 64 MiB
@@ -197,9 +198,6 @@ def fit(rows: Sequence[Row], world_size: int) -> tuple[Link, Link]:
 
 def _check_args(world_size: Any, sizes: Any, repeats: Any, warmup: Any, backend: Any,
                 timeout_s: Any) -> list[int]:
-    def is_int(v: Any) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool)
-
     if not (is_int(world_size) and world_size >= 2):
         raise TrainschedError(f"calibrate needs a world size of at least 2 processes, "
                               f"got {world_size!r}")

@@ -36,7 +36,7 @@ maximal same-device *segments* in program order. Nothing in the model is rewritt
 
 Names: op-granularity placements name exported nodes (``conv2d_3``) and user inputs (``x``);
 module-granularity placements name module calls (``layer1.0``, ``relu#2``, ``<root>``) exactly as
-:func:`trainsched.coarsen.coarsen_by_module` builds them (that function does the mapping here).
+:func:`trainsched.graph.coarsen_by_module` builds them (that function does the mapping here).
 The program is the training-mode one; the wrapper refuses to run in ``eval()`` mode.
 """
 
@@ -54,10 +54,9 @@ import torch.utils._pytree as pytree
 from torch import fx, nn
 from torch.export.graph_signature import ConstantArgument, InputKind, OutputKind
 
-from trainsched.capture.trace import _match_inputs, _normalise, quiet_torch_logs
-from trainsched.coarsen import coarsen_by_module
+from trainsched.capture.trace import match_inputs, normalise_graph, quiet_torch_logs
 from trainsched.errors import TrainschedError
-from trainsched.graph import Graph, Op
+from trainsched.graph import Graph, Op, coarsen_by_module
 
 __all__ = ["PlacedModule", "Segment", "StepStats", "StepTiming", "Transfer"]
 
@@ -217,8 +216,8 @@ def _export(model: nn.Module, args: tuple, kwargs: dict) -> _Program:
     state = {fqn: named[fqn] for fqn in fqn_of.values() if fqn in named}
     trainable = {fqn for name, (kind, fqn) in state_of.items()
                  if kind == "param" and fqn in state and state[fqn].requires_grad}
-    traced = _normalise(program.graph, fqn_of, _match_inputs(program, args, kwargs), state,
-                        trainable, user_outputs, "export")
+    traced = normalise_graph(program.graph, fqn_of, match_inputs(program, args, kwargs), state,
+                             trainable, user_outputs, "export")
     nodes = {n.name: n for n in program.graph.nodes}
     return _Program(
         gm=program.graph_module, nodes=nodes, in_spec=program.call_spec.in_spec,

@@ -39,6 +39,7 @@ from trainsched.errors import TrainschedError
 from trainsched.graph import Graph
 from trainsched.sim.engine import TaskGraph, run_tasks
 from trainsched.sim.result import Allocation, SimResult, build_result
+from trainsched.trace import stream_name
 
 __all__ = ["priority_order", "simulate_placed", "simulate_single"]
 
@@ -173,8 +174,8 @@ class _Lowering:
         self.allocations: list[Allocation] = []
         names = cluster.device_names() if cluster is not None else None
         self.names = [names[d] if names is not None else f"device{d}" for d in used]
-        self.stream = [self.tasks.add_resource(f"{name}/compute", device=k, kind="compute",
-                                               policy="priority")
+        self.stream = [self.tasks.add_resource(stream_name(name, "compute"), device=k,
+                                               kind="compute", policy="priority")
                        for k, name in enumerate(self.names)]  # fmt: skip
         self.channels: dict[tuple[int, int], tuple[int, ...]] = {}  # (src, dst) -> resources
         self.device_channel: dict[int, int] = {}  # sequential: device -> its channel
@@ -189,8 +190,8 @@ class _Lowering:
         assert self.cluster is not None
         if self.cluster.comm == "sequential":
             for d in sorted({d for pair in new for d in pair} - set(self.device_channel)):
-                self.device_channel[d] = self.tasks.add_resource(f"{self.names[d]}/channel",
-                                                                 device=d, kind="channel")
+                self.device_channel[d] = self.tasks.add_resource(
+                    stream_name(self.names[d], "channel"), device=d, kind="channel")
             for a, b in new:
                 self.channels[a, b] = (self.device_channel[a], self.device_channel[b])
         else:

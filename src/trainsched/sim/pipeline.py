@@ -1,9 +1,10 @@
 """The pipeline executor: per-rank action lists (``0F0 0F1 0I0 0W0 ...``) on stage costs.
 
-:func:`simulate_pipeline` takes :class:`~trainsched.stages.StageCosts` (what one micro-batch
-costs on each stage), a :class:`~trainsched.plan.Schedule` and a cluster, validates the schedule
-(so a deadlocking schedule is reported by :meth:`Schedule.validate`, never simulated) and lowers
-it to one task graph on the engine, through the same ``_Lowering`` as the other executors:
+:func:`simulate_pipeline` takes :class:`~trainsched.backprop.stages.StageCosts` (what one
+micro-batch costs on each stage), a :class:`~trainsched.plan.Schedule` and a cluster, validates
+the schedule (so a deadlocking schedule is reported by :meth:`Schedule.validate`, never
+simulated) and lowers it to one task graph on the engine, through the same ``_Lowering`` as the
+other executors:
 
 - every rank is a device with one compute stream that runs the rank's ``F``/``I``/``W``/``B``
   actions in list order (``B`` costs I + W); idle slots, explicit ``SEND``/``RECV`` and
@@ -39,13 +40,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
+from trainsched.backprop.stages import StageCosts
 from trainsched.cluster import Cluster
 from trainsched.costs import p2p_s
 from trainsched.errors import TrainschedError
 from trainsched.plan import Schedule
 from trainsched.sim.executors import _check_device, _gc_paused, _Lowering
 from trainsched.sim.result import Allocation, SimResult
-from trainsched.stages import StageCosts
 
 __all__ = ["PipelineResult", "bubble_fraction", "simulate_pipeline"]
 

@@ -15,16 +15,15 @@ command line does. Each kind of plan goes to its executor:
 
 from __future__ import annotations
 
+from trainsched.backprop.stages import stage_costs_from_graph
 from trainsched.cluster import Cluster
 from trainsched.errors import TrainschedError
-from trainsched.graph import Graph
+from trainsched.graph import Graph, to_training
 from trainsched.plan import DataParallelPlan, PipelinePlan, PlacedPlan, Plan, SinglePlan
 from trainsched.sim.data_parallel import simulate_data_parallel
 from trainsched.sim.executors import simulate_placed, simulate_single
 from trainsched.sim.pipeline import simulate_pipeline
 from trainsched.sim.result import SimResult
-from trainsched.stages import stage_costs_from_graph
-from trainsched.training import to_training
 
 __all__ = ["simulate", "training_graph"]
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainsched.errors import TrainschedError
-from trainsched.graph import Graph
-from trainsched.training import to_training
+from trainsched.graph import Graph, to_training
+from trainsched.units import is_int
 
 __all__ = ["CUT_MODES", "StageCosts", "balanced_cuts", "stage_costs_from_graph", "uniform_stages"]
 
@@ -33,10 +33,6 @@ CUT_MODES = ("compute", "params")
 _TIME_FIELDS = ("forward_s", "backward_input_s", "backward_weight_s")
 _BYTE_FIELDS = ("activation_bytes", "saved_bytes", "param_bytes", "grad_bytes",
                 "optimizer_state_bytes")  # fmt: skip
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,7 +76,7 @@ class StageCosts:
                         and math.isfinite(v) and v >= 0
                     kind = "a finite number of seconds >= 0"
                 else:
-                    ok = _is_int(v) and v >= 0
+                    ok = is_int(v) and v >= 0
                     kind = "an integer number of bytes >= 0"
                 if not ok:
                     raise TrainschedError(f"stage costs: {name}[{s}] must be {kind}, got {v!r}")
@@ -96,7 +92,7 @@ class StageCosts:
             raise TrainschedError(f"stage costs: ops has {len(ops)} entries for {p} stages")
         object.__setattr__(self, "ops", ops)
         m = self.num_microbatches
-        if m is not None and not (_is_int(m) and m >= 1):
+        if m is not None and not (is_int(m) and m >= 1):
             raise TrainschedError(f"stage costs: num_microbatches must be an integer >= 1 or "
                                   f"None, got {m!r}")
 
@@ -121,7 +117,7 @@ def uniform_stages(num_stages: int, forward_s: float, backward_input_s: float,
                    backward_weight_s: float, activation_bytes: int = 0, *, saved_bytes: int = 0,
                    param_bytes: int = 0) -> StageCosts:
     """``num_stages`` equal stages (every stage but the last sends ``activation_bytes``)."""
-    if not (_is_int(num_stages) and num_stages >= 1):
+    if not (is_int(num_stages) and num_stages >= 1):
         raise TrainschedError(f"num_stages must be an integer >= 1, got {num_stages!r}")
     p = num_stages
     return StageCosts(forward_s=(forward_s,) * p, backward_input_s=(backward_input_s,) * p,
@@ -193,7 +189,7 @@ def _check_cuts(cut: Sequence[Any], order: Sequence[str], num_stages: int) -> tu
                                       "the name of a stage's first op or its index in forward "
                                       "order")
             points.append(where[c])
-        elif _is_int(c):
+        elif is_int(c):
             points.append(c)
         else:
             raise TrainschedError(f"cut point {c!r} must be an op name or an index into the "
@@ -217,7 +213,7 @@ def stage_costs_from_graph(graph: Graph, num_stages: int, num_microbatches: int,
                            cut: str | Sequence[int | str] = "compute") -> StageCosts:
     """Cut ``graph``'s forward ops into ``num_stages`` contiguous stages and cost them.
 
-    ``graph`` is a training graph (:func:`trainsched.training.to_training`); a forward-only
+    ``graph`` is a training graph (:func:`trainsched.graph.to_training`); a forward-only
     graph is transformed with the default SGD optimizer first. Its forward ops, in the graph's
     topological order, are cut by ``cut``: ``"compute"`` balances the sum of each op's forward,
     dX and dW time, ``"params"`` its parameter bytes (the smallest largest stage in both cases),
@@ -233,7 +229,7 @@ def stage_costs_from_graph(graph: Graph, num_stages: int, num_microbatches: int,
     is left out.
     """
     for name, value in (("num_stages", num_stages), ("num_microbatches", num_microbatches)):
-        if not (_is_int(value) and value >= 1):
+        if not (is_int(value) and value >= 1):
             raise TrainschedError(f"{name} must be an integer >= 1, got {value!r}")
     if all(op.kind == "forward" for op in graph.ops):
         graph = to_training(graph)

@@ -15,7 +15,7 @@ import numbers
 from dataclasses import replace
 
 from trainsched.errors import TrainschedError
-from trainsched.graph import Edge, Graph, Op
+from trainsched.graph.core import Edge, Graph, Op
 
 # State tensors per parameter: SGD none, SGD with momentum one, Adam two (first and second moment).
 OPTIMIZER_STATE_TENSORS = {"sgd": 0, "momentum": 1, "adam": 2}

@@ -2,35 +2,30 @@
 
 A graph is a DAG of ops (units of computation with costs and memory sizes) joined by edges
 (tensors passed from one op to another). Capture builds forward graphs;
-:func:`trainsched.training.to_training` turns them into training graphs. A Graph is immutable and
-validated once, when it is built, so every consumer can trust it: unique names, known kinds,
-finite non-negative numbers, edges between existing ops, no cycles. It round-trips exactly
-through a versioned JSON file whose fields are documented in ``docs/graph-format.md``.
+:func:`trainsched.graph.training.to_training` turns them into training graphs. A Graph is
+immutable and validated once, when it is built, so every consumer can trust it: unique names,
+known kinds, finite non-negative numbers, edges between existing ops, no cycles. It round-trips
+exactly through a versioned JSON file (:mod:`trainsched.graph.io`) whose fields are documented in
+``docs/graph-format.md``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
-import difflib
 import heapq
-import json
 import math
 import numbers
 import os
 import sys
-import tempfile
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 from trainsched.errors import TrainschedError
 
-FORMAT = "trainsched.graph/1"
 OP_KINDS = ("forward", "backward_input", "backward_weight", "optimizer")
 
 
@@ -123,7 +118,7 @@ class GraphTotals:
     edge_bytes: int  # sum of size_bytes over all edges
 
 
-# Op fields by type; drives validation and the JSON reader.
+# Op fields by type; drives validation and the JSON reader (trainsched.graph.io).
 _FIELD_TYPES: dict[str, str] = {
     "name": "str", "kind": "str", "module_path": "str", "target": "str",
     "group": "opt_str", "forward_op": "opt_str", "members": "strs",
@@ -429,186 +424,30 @@ class Graph:
         """The same ops and edges with ``meta`` replaced."""
         return Graph(self._ops, self._edges, meta)
 
-    # --- JSON ----------------------------------------------------------------------------------
+    # --- JSON (the format lives in trainsched.graph.io, which builds on this module) ----------
 
     def to_json(self) -> str:
         """The file text (format ``trainsched.graph/1``): byte-identical for equal graphs."""
-        try:
-            meta = _dump(self._meta)
-        except (TypeError, ValueError) as exc:
-            raise TrainschedError(f"graph meta is not JSON-serialisable: {exc}") from None
-        ops = [_dump({f: getattr(op, f) for f in _OP_FIELDS} | {"members": list(op.members)})
-               for op in self._ops]  # fmt: skip
-        edges = [_dump({f: getattr(e, f) for f in _EDGE_FIELDS}) for e in self._edges]
-        return (
-            f'{{"format": {_dump(FORMAT)},\n"meta": {meta},\n'
-            f'"ops": [{_lines(ops)}],\n"edges": [{_lines(edges)}]}}\n'
-        )
+        from trainsched.graph.io import graph_to_json
+
+        return graph_to_json(self)
 
     @classmethod
     def from_json(cls, text: str, source: str = "<string>") -> Graph:
         """Parse the file text; every problem is a TrainschedError that starts with ``source``."""
-        try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as exc:
-            hint = " (the text ends early: truncated?)" if exc.pos >= len(text.rstrip()) else ""
-            raise TrainschedError(
-                f"{source}: malformed JSON at line {exc.lineno}, column {exc.colno}: "
-                f"{exc.msg}{hint}"
-            ) from None
-        if not isinstance(doc, dict):
-            raise TrainschedError(f"{source}: expected a JSON object, got {_kind_of(doc)}")
-        if "format" not in doc:
-            raise TrainschedError(f"{source}: no 'format' field; this reader supports {FORMAT!r}")
-        if doc["format"] != FORMAT:
-            raise TrainschedError(
-                f"{source}: unsupported format {doc['format']!r}; this reader supports {FORMAT!r}"
-            )
-        _check_keys(doc, {"format", "meta", "ops", "edges"}, {"ops", "edges"}, source, "")
-        meta = doc.get("meta", {})
-        if not isinstance(meta, dict):
-            raise TrainschedError(f"{source}: meta: expected an object, got {_show(meta)}")
-        ops = [_read_record(Op, _OP_SPECS, item, source, f"ops[{i}]")
-               for i, item in enumerate(_list(doc, "ops", source))]  # fmt: skip
-        edges = [_read_record(Edge, _EDGE_SPECS, item, source, f"edges[{i}]")
-                 for i, item in enumerate(_list(doc, "edges", source))]  # fmt: skip
-        try:
-            return cls(ops, edges, meta)
-        except TrainschedError as exc:
-            raise TrainschedError(f"{source}: {exc}") from None
+        from trainsched.graph.io import graph_from_json
+
+        return graph_from_json(text, source)
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the JSON file atomically (see :func:`atomic_write_text`)."""
+        """Write the JSON file atomically (see :func:`trainsched.graph.io.atomic_write_text`)."""
+        from trainsched.graph.io import atomic_write_text
+
         atomic_write_text(path, self.to_json())
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Graph:
         """Read a graph file written by :meth:`save` (or by hand, see docs/graph-format.md)."""
+        from trainsched.graph.io import read_text_file
+
         return cls.from_json(read_text_file(path, "graph"), source=str(path))
-
-
-def read_text_file(path: str | os.PathLike[str], what: str) -> str:
-    """A UTF-8 file's text; a missing, unreadable or non-UTF-8 file is a user error."""
-    path = Path(path)
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise TrainschedError(f"{path}: no such {what} file") from None
-    except UnicodeDecodeError as exc:
-        raise TrainschedError(f"{path}: not UTF-8 text (byte {exc.start})") from None
-    except OSError as exc:
-        raise TrainschedError(f"{path}: cannot read: {exc.strerror}") from None
-
-
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` (UTF-8) to ``path`` atomically (see :func:`atomic_write_bytes`)."""
-    atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temp file in the same directory and a rename.
-
-    A failure never leaves a partial file: readers see the old file or the new one.
-    """
-    path = Path(path)
-    try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as exc:
-        raise TrainschedError(f"{path}: cannot write: {exc.strerror}") from None
-    try:
-        with os.fdopen(fd, "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else 0o644)
-        os.replace(tmp, path)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(exc, OSError):
-            raise TrainschedError(f"{path}: cannot write: {exc.strerror}") from None
-        raise
-
-
-_dump = json.JSONEncoder(sort_keys=True, separators=(", ", ": "), allow_nan=False).encode
-
-
-def _lines(items: list[str]) -> str:
-    return "".join(f"\n  {item}" + ("," if k < len(items) - 1 else "\n")
-                   for k, item in enumerate(items))  # fmt: skip
-
-
-def _show(value: Any) -> str:
-    text = json.dumps(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _kind_of(value: Any) -> str:
-    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}
-    return "null" if value is None else names.get(type(value), "a number")
-
-
-def _list(doc: dict[str, Any], key: str, source: str) -> list[Any]:
-    if not isinstance(doc[key], list):
-        raise TrainschedError(f"{source}: {key}: expected a list, got {_kind_of(doc[key])}")
-    return doc[key]
-
-
-def _check_keys(
-    record: dict[str, Any], known: Iterable[str], required: Iterable[str], source: str, where: str
-) -> None:
-    """Missing required and unknown fields, named (with a close match when there is one)."""
-    prefix = f"{source}: {where}: " if where else f"{source}: "
-    missing = [k for k in required if k not in record]
-    if missing:
-        raise TrainschedError(f"{prefix}missing required field {', '.join(map(repr, missing))}")
-    unknown = [k for k in record if k not in known]
-    if unknown:
-        close = [m for k in unknown for m in difflib.get_close_matches(k, known, n=1)]
-        hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
-        raise TrainschedError(f"{prefix}unknown field {', '.join(map(repr, unknown))}{hint}")
-
-
-def _read_record(cls: type, specs: dict[str, tuple[str, bool]], item: Any, source: str,
-                 where: str) -> Any:  # fmt: skip
-    """Build an Op or Edge from one JSON object, with type errors like ``ops[3].compute_s``."""
-    if not isinstance(item, dict):
-        raise TrainschedError(f"{source}: {where}: expected an object, got {_kind_of(item)}")
-    _check_keys(item, specs, _REQUIRED[cls], source, where)
-    values = {}
-    for key, value in item.items():
-        base, optional = specs[key]
-        if type(value) is _JSON_TYPES[base] or (value is None and optional):
-            values[key] = value  # the common case, kept fast
-        else:
-            values[key] = _json_value(value, base, optional, f"{source}: {where}.{key}")
-    try:
-        return cls(**values)
-    except TrainschedError as exc:
-        raise TrainschedError(f"{source}: {where}: {exc}") from None
-
-
-_REQUIRED = {
-    cls: [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING]
-    for cls in (Op, Edge)
-}
-# JSON types read as they are; "strs" (a list) always goes through _json_value to become a tuple.
-_JSON_TYPES = {"str": str, "float": float, "int": int, "strs": None}
-_EXPECTED = {"str": "a string", "float": "a number", "int": "an integer", "strs": "a list of names"}
-
-
-def _json_value(value: Any, base: str, optional: bool, where: str) -> Any:
-    """``value`` converted to the field's Python type, or an error saying what was expected.
-
-    Bounds (negative, NaN, ...) are left to the Op and Edge checks.
-    """
-    kind = type(value)
-    if kind is list and base == "strs" and all(type(v) is str for v in value):
-        return tuple(value)
-    if kind is int and base == "float":
-        with contextlib.suppress(OverflowError):
-            return float(value)
-    if kind is float and base == "int" and value.is_integer():
-        return int(value)
-    expected = _EXPECTED[base] + (" or null" if optional else "")
-    raise TrainschedError(f"{where}: expected {expected}, got {_show(value)}")

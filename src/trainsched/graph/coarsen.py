@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from trainsched.errors import TrainschedError
-from trainsched.graph import Edge, Graph, Op
+from trainsched.graph.core import Edge, Graph, Op
 
 ROOT = "<root>"
 

@@ -1,0 +1,45 @@
+"""The computation graph: ops, edges, their file format and the transforms every policy reads.
+
+:mod:`~trainsched.graph.core` holds :class:`Op`, :class:`Edge` and :class:`Graph` (validated,
+immutable, deterministic orders); :mod:`~trainsched.graph.io` the ``trainsched.graph/1`` JSON
+file, atomic writes and the JSON helpers of trainsched's other formats;
+:mod:`~trainsched.graph.training` the forward-to-training transform (:func:`to_training`) and
+:mod:`~trainsched.graph.coarsen` op-to-module coarsening (:func:`coarsen_by_module`). Plain
+Python: no torch here.
+"""
+
+from trainsched.graph.coarsen import coarsen_by_module
+from trainsched.graph.core import OP_KINDS, Edge, Graph, GraphTotals, Op
+from trainsched.graph.io import (
+    FORMAT,
+    atomic_write_bytes,
+    atomic_write_text,
+    check_keys,
+    dump_json,
+    graph_from_json,
+    graph_to_json,
+    kind_of,
+    read_text_file,
+    show_value,
+)
+from trainsched.graph.training import to_training
+
+__all__ = [
+    "FORMAT",
+    "OP_KINDS",
+    "Edge",
+    "Graph",
+    "GraphTotals",
+    "Op",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "check_keys",
+    "coarsen_by_module",
+    "dump_json",
+    "graph_from_json",
+    "graph_to_json",
+    "kind_of",
+    "read_text_file",
+    "show_value",
+    "to_training",
+]
