@@ -46,7 +46,7 @@ from trainsched.cluster import DEVICE_KINDS, Cluster, cluster_from_flags
 from trainsched.graph import Graph, to_training
 from trainsched.plan import Placement
 from trainsched.runtime import PlacedModule
-from trainsched.sim import simulate_placed
+from trainsched.sim import predict_placement, simulate_placed
 
 LINK_LATENCY = "5us"
 MOMENTUM = 0.9
@@ -86,7 +86,7 @@ def placements(forward: Graph, train: Graph, cluster: Cluster) -> dict[str, Any]
         from trainsched.placement import place
 
         for algorithm in ("contiguous-compute", "m-sct"):
-            result = place(train, cluster, algorithm)
+            result = place(train, cluster, algorithm, predict=predict_placement)
             found[algorithm] = forward_placement(train, dict(result.placement.device_of), n)
     except Exception as exc:  # the placers are young; the runtime check goes on without them
         found["placer-error"] = f"{type(exc).__name__}: {exc}"

@@ -36,7 +36,7 @@ from trainsched.cluster import cluster_preset
 from trainsched.errors import TrainschedError
 from trainsched.graph import Edge, Graph, Op, to_training
 from trainsched.placement import PLACERS, place
-from trainsched.sim import simulate_placed
+from trainsched.sim import predict_placement, simulate_placed
 
 ALGORITHMS = (*PLACERS, "auto")
 ZOO = (("resnet50", {"batch_size": 32}), ("inception_v3", {"batch_size": 32}),
@@ -82,7 +82,8 @@ def run_case(name: str, graph: Graph, algorithms: tuple[str, ...], **options) ->
         row = {"case": name, "algorithm": algorithm, "ops": len(graph)}
         try:
             # Timed without the final simulation (auto's scoring simulations are part of it).
-            r = place(graph, cluster, algorithm, simulate=algorithm == "auto", **options)
+            r = place(graph, cluster, algorithm,
+                      predict=predict_placement if algorithm == "auto" else None, **options)
             cpu = time.process_time() - cpu
         except TrainschedError as exc:
             row |= {"error": str(exc), "wall_s": time.perf_counter() - began}

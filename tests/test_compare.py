@@ -93,6 +93,7 @@ def test_compare_rejects_bad_widths_before_capturing(tmp_path, capsys):
 
 def test_placed_row_is_never_slower_than_one_device():
     from trainsched.placement import place
+    from trainsched.sim import predict_placement
 
     graph = _chain()
     cluster = resolve_cluster("baechi-4x2080")
@@ -102,7 +103,7 @@ def test_placed_row_is_never_slower_than_one_device():
     placed = next(r for r in rows if r.strategy == "placed-auto")
     assert placed.step_time_s <= single.step_time_s
     assert placed.samples_per_step == 16 and 1 <= placed.devices <= 4
-    chosen = place(graph, cluster, "auto")
+    chosen = place(graph, cluster, "auto", predict=predict_placement)
     assert placed.step_time_s == chosen.predicted_step_s
     assert f"{chosen.placer} placement on {placed.devices} of 4 devices" == placed.description
     assert results["placed-auto"].step_time_s == placed.step_time_s

@@ -4,22 +4,28 @@ infeasibility, auto, determinism and the Placement a placer returns."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import random
 
 import pytest
 
+from trainsched import placement
 from trainsched.cluster import cluster_from_flags
 from trainsched.errors import TrainschedError
 from trainsched.graph import Edge, Graph, Op, to_training
-from trainsched.placement import PLACERS, Machine, place, reduce_graph, run_schedule
+from trainsched.placement import PLACERS, Machine, reduce_graph, run_schedule
 from trainsched.placement.baselines import contiguous_devices
 from trainsched.placement.reduce import canonical_order
 from trainsched.placement.sct import edge_costs, favourites, solve_lp
 from trainsched.placement.topo import topo_devices
 from trainsched.plan import Placement
+from trainsched.sim import predict_placement
 
 GB = 10**9  # 1 s on a 1 GB/s link
+
+# place() as the command line and compare call it: predicted by the simulator
+place = functools.partial(placement.place, predict=predict_placement)
 
 
 def cluster(m: int, comm: str = "parallel", memory: str = "1TB", latency: str = "0s",

@@ -10,17 +10,23 @@ max(critical path, total work / m). m-ETF also meets Hwang et al.'s bound.
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 
 import pytest
 
+from trainsched import placement
 from trainsched.cluster import cluster_from_flags
 from trainsched.graph import Edge, Graph, Op
-from trainsched.placement import PLACERS, place
+from trainsched.placement import PLACERS
 from trainsched.placement.reduce import canonical_order
+from trainsched.sim import predict_placement
 
 SEEDS = range(30)
+
+# place() as the command line and compare call it: predicted by the simulator
+place = functools.partial(placement.place, predict=predict_placement)
 
 
 def small_graph(seed: int) -> tuple[Graph, int]:

@@ -11,6 +11,7 @@ reproduces that schedule exactly. ``auto`` scores candidates with it.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import random
@@ -19,18 +20,22 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from trainsched import placement
 from trainsched.cluster import cluster_from_flags
 from trainsched.costs import p2p_s
 from trainsched.errors import TrainschedError
 from trainsched.graph import Edge, Graph, Op
-from trainsched.placement import Machine, Stall, place, reduce_graph, run_schedule
+from trainsched.placement import Machine, Stall, reduce_graph, run_schedule
 from trainsched.placement.reduce import canonical_order
 from trainsched.placement.sct import m_sct
-from trainsched.sim import TaskGraph, build_result, run_tasks, simulate_placed
+from trainsched.sim import TaskGraph, build_result, predict_placement, run_tasks, simulate_placed
 from trainsched.sim.result import Allocation
 
 PROPERTY = settings(max_examples=60, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
+
+# place() as the command line and compare call it: predicted by the simulator
+place = functools.partial(placement.place, predict=predict_placement)
 
 
 def layered_dag(seed: int, n: int, *, memory: bool = True, groups: bool = True,

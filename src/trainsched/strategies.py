@@ -120,9 +120,10 @@ def _placed(algorithm: str) -> Strategy:
     """Model parallelism: ops placed on ``o.ranks`` devices by ``placement.place``."""
     def build(graph: Graph, cluster: Cluster, o: Options) -> Planned:
         from trainsched.placement import place
+        from trainsched.sim import predict_placement
 
         devices = cluster.first_devices(o.ranks)
-        chosen = place(graph, devices, algorithm)
+        chosen = place(graph, devices, algorithm, predict=predict_placement)
         used = len(set(chosen.placement.device_of.values()))
         return Planned(plan=PlacedPlan(model=ModelRef.of(graph), placement=chosen.placement),
                        samples_per_step=o.batch_size,

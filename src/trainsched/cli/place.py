@@ -37,11 +37,13 @@ def add_parser(sub: Subcommands) -> None:
 def run(args: argparse.Namespace) -> int:
     from trainsched.cluster import resolve_cluster
     from trainsched.placement import place
+    from trainsched.sim import predict_placement
 
     graph = training_graph(args.graph, args.optimizer)
     cluster = resolve_cluster(args.cluster)
     result = place(graph, cluster, args.algorithm, comm=args.comm, fusion=not args.no_fusion,
-                   coplacement=not args.no_coplacement, forward_only=args.forward_only)
+                   coplacement=not args.no_coplacement, forward_only=args.forward_only,
+                   predict=predict_placement)
     if args.output:
         result.placement.save(args.output)
     summary = result.summary()

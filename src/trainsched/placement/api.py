@@ -1,10 +1,12 @@
 """``place()``: reduce a graph, run a placer (or all of them), expand, predict, report.
 
 Every placer is a pure function of (reduced problem, machine, context) registered in
-:data:`PLACERS`; ``auto`` runs them all and keeps the one whose placement the simulator
-(:func:`trainsched.sim.simulate_placed` on the full graph) predicts fastest without running out
-of memory, so it is never worse than one device (when the model fits there) or the best
-contiguous split, by the simulator's own measure.
+:data:`PLACERS`; ``auto`` runs them all and keeps the one predicted fastest without running out
+of memory. The prediction is a :data:`Predictor` the caller passes: the simulator's
+(:func:`trainsched.sim.predict_placement`, on the full graph), which makes ``auto`` never worse
+than one device (when the model fits there) or the best contiguous split by the simulator's own
+measure; without one, each placer's own schedule (makespan and peak bytes) decides. This
+package never imports the simulator: the command line and ``compare`` pass it in.
 """
 
 from __future__ import annotations
@@ -30,7 +32,11 @@ from trainsched.plan import Placement
 from trainsched.registry import Registry
 from trainsched.units import format_size
 
-__all__ = ["ALGORITHMS", "PLACERS", "Candidate", "PlacementResult", "place"]
+__all__ = ["ALGORITHMS", "PLACERS", "Candidate", "PlacementResult", "Predictor", "place"]
+
+#: ``(graph, cluster, device_of) -> (step seconds, peak bytes per cluster device)``: how a
+#: placement of the whole graph is predicted to run.
+Predictor = Callable[[Graph, Cluster, Mapping[str, int]], tuple[float, tuple[int, ...]]]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -176,7 +182,8 @@ def place(graph: Graph, cluster: Cluster, algorithm: str = "auto", *, comm: str 
           fusion: bool = True, coplacement: bool = True, forward_only: bool | None = None,
           group_cap_fraction: float = 0.5, sct_threshold: float = 0.5,
           memory_fraction: float = 1.0, reserved_bytes: int = 0,
-          backward_in_weight: bool = False, simulate: bool = True) -> PlacementResult:
+          backward_in_weight: bool = False,
+          predict: Predictor | None = None) -> PlacementResult:
     """Place ``graph`` on ``cluster`` with ``algorithm`` (one of :data:`ALGORITHMS`).
 
     ``comm`` overrides the cluster's contention mode; ``forward_only`` defaults to True for
@@ -206,7 +213,7 @@ def place(graph: Graph, cluster: Cluster, algorithm: str = "auto", *, comm: str 
                          group_cap_fraction=group_cap_fraction, sct_threshold=sct_threshold,
                          backward_in_weight=backward_in_weight)
     if algorithm != "auto":
-        return _place_once(graph, cluster, machine, machine, algorithm, settings, simulate,
+        return _place_once(graph, cluster, machine, machine, algorithm, settings, predict,
                            began)
     # auto: the placers' memory model sees forward ops only (when forward-only), so the
     # simulator's full step may need more; while the best placement runs out of memory, give
@@ -215,7 +222,7 @@ def place(graph: Graph, cluster: Cluster, algorithm: str = "auto", *, comm: str 
     scaled = machine
     for _ in range(AUTO_MEMORY_ROUNDS):
         try:
-            result = _place_once(graph, cluster, machine, scaled, algorithm, settings, True,
+            result = _place_once(graph, cluster, machine, scaled, algorithm, settings, predict,
                                  began)
         except TrainschedError:
             if best is None:
@@ -225,9 +232,8 @@ def place(graph: Graph, cluster: Cluster, algorithm: str = "auto", *, comm: str 
             best = result
         if not _oom(result):
             break
-        assert result.simulated_peak_bytes is not None
-        shrink = min(c / b for b, c in zip(result.simulated_peak_bytes, machine.capacity,
-                                           strict=True) if b > c)
+        peaks = result.simulated_peak_bytes or result.peak_bytes
+        shrink = min(c / b for b, c in zip(peaks, machine.capacity, strict=True) if b > c)
         scaled = dataclasses.replace(scaled, capacity=tuple(
             int(c * shrink * AUTO_MEMORY_MARGIN) for c in scaled.capacity))
         if min(scaled.capacity) <= 0:
@@ -266,7 +272,7 @@ class _Settings:
 
 
 def _place_once(graph: Graph, cluster: Cluster, machine: Machine, scaled: Machine,
-                algorithm: str, settings: _Settings, simulate: bool,
+                algorithm: str, settings: _Settings, predict: Predictor | None,
                 began: float) -> PlacementResult:
     """One placement with the placers given ``scaled`` capacities (``machine``'s are the
     real ones, which results and out-of-memory checks use)."""
@@ -314,10 +320,12 @@ def _place_once(graph: Graph, cluster: Cluster, machine: Machine, scaled: Machin
         wall = time.perf_counter() - began
         schedule = runs[chosen.name].schedule
         assert schedule is not None
-        simulated = _simulate(graph, cluster, _expand(problem, schedule)) if simulate else None
+        simulated = (predict(graph, cluster, _expand(problem, schedule))
+                     if predict is not None else None)
         candidates: tuple[Candidate, ...] = ()
     else:
-        chosen, simulated, candidates = _choose(graph, cluster, machine, attempts, runs, stalls)
+        chosen, simulated, candidates = _choose(graph, cluster, machine, attempts, runs, stalls,
+                                                predict)
         wall = time.perf_counter() - began
     options: dict[str, Any] = {"comm": cluster.comm, "forward_only": settings.forward_only,
                                "fusion": settings.fusion, "coplacement": chosen.coplacement}
@@ -360,22 +368,12 @@ def _expand(problem: Problem, schedule: PlacerSchedule) -> dict[str, int]:
     return {name: group_dev[g] for name, g in sorted(problem.group_of.items())}
 
 
-def _simulate(graph: Graph, cluster: Cluster, device_of: dict[str, int]
-              ) -> tuple[float, tuple[int, ...]]:
-    """The simulator's step time and peak bytes per device (0 where unused)."""
-    from trainsched.sim import simulate_placed  # the one reader of the simulator here
-
-    result = simulate_placed(graph, cluster, device_of)
-    names = cluster.device_names()
-    peaks = tuple(result.peak_memory_bytes.get(name, 0) for name in names)
-    return result.step_time_s, peaks
-
-
 def _choose(graph: Graph, cluster: Cluster, machine: Machine, attempts: list[_Attempt],
-            runs: dict[str, _Run], stalls: dict[str, Stall]
-            ) -> tuple[_Attempt, tuple[float, tuple[int, ...]], tuple[Candidate, ...]]:
-    """auto: simulate every placement on the full graph; the fastest that fits wins (ties:
-    fewer devices used, then the order of :data:`PLACERS`)."""
+            runs: dict[str, _Run], stalls: dict[str, Stall], predict: Predictor | None
+            ) -> tuple[_Attempt, tuple[float, tuple[int, ...]] | None, tuple[Candidate, ...]]:
+    """auto: predict every placement on the full graph (without ``predict``: each placer's
+    schedule); the fastest that fits wins (ties: fewer devices used, then the order of
+    :data:`PLACERS`)."""
     scored = []
     candidates = []
     for k, attempt in enumerate(attempts):
@@ -388,14 +386,17 @@ def _choose(graph: Graph, cluster: Cluster, machine: Machine, attempts: list[_At
         schedule = runs[name].schedule
         assert schedule is not None
         device_of = _expand(attempt.problem, schedule)
-        step, peaks = _simulate(graph, cluster, device_of)
+        if predict is not None:
+            step, peaks = predict(graph, cluster, device_of)
+        else:
+            step, peaks = schedule.makespan_s, tuple(schedule.peak_bytes)
         over = max(b / c for b, c in zip(peaks, machine.capacity, strict=True))
         used = len(set(device_of.values()))
         candidates.append(Candidate(name=name, step_s=step, oom=over > 1, devices_used=used))
         # Placements that fit first, by step time; those that do not, by how far they overshoot.
         scored.append(((over > 1, max(over, 1.0), step, used, k), attempt, (step, peaks)))
     _, chosen, simulated = min(scored, key=lambda item: item[0])
-    return chosen, simulated, tuple(candidates)
+    return chosen, simulated if predict is not None else None, tuple(candidates)
 
 
 def _result(graph: Graph, cluster: Cluster, machine: Machine, problem: Problem, algorithm: str,

@@ -25,7 +25,7 @@ from trainsched.sim.result import (
     TaskRecord,
     build_result,
 )
-from trainsched.sim.simulate import simulate, training_graph
+from trainsched.sim.simulate import predict_placement, simulate, training_graph
 from trainsched.sim.trace import chrome_trace, trace_json, write_trace
 
 __all__ = [
@@ -47,6 +47,7 @@ __all__ = [
     "collective_startup_s",
     "crossing_bound_s",
     "longest_path_s",
+    "predict_placement",
     "priority_order",
     "rank_classes",
     "run_tasks",

@@ -15,6 +15,8 @@ command line does. Each kind of plan goes to its executor:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from trainsched.backprop.stages import stage_costs_from_graph
 from trainsched.cluster import Cluster
 from trainsched.errors import TrainschedError
@@ -25,7 +27,7 @@ from trainsched.sim.executors import simulate_placed, simulate_single
 from trainsched.sim.pipeline import simulate_pipeline
 from trainsched.sim.result import SimResult
 
-__all__ = ["simulate", "training_graph"]
+__all__ = ["predict_placement", "simulate", "training_graph"]
 
 
 def training_graph(graph: Graph) -> Graph:
@@ -61,3 +63,12 @@ def simulate(plan: Plan, graph: Graph, cluster: Cluster) -> SimResult:
                                         cut=list(plan.cuts))
         return simulate_pipeline(stages, plan.schedule, cluster)
     raise TrainschedError(f"not a plan: {type(plan).__name__} (trainsched.plan has the kinds)")
+
+
+def predict_placement(graph: Graph, cluster: Cluster,
+                      device_of: Mapping[str, int]) -> tuple[float, tuple[int, ...]]:
+    """The simulator's step time of a placement and its peak bytes per cluster device (0 where
+    unused): the predictor :func:`trainsched.placement.place` takes."""
+    result = simulate_placed(graph, cluster, dict(device_of))
+    peaks = tuple(result.peak_memory_bytes.get(name, 0) for name in cluster.device_names())
+    return result.step_time_s, peaks
