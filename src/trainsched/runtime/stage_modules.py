@@ -151,37 +151,20 @@ def _stage_of_ops(program: ExportedProgram, stages: Sequence[Sequence[str]]) -> 
     return stage_of
 
 
-def _cut(program: ExportedProgram, stages: Sequence[Sequence[str]],
-         trainable: set[str]) -> list[_Cut]:
-    """Give every needed node a stage (module docstring) and list each stage's traffic."""
-    nodes = program.nodes
-    num = len(stages)
-    stage_of = _stage_of_ops(program, stages)
-    mutation_of = dict(program.mutations)
-    outs = [o.name for o in program.outputs if isinstance(o, fx.Node)]
-    needed: set[str] = set()
-    stack = [*program.steps, *mutation_of, *outs]
-    while stack:
-        name = stack.pop()
-        if name not in needed:
-            needed.add(name)
-            stack.extend(i.name for i in nodes[name].all_input_nodes)
-    order = [n for n in nodes if n in needed]
-
-    home: dict[str, int] = {}          # nodes evaluated in one stage; the rest float
-    params_under: dict[str, set[str]] = {}   # floating node -> trainable params it reads
+def _homes(program: ExportedProgram, order: list[str], stage_of: dict[str, int],
+           trainable: Sequence[str]) -> tuple[dict[str, int], dict[str, set[str]]]:
+    """The stage of every node that reads an input or an op (the rest float), and for each
+    floating node the trainable parameters it reads."""
+    home: dict[str, int] = {}
+    params_under: dict[str, set[str]] = {}
     for name in order:
-        node = nodes[name]
-        if name in program.user_inputs:
-            if name not in program.constant_inputs:
-                home[name] = 0
-            else:
-                params_under[name] = set()
+        node = program.nodes[name]
+        if name in program.user_inputs and name not in program.constant_inputs:
+            home[name] = 0
             continue
-        if node.op == "placeholder":
-            fqn = program.state_of[name][1]
-            params_under[name] = {fqn} if program.state_of[name][0] == "param" and \
-                fqn in trainable else set()
+        if node.op == "placeholder":   # state, or an input export baked in
+            kind, fqn = program.state_of.get(name, ("input", name))
+            params_under[name] = {fqn} if kind == "param" and fqn in trainable else set()
             continue
         placed = [i.name for i in node.all_input_nodes if i.name in home]
         if name in stage_of:
@@ -197,6 +180,29 @@ def _cut(program: ExportedProgram, stages: Sequence[Sequence[str]],
         else:
             params_under[name] = set().union(*(params_under[i.name]
                                                for i in node.all_input_nodes))
+    return home, params_under
+
+
+def _closure(program: ExportedProgram, roots: set[str]) -> set[str]:
+    seen: set[str] = set()
+    stack = list(roots)
+    while stack:
+        name = stack.pop()
+        if name not in seen:
+            seen.add(name)
+            stack.extend(i.name for i in program.nodes[name].all_input_nodes)
+    return seen
+
+
+def _cut(program: ExportedProgram, stages: Sequence[Sequence[str]],
+         trainable: Sequence[str]) -> list[_Cut]:
+    """Give every needed node a stage (module docstring) and list each stage's traffic."""
+    nodes, num = program.nodes, len(stages)
+    stage_of = _stage_of_ops(program, stages)
+    outs = [o.name for o in program.outputs if isinstance(o, fx.Node)]
+    needed = _closure(program, {*program.steps, *dict(program.mutations), *outs})
+    order = [n for n in nodes if n in needed]
+    home, params_under = _homes(program, order, stage_of, trainable)
 
     cuts = [_Cut() for _ in range(num)]
     roots: list[set[str]] = [set() for _ in range(num)]   # floating nodes each stage reads
@@ -205,13 +211,12 @@ def _cut(program: ExportedProgram, stages: Sequence[Sequence[str]],
     for name in order:
         if name not in home:
             continue
-        s = home[name]
         mine: set[str] = set()
         for i in nodes[name].all_input_nodes:
             if i.name in home:
-                last_use[i.name] = max(last_use[i.name], s)
+                last_use[i.name] = max(last_use[i.name], home[name])
             else:
-                roots[s].add(i.name)
+                roots[home[name]].add(i.name)
                 mine |= params_under[i.name]
         for fqn in sorted(mine):
             readers.setdefault(fqn, []).append(name)
@@ -223,28 +228,20 @@ def _cut(program: ExportedProgram, stages: Sequence[Sequence[str]],
     first_of_module: dict[str, int] = {}
     for name in program.steps:
         first_of_module.setdefault(program.module_path[name], stage_of[name])
-    for value, fqn in program.mutations:
-        s = home[value] if value in home else first_of_module.get(fqn.rpartition(".")[0], 0)
+    for value, fqn in program.mutations:   # a buffer update goes with the value it copies
+        s = home.get(value, first_of_module.get(fqn.rpartition(".")[0], 0))
         if value not in home:
             roots[s].add(value)
         cuts[s].mutations.append((value, fqn))
 
-    owner: dict[str, list[int]] = {}   # param/buffer fqn -> stages that read it
+    owner: dict[str, list[int]] = {fqn: [] for _, fqn in program.mutations}
     for s in range(num):
-        floating: set[str] = set()
-        stack = list(roots[s])
-        while stack:
-            name = stack.pop()
-            if name not in floating:
-                floating.add(name)
-                stack.extend(i.name for i in nodes[name].all_input_nodes)
+        floating = _closure(program, roots[s])
         for name in floating:
             kind, fqn = program.state_of.get(name, ("input", name))
             if kind in ("param", "buffer"):
                 owner.setdefault(fqn, []).append(s)
         cuts[s].nodes = [n for n in order if n in floating or home.get(n) == s]
-    for _value, fqn in program.mutations:
-        owner.setdefault(fqn, [])
     for fqn, where in sorted(owner.items()):
         if len(where) > 1:
             kind = "parameter" if fqn in trainable else "parameter or buffer"
@@ -256,8 +253,8 @@ def _cut(program: ExportedProgram, stages: Sequence[Sequence[str]],
             if owner[fqn] not in ([], [s]):
                 raise TrainschedError(f"buffer {fqn!r} is read in stage {owner[fqn][0]} but "
                                       f"updated in stage {s}; put its module in one stage")
-        cut.params = [f for f in sorted(trainable) if owner.get(f) == [s]]
-        for fqn in cut.params:
+        cut.params = [f for f in trainable if owner.get(f) == [s]]
+        for fqn in cut.params:   # one reader: its W is local; several: I computes it
             who = readers.get(fqn, [])
             if len(who) == 1:
                 cut.weight_nodes.setdefault(who[0], []).append(fqn)
@@ -270,9 +267,8 @@ def _cut(program: ExportedProgram, stages: Sequence[Sequence[str]],
                 if not isinstance(nodes[name].meta.get("val"), torch.Tensor):
                     raise TrainschedError(f"stage {s} would send {name!r}, which is not a "
                                           "tensor; cut the stages elsewhere")
-        cut.nodes = [n for n in cut.nodes if s > 0 or n not in program.user_inputs]
-        if s > 0:
-            cut.nodes = [n for n in cut.nodes if n not in set(cut.inputs)]
+        received = set(cut.inputs)
+        cut.nodes = [n for n in cut.nodes if n not in received]
     return cuts
 
 
@@ -455,8 +451,8 @@ def build_stages(model: nn.Module, stages: Sequence[Sequence[str]], example_args
         raise TrainschedError("give at least one stage (a sequence of op-name sequences)")
     args = example_args if isinstance(example_args, tuple) else (example_args,)
     program = export_program(model, args, dict(example_kwargs or {}), purpose="the pipeline")
-    trainable = {fqn for kind, fqn in program.state_of.values()
-                 if kind == "param" and model.get_parameter(fqn).requires_grad}
+    trainable = [fqn for kind, fqn in program.state_of.values()
+                 if kind == "param" and model.get_parameter(fqn).requires_grad]
     cuts = _cut(program, stages, trainable)
     return tuple(PipelineStage(program, cut, s, len(cuts), model, num_microbatches)
                  for s, cut in enumerate(cuts))
@@ -465,4 +461,4 @@ def build_stages(model: nn.Module, stages: Sequence[Sequence[str]], example_args
 def flat_microbatches(stage: PipelineStage, microbatches: Sequence[tuple[tuple, dict]]
                       ) -> list[list[Any]]:
     """Each micro-batch as stage 0's flat input list."""
-    return [flatten_inputs(stage._program, a, k, purpose="pipeline") for a, k in microbatches]
+    return [flatten_inputs(stage._program, a, k, purpose="the pipeline") for a, k in microbatches]
