@@ -269,6 +269,7 @@ def test_a_rank_that_dies_fails_the_run_instead_of_hanging(graphs, monkeypatch):
                      batch_size=BATCH, timeout_s=240)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_worker_error_is_raised_with_its_message(graphs):
     stages = [list(s) for s in _cut(graphs["mlp"], 2)]

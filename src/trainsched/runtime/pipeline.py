@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainsched.errors import TrainschedError
 from trainsched.plan import COMPUTE_KINDS, Schedule
-from trainsched.runtime.launch import WorkerFailure, free_port, run_workers, status_text
+from trainsched.runtime.launch import WorkerFailure, failure_message, free_port, run_workers
 
 if TYPE_CHECKING:
     from trainsched.runtime.stage_modules import PipelineStage
@@ -254,7 +254,7 @@ def run_pipeline(model: str, stages: Sequence[Sequence[str]], schedule: Schedule
             if failure.rank is None:
                 raise TrainschedError(f"the pipeline did not finish within {timeout_s:g} s; "
                                       "use fewer steps or a larger timeout") from None
-            raise TrainschedError(_failure_line(tmpdir, failure)) from None
+            raise TrainschedError(failure_message(tmpdir, failure)) from None
         data = json.loads((tmpdir / "rank0.json").read_text())
         gradients = None
         if return_gradients:
@@ -268,16 +268,6 @@ def run_pipeline(model: str, stages: Sequence[Sequence[str]], schedule: Schedule
         num_microbatches=schedule.num_microbatches, batch_size=data["batch_size"],
         optimizer=optimizer, step_times_s=tuple(data["step_times_s"][warmup:]),
         losses=tuple(data["losses"]), gradients=gradients, host=data["host"])
-
-
-def _failure_line(tmpdir: Path, failure: WorkerFailure) -> str:
-    """One line: the failed rank's own error message, else the last line of its output."""
-    path = tmpdir / f"rank{failure.rank}.error"
-    if path.exists():
-        return f"rank {failure.rank}: {path.read_text().strip()}"
-    lines = [ln for ln in failure.log_tail.splitlines() if ln.strip()]
-    last = lines[-1].strip() if lines else "no output"
-    return f"rank {failure.rank} exited with status {status_text(failure.status)}: {last}"
 
 
 # --- the workers ------------------------------------------------------------------------------
