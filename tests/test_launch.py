@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trainsched.runtime.launch import WorkerFailure, run_workers, status_text
+from trainsched.runtime.launch import WorkerFailure, failure_message, run_workers, status_text
 
 WORKER = textwrap.dedent("""
     import json, os, sys, time
@@ -70,3 +70,11 @@ def test_the_deadline_fails_the_run_and_kills_the_rest(tmp_path):
 def test_status_text_names_signals_only():
     assert status_text(-9) == "-9 (SIGKILL)"
     assert status_text(2) == "2" and status_text(None) == "None"
+
+
+def test_failure_message_prefers_the_rank_s_own_error_file(tmp_path):
+    failure = WorkerFailure(1, 1, "Traceback (most recent call last):\n  ...\nValueError: boom\n")
+    assert failure_message(tmp_path, failure) == "rank 1 exited with status 1: ValueError: boom"
+    (tmp_path / "rank1.error").write_text("batch size 6 is not divisible by 4 micro-batches\n")
+    assert failure_message(tmp_path, failure) == (
+        "rank 1: batch size 6 is not divisible by 4 micro-batches")

@@ -81,6 +81,17 @@ class WorkerFailure(Exception):
         return f"{head}; its output ends:\n{self.log_tail}" if self.log_tail else head
 
 
+def failure_message(workdir: Path, failure: WorkerFailure) -> str:
+    """One line for a failed rank: the message it wrote to ``rank<K>.error`` in ``workdir``
+    (the workers' convention for a user error), else the last line of its output."""
+    path = workdir / f"rank{failure.rank}.error"
+    if path.exists():
+        return f"rank {failure.rank}: {path.read_text().strip()}"
+    lines = [ln for ln in failure.log_tail.splitlines() if ln.strip()]
+    last = lines[-1].strip() if lines else "no output"
+    return f"rank {failure.rank} exited with status {status_text(failure.status)}: {last}"
+
+
 @dataclass(frozen=True)
 class Exit:
     """How one worker ended: its status (``None``: killed at the deadline) and its log."""

@@ -58,7 +58,8 @@ from trainsched.capture.trace import match_inputs, normalise_graph, quiet_torch_
 from trainsched.errors import TrainschedError
 from trainsched.graph import Graph, Op, coarsen_by_module
 
-__all__ = ["PlacedModule", "Segment", "StepStats", "StepTiming", "Transfer"]
+__all__ = ["ExportedProgram", "PlacedModule", "Segment", "StepStats", "StepTiming", "Transfer",
+           "export_program", "flatten_inputs"]
 
 COMM_MODES = ("sequential", "parallel")
 GRANULARITIES = ("auto", "op", "module")
@@ -145,8 +146,13 @@ class StepTiming:
 
 
 @dataclass
-class _Program:
-    """The exported training program and what capture calls its ops."""
+class ExportedProgram:
+    """The exported training program and what capture calls its ops (:func:`export_program`).
+
+    ``nodes`` are the program's fx nodes by name; ``steps`` the nodes capture makes ops of (the
+    op-level names of a placement or a pipeline stage); the rest are user inputs, state
+    placeholders (``state_of``) and views or input-independent work evaluated where needed.
+    """
 
     gm: fx.GraphModule
     nodes: dict[str, fx.Node]
@@ -164,8 +170,12 @@ class _Program:
     outputs: list[fx.Node | Any]           # user outputs (nodes, or literals)
 
 
-def _export(model: nn.Module, args: tuple, kwargs: dict) -> _Program:
-    """Export like capture does and classify nodes with capture's own code."""
+def export_program(model: nn.Module, args: tuple, kwargs: dict, *,
+                   purpose: str = "PlacedModule") -> ExportedProgram:
+    """Export ``model`` like capture does and classify nodes with capture's own code.
+
+    ``purpose`` names the caller in the error raised when ``torch.export`` fails.
+    """
     model.train()
     try:
         with quiet_torch_logs():
@@ -173,7 +183,7 @@ def _export(model: nn.Module, args: tuple, kwargs: dict) -> _Program:
     except Exception as exc:
         text = str(exc).strip().splitlines()
         raise TrainschedError(
-            f"PlacedModule needs torch.export, which failed on the model: {type(exc).__name__}: "
+            f"{purpose} needs torch.export, which failed on the model: {type(exc).__name__}: "
             f"{text[0] if text else ''}") from exc
     signature = program.graph_signature
     state_of: dict[str, tuple[str, str]] = {}
@@ -219,7 +229,7 @@ def _export(model: nn.Module, args: tuple, kwargs: dict) -> _Program:
     traced = normalise_graph(program.graph, fqn_of, match_inputs(program, args, kwargs), state,
                              trainable, user_outputs, "export")
     nodes = {n.name: n for n in program.graph.nodes}
-    return _Program(
+    return ExportedProgram(
         gm=program.graph_module, nodes=nodes, in_spec=program.call_spec.in_spec,
         out_spec=program.call_spec.out_spec, user_inputs=user_inputs,
         constant_inputs=constant_inputs, tensor_inputs=list(traced.inputs), state_of=state_of,
@@ -228,7 +238,45 @@ def _export(model: nn.Module, args: tuple, kwargs: dict) -> _Program:
         target={s.name: s.target for s in traced.steps}, mutations=mutations, outputs=outputs)
 
 
-def _op_names(program: _Program, granularity: str, depth: int | None) -> dict[str, str]:
+def flatten_inputs(program: ExportedProgram, args: tuple, kwargs: dict, *,
+                   purpose: str = "PlacedModule") -> list[Any]:
+    """The user inputs of ``program`` as its flat argument list, checked against the example
+    inputs it was exported with (structure, baked-in constants, tensor shapes and dtypes).
+
+    ``purpose`` names the caller in the errors.
+    """
+    from torch.export._tree_utils import reorder_kwargs
+
+    try:
+        kwargs = reorder_kwargs(kwargs, program.in_spec)
+    except Exception as exc:
+        raise TrainschedError(f"{purpose} takes the keyword arguments it was built with: "
+                              f"{exc}") from None
+    flat, spec = pytree.tree_flatten((args, kwargs))
+    if spec != program.in_spec or len(flat) != len(program.user_inputs):
+        raise TrainschedError(
+            f"{purpose} was called with arguments structured unlike the example inputs "
+            "it was built with; pass the same positional and keyword arguments")
+    for name, value in zip(program.user_inputs, flat, strict=True):
+        if name in program.constant_inputs and value != program.constant_inputs[name]:
+            raise TrainschedError(
+                f"argument {name!r} is {value!r}, but the model was exported with "
+                f"{program.constant_inputs[name]!r}, which the program has baked in; build "
+                f"the {purpose} with the value you call it with")
+        expected = program.nodes[name].meta.get("val") if name in program.nodes else None
+        if isinstance(expected, torch.Tensor) and not (
+                isinstance(value, torch.Tensor) and value.shape == expected.shape
+                and value.dtype == expected.dtype):
+            got = (f"{tuple(value.shape)} {value.dtype}" if isinstance(value, torch.Tensor)
+                   else type(value).__name__)
+            raise TrainschedError(
+                f"input {name!r} is {got}, but the model was exported with "
+                f"{tuple(expected.shape)} {expected.dtype}; the exported program has static "
+                f"shapes: build the {purpose} with an example batch of this shape")
+    return flat
+
+
+def _op_names(program: ExportedProgram, granularity: str, depth: int | None) -> dict[str, str]:
     """Exported node (input or step) -> the name a placement at ``granularity`` gives it."""
     if granularity == "op":
         return {n: n for n in [*program.tensor_inputs, *program.steps]}
@@ -246,7 +294,7 @@ def _listed(names: Sequence[str], limit: int = 8) -> str:
     return shown + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
 
 
-def _resolve_names(program: _Program, device_of: Mapping[str, int], granularity: str,
+def _resolve_names(program: ExportedProgram, device_of: Mapping[str, int], granularity: str,
                    depth: int | None) -> tuple[dict[str, str], str]:
     """Pick the naming the placement uses; raise naming missing/unknown ops if none fits."""
     tried = ["op", "module"] if granularity == "auto" else [granularity]
@@ -291,7 +339,7 @@ class _Plan:
     roots: dict[str, tuple[str, ...]]     # node -> the ops its value comes from, program order
 
 
-def _plan(program: _Program, placed: dict[str, int]) -> _Plan:
+def _plan(program: ExportedProgram, placed: dict[str, int]) -> _Plan:
     """Give every node the program needs a home device and list the copies between homes.
 
     Inputs and steps: the placement. A view or other non-op node that reads activations: the
@@ -483,7 +531,7 @@ class PlacedModule(nn.Module):
         self.comm = comm
         self.copy_same_device = bool(copy_same_device)
         self.physical = tuple(physical)
-        self._program = _export(model, args, kwargs)
+        self._program = export_program(model, args, kwargs)
         self._state_kind = {fqn: kind for kind, fqn in self._program.state_of.values()}
         names, self.granularity = _resolve_names(self._program, device_of, granularity,
                                                  module_depth)
@@ -563,36 +611,7 @@ class PlacedModule(nn.Module):
     # --- running -------------------------------------------------------------------------------
 
     def _flat_inputs(self, args: tuple, kwargs: dict) -> list[Any]:
-        program = self._program
-        from torch.export._tree_utils import reorder_kwargs
-
-        try:
-            kwargs = reorder_kwargs(kwargs, program.in_spec)
-        except Exception as exc:
-            raise TrainschedError(f"PlacedModule takes the keyword arguments it was built with: "
-                                  f"{exc}") from None
-        flat, spec = pytree.tree_flatten((args, kwargs))
-        if spec != program.in_spec or len(flat) != len(program.user_inputs):
-            raise TrainschedError(
-                "PlacedModule was called with arguments structured unlike the example inputs "
-                "it was built with; pass the same positional and keyword arguments")
-        for name, value in zip(program.user_inputs, flat, strict=True):
-            if name in program.constant_inputs and value != program.constant_inputs[name]:
-                raise TrainschedError(
-                    f"argument {name!r} is {value!r}, but the model was exported with "
-                    f"{program.constant_inputs[name]!r}, which the program has baked in; build "
-                    "the PlacedModule with the value you call it with")
-            expected = program.nodes[name].meta.get("val") if name in program.nodes else None
-            if isinstance(expected, torch.Tensor) and not (
-                    isinstance(value, torch.Tensor) and value.shape == expected.shape
-                    and value.dtype == expected.dtype):
-                got = (f"{tuple(value.shape)} {value.dtype}" if isinstance(value, torch.Tensor)
-                       else type(value).__name__)
-                raise TrainschedError(
-                    f"input {name!r} is {got}, but the model was exported with "
-                    f"{tuple(expected.shape)} {expected.dtype}; the placed program has static "
-                    "shapes: build the PlacedModule with an example batch of this shape")
-        return flat
+        return flatten_inputs(self._program, args, kwargs)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if not self.training:
