@@ -15,12 +15,12 @@ import torch
 from torch import nn
 
 from trainsched.backprop.schedules import gpipe, one_f_one_b
+from trainsched.backprop.stages import stage_costs_from_graph
 from trainsched.capture import build, capture
 from trainsched.errors import TrainschedError
 from trainsched.plan import Schedule
 from trainsched.runtime.pipeline import FAULT_ENV, run_local, run_pipeline
 from trainsched.runtime.stage_modules import build_stages, split_microbatches
-from trainsched.stages import stage_costs_from_graph
 
 BATCH = 8
 # small-cnn cut so that the first block's output (relu, read again by the residual add) crosses

@@ -57,8 +57,8 @@ def every_kind(graph: Graph) -> list:
                          steps=3, order="static", startup_overlap=True),
         DataParallelPlan(model=model, ranks=2, comm="tictac",
                          policy=PriorityPolicy(cross_barrier=True), algorithm="tree"),
-        PipelinePlan(model=model, cuts=("l2", "l4"), schedule=one_f_one_b(3, 4),
-                     schedule_name="1f1b"),
+        PipelinePlan(model=model, stages=(("l0", "l1"), ("l2", "l3"), ("l4", "l5")),
+                     schedule=one_f_one_b(3, 4), schedule_name="1f1b"),
     ]
 
 
@@ -108,16 +108,26 @@ def test_validation_refuses_more_ranks_than_devices():
 
 
 def test_a_schedule_for_another_stage_count_is_refused():
-    with pytest.raises(TrainschedError, match=r"schedule is for 3 stages but 1 cut.s. make 2"):
-        PipelinePlan(model=ModelRef.of(chain()), cuts=("l3",), schedule=gpipe(3, 2))
+    with pytest.raises(TrainschedError, match="schedule is for 3 stages but the plan cuts the "
+                                              "model into 2"):
+        PipelinePlan(model=ModelRef.of(chain()), stages=(("l0", "l1", "l2"), ("l3", "l4", "l5")),
+                     schedule=gpipe(3, 2))
 
 
-def test_pipeline_cuts_must_be_forward_ops_in_order():
-    model = ModelRef.of(chain())
-    with pytest.raises(TrainschedError, match="cut 'l9' is not a forward op"):
-        PipelinePlan(model=model, cuts=("l9",), schedule=gpipe(2, 2)).validate(chain())
-    with pytest.raises(TrainschedError, match="cut 'l1' must come after"):
-        PipelinePlan(model=model, cuts=("l3", "l1"), schedule=gpipe(3, 2)).validate(chain())
+@pytest.mark.parametrize(("stages", "message"), [
+    ((("l0", "l1", "l2"), ("l3", "l4", "l9")), "stage op 'l9' is not a forward op"),
+    ((("l0", "l1", "l2"), ("l3", "l4")), "forward op 'l5' is in no stage"),
+    ((("l0", "l3", "l2"), ("l1", "l4", "l5")), "do not list the forward ops once each"),
+])
+def test_pipeline_stages_must_cut_the_forward_ops_in_order(stages, message):
+    plan = PipelinePlan(model=ModelRef.of(chain()), stages=stages, schedule=gpipe(2, 2))
+    with pytest.raises(TrainschedError, match=message):
+        plan.validate(chain())
+
+
+def test_pipeline_cuts_are_each_stages_first_op():
+    plan = every_kind(chain())[4]
+    assert plan.cuts == ("l2", "l4")
 
 
 def test_a_placement_for_other_ops_is_refused():

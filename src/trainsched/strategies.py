@@ -107,7 +107,7 @@ def _pipeline(name: str) -> Strategy:
     def build(graph: Graph, cluster: Cluster, o: Options) -> Planned:
         stages = stage_costs_from_graph(graph, o.ranks, o.microbatches)
         plan = PipelinePlan(model=ModelRef.of(graph),
-                            cuts=tuple(ops[0] for ops in stages.ops[1:]),
+                            stages=stages.ops,
                             schedule=build_schedule(name, o.ranks, o.microbatches),
                             schedule_name=name)
         return Planned(plan=plan, samples_per_step=o.batch_size,

@@ -7,8 +7,8 @@ Four kinds, one per way of running a training step:
 - :class:`DataParallelPlan`: ``ranks`` replicas; the gradients are reduced by a communication
   policy object (with its parameters), a collective algorithm and a collective order; ``sync``
   is the synchronisation protocol (BSP for now).
-- :class:`PipelinePlan`: the forward ops cut into stages (``cuts``: the first op of every stage
-  after the first), a :class:`~trainsched.plan.Schedule` and its micro-batches.
+- :class:`PipelinePlan`: the forward ops cut into contiguous stages, a
+  :class:`~trainsched.plan.Schedule` and its micro-batches.
 
 Every plan names the model it was made for (:class:`ModelRef`: the model's name, a fingerprint
 of its forward ops and the input sizes it was captured at), so a plan cannot silently be applied
@@ -231,34 +231,42 @@ class DataParallelPlan:
 class PipelinePlan:
     """The forward ops cut into stages, run by ``schedule``.
 
-    ``cuts`` names the first forward op of every stage after the first (in the graph's
-    topological order); each op's backward and optimizer ops go with it. ``schedule`` is the
-    per-rank action list (its ``num_stages`` is ``len(cuts) + 1``), ``schedule_name`` the
-    generator that made it (``custom`` for one written by hand).
+    ``stages[s]`` lists the forward ops of stage ``s``, contiguous in the graph's topological
+    order (each op's backward and optimizer ops go with it); :attr:`cuts` names the first op of
+    every stage after the first. ``schedule`` is the per-rank action list (its ``num_stages``
+    is ``len(stages)``), ``schedule_name`` the generator that made it (``custom`` for one
+    written by hand).
     """
 
     model: ModelRef
-    cuts: tuple[str, ...]
+    stages: tuple[tuple[str, ...], ...]
     schedule: Schedule
     schedule_name: str = "custom"
     kind: ClassVar[str] = "pipeline"
 
     def __post_init__(self) -> None:
-        cuts = tuple(self.cuts) if isinstance(self.cuts, list | tuple) else None
-        if cuts is None or not all(isinstance(c, str) and c for c in cuts):
-            raise TrainschedError(f"pipeline plan: cuts must be a list of op names, got "
-                                  f"{self.cuts!r}")
-        object.__setattr__(self, "cuts", cuts)
+        stages = tuple(tuple(s) for s in self.stages) \
+            if isinstance(self.stages, list | tuple) and all(
+                isinstance(s, list | tuple) for s in self.stages) else None
+        if not stages or not all(s and all(isinstance(n, str) and n for n in s)
+                                 for s in stages):
+            raise TrainschedError(f"pipeline plan: stages must be a list of non-empty lists of "
+                                  f"op names, got {self.stages!r}")
+        object.__setattr__(self, "stages", stages)
         if not isinstance(self.schedule, Schedule):
             raise TrainschedError(f"pipeline plan: schedule must be a Schedule, got "
                                   f"{type(self.schedule).__name__}")
-        if self.schedule.num_stages != len(cuts) + 1:
+        if self.schedule.num_stages != len(stages):
             raise TrainschedError(
-                f"pipeline plan: the schedule is for {self.schedule.num_stages} stages but "
-                f"{len(cuts)} cut(s) make {len(cuts) + 1}; give num_stages - 1 cuts")
+                f"pipeline plan: the schedule is for {self.schedule.num_stages} stages but the "
+                f"plan cuts the model into {len(stages)}; give one op list per stage")
         if not (isinstance(self.schedule_name, str) and self.schedule_name):
             raise TrainschedError(f"pipeline plan: schedule_name must be a non-empty string, "
                                   f"got {self.schedule_name!r}")
+
+    @property
+    def cuts(self) -> tuple[str, ...]:
+        return tuple(ops[0] for ops in self.stages[1:])
 
     @property
     def num_stages(self) -> int:
@@ -274,17 +282,19 @@ class PipelinePlan:
 
     def validate(self, graph: Graph, cluster: Cluster | None = None) -> None:
         self.model.check(graph)
-        order = [n for n in graph.topological_order() if graph.op(n).kind == "forward"]
-        where = {name: k for k, name in enumerate(order)}
-        previous = 0
-        for cut in self.cuts:
-            if cut not in where:
-                raise TrainschedError(f"pipeline plan: cut {cut!r} is not a forward op of the "
-                                      f"graph")
-            if where[cut] <= previous:
-                raise TrainschedError(f"pipeline plan: cut {cut!r} must come after the cut "
-                                      f"before it in forward order (every stage needs an op)")
-            previous = where[cut]
+        order = tuple(n for n in graph.topological_order() if graph.op(n).kind == "forward")
+        listed = [n for ops in self.stages for n in ops]
+        if tuple(listed) != order:
+            where = {name: k for k, name in enumerate(order)}
+            unknown = [n for n in listed if n not in where]
+            if unknown:
+                raise TrainschedError(f"pipeline plan: stage op {unknown[0]!r} is not a forward "
+                                      f"op of the graph")
+            missing = [n for n in order if n not in set(listed)]
+            what = (f"forward op {missing[0]!r} is in no stage" if missing else
+                    "the stages do not list the forward ops once each, in the graph's order")
+            raise TrainschedError(f"pipeline plan: {what}; cut the graph's forward ops into "
+                                  f"contiguous stages")
         self.schedule.validate()
         if cluster is not None and self.schedule.num_ranks > cluster.num_devices:
             raise TrainschedError(f"the pipeline plan runs on {self.schedule.num_ranks} ranks "
@@ -345,7 +355,8 @@ def _strategy_doc(plan: Plan) -> dict[str, Any]:
                 "steps": plan.steps, "startup_overlap": plan.startup_overlap}
     if isinstance(plan, PipelinePlan):
         schedule = plan.schedule
-        return {"kind": plan.kind, "cuts": list(plan.cuts), "schedule_name": plan.schedule_name,
+        return {"kind": plan.kind, "stages": [list(ops) for ops in plan.stages],
+                "schedule_name": plan.schedule_name,
                 "num_stages": schedule.num_stages,
                 "num_microbatches": schedule.num_microbatches,
                 "stage_to_rank": list(schedule.stage_to_rank),
@@ -450,7 +461,7 @@ def _read_strategy(r: _Reader, model: ModelRef) -> Plan:
                                 order=r.get("order", str, "leader"),
                                 sync=r.get("sync", str, "bsp"), steps=r.get("steps", int, 1),
                                 startup_overlap=r.get("startup_overlap", bool, False))
-    r.only("kind", "cuts", "schedule_name", "num_stages", "num_microbatches", "stage_to_rank",
+    r.only("kind", "stages", "schedule_name", "num_stages", "num_microbatches", "stage_to_rank",
            "actions")
     actions = r.get("actions", list)
     if not all(isinstance(line, str) for line in actions):
@@ -460,7 +471,7 @@ def _read_strategy(r: _Reader, model: ModelRef) -> Plan:
                                   num_microbatches=r.get("num_microbatches", int),
                                   stage_to_rank=r.get("stage_to_rank", list, None),
                                   source=f"{r.source}: {r.path('actions')}")
-    return PipelinePlan(model=model, cuts=tuple(r.get("cuts", list)), schedule=schedule,
+    return PipelinePlan(model=model, stages=tuple(r.get("stages", list)), schedule=schedule,
                         schedule_name=r.get("schedule_name", str, "custom"))
 
 

@@ -136,8 +136,9 @@ def run(plan: Plan, model: str | None = None, *, steps: int = 10, warmup: int = 
     if isinstance(plan, PipelinePlan):
         from trainsched.runtime.pipeline import run_pipeline
 
-        measured = run_pipeline(name, plan, steps=steps, warmup=warmup, **common)
-        return RunResult(kind=plan.kind, model=name, ranks=plan.devices,
+        measured = run_pipeline(name, plan.stages, plan.schedule, steps=steps, warmup=warmup,
+                                **common)
+        return RunResult(kind=plan.kind, model=measured.model, ranks=plan.devices,
                          samples_per_step=measured.batch_size,
                          step_times_s=tuple(measured.step_times_s))
     if isinstance(plan, SinglePlan):
