@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from trainsched.backprop.schedules import SCHEDULES
 from trainsched.cli.common import (
     Subcommands,
     add_json,
@@ -20,6 +21,8 @@ from trainsched.cli.common import (
     training_graph,
     tune_ranges,
 )
+from trainsched.comm.policy import COMM_POLICIES
+from trainsched.costs import ALGORITHMS
 from trainsched.errors import TrainschedError
 from trainsched.report.progress import ProgressBar
 from trainsched.report.tables import simulate_report
@@ -37,12 +40,16 @@ def add_parser(sub: Subcommands) -> None:
     p = sub.add_parser(NAME, help="predict one training step of a graph on a cluster")
     p.add_argument("graph", help="a graph file (forward graphs get backward/optimizer ops)")
     p.add_argument("--cluster", required=True, help="preset, NAME:NODES, or a cluster file")
-    p.add_argument("--parallelism", choices=PARALLELISMS, default="single")
+    p.add_argument("--plan", default=None,
+                   help="simulate this plan file (trainsched compare writes one per strategy) "
+                   "instead of the one the flags below describe")
+    p.add_argument("--parallelism", choices=PARALLELISMS, default=None,
+                   help="single (default), placed, data or pipeline")
     p.add_argument("--placement", default=None, help="placement file for --parallelism placed")
     p.add_argument("--ranks", type=int, default=None,
                    help="data-parallel ranks or pipeline stages (default: all devices)")
     p.add_argument("--comm-policy", default=None,
-                   help="data parallel: fifo, ddp (default), priority, bytescheduler, tictac, p3")
+                   help=f"data parallel: {', '.join(COMM_POLICIES)} (default ddp)")
     p.add_argument("--partition", default=None,
                    help="data parallel: partition size (priority, bytescheduler, p3)")
     p.add_argument("--credit", default=None, help="data parallel: bytes in flight (or inf)")
@@ -50,7 +57,7 @@ def add_parser(sub: Subcommands) -> None:
     p.add_argument("--backfill", action="store_true",
                    help="data parallel, strict credit: the most urgent partition that fits "
                    "goes when the head does not")
-    p.add_argument("--algorithm", default="ring", choices=("ring", "tree", "ps", "ps-local"),
+    p.add_argument("--algorithm", default="ring", choices=ALGORITHMS,
                    help="data parallel: the all-reduce algorithm")
     p.add_argument("--startup-overlap", action="store_true",
                    help="data parallel: collectives in flight together overlap their start-up "
@@ -62,7 +69,8 @@ def add_parser(sub: Subcommands) -> None:
                    help="data parallel: pick the bytescheduler policy's partition and credit "
                    "by Bayesian search on the simulator")
     add_tune_args(p, "--autotune")
-    p.add_argument("--schedule", default="1f1b", help="pipeline schedule: gpipe or 1f1b")
+    p.add_argument("--schedule", default="1f1b",
+                   help=f"pipeline schedule: {', '.join(SCHEDULES)}")
     p.add_argument("--microbatches", type=int, default=None,
                    help="pipeline micro-batches (default: 2 x stages)")
     p.add_argument("--optimizer", default="sgd", help="sgd, momentum or adam")
@@ -71,35 +79,33 @@ def add_parser(sub: Subcommands) -> None:
     p.set_defaults(func=run)
 
 
-def simulate_plan(graph: Any, cluster: Any, args: argparse.Namespace, *,
-                  policy: Any = None, steps: int = 1) -> Any:
-    """Run the executor of ``args.parallelism``; returns the SimResult. Data parallelism runs
+def build_plan(graph: Any, cluster: Any, args: argparse.Namespace, *, policy: Any = None,
+               steps: int = 1) -> Any:
+    """The plan the flags describe (``--parallelism`` and its options); data parallelism runs
     ``policy`` for ``steps`` steps."""
-    from trainsched import sim
+    from trainsched import plan as plans
 
+    model = plans.ModelRef.of(graph)
     if args.parallelism == "single":
-        return sim.simulate_single(graph, cluster)
+        return plans.SinglePlan(model=model)
     if args.parallelism == "placed":
-        from trainsched.plan import Placement
-
         if not args.placement:
             raise TrainschedError("--parallelism placed needs --placement FILE "
                                   "(trainsched place writes one)")
-        placement = Placement.load(args.placement)
-        placement.validate(graph, cluster)
-        return sim.simulate_placed(graph, cluster, placement)
+        return plans.PlacedPlan(model=model, placement=plans.Placement.load(args.placement))
+    ranks = args.ranks or cluster.num_devices
     if args.parallelism == "data":
-        return sim.simulate_data_parallel(graph, cluster, ranks=args.ranks or cluster.num_devices,
-                                          policy=policy, algorithm=args.algorithm, steps=steps,
-                                          startup_overlap=args.startup_overlap)
+        return plans.DataParallelPlan(model=model, ranks=ranks, comm=_comm_policy_name(args),
+                                      policy=policy, algorithm=args.algorithm, steps=steps,
+                                      startup_overlap=args.startup_overlap)
     from trainsched.backprop.schedules import build_schedule
     from trainsched.backprop.stages import stage_costs_from_graph
 
-    stages_n = args.ranks or cluster.num_devices
-    micro = args.microbatches or 2 * stages_n
-    stages = stage_costs_from_graph(graph, stages_n, micro)
-    schedule = build_schedule(args.schedule, stages_n, micro)
-    return sim.simulate_pipeline(stages, schedule, cluster)
+    micro = args.microbatches or 2 * ranks
+    stages = stage_costs_from_graph(graph, ranks, micro)
+    return plans.PipelinePlan(model=model, stages=stages.ops,
+                              schedule=build_schedule(args.schedule, ranks, micro),
+                              schedule_name=args.schedule.strip().lower())
 
 
 def _data_policy(args: argparse.Namespace) -> Any:
@@ -175,11 +181,25 @@ def _policy_doc(policy: Any) -> dict[str, Any]:
     return {"class": type(policy).__name__, **fields}
 
 
+#: The flags that describe a plan, which ``--plan`` replaces.
+PLAN_FLAGS = ("parallelism", "placement", "ranks", "comm_policy", *POLICY_FLAGS, "steps",
+              "autotune", "startup_overlap", "microbatches")
+
+
 def run(args: argparse.Namespace) -> int:
     from trainsched.cluster import resolve_cluster
     from trainsched.comm import ByteSchedulerPolicy
-    from trainsched.sim import bubble_fraction, write_trace
+    from trainsched.sim import bubble_fraction, simulate, write_trace
 
+    if args.plan is not None:
+        flags = given(args, PLAN_FLAGS)
+        flags += [f"--{k}" for k, v in (("algorithm", "ring"), ("schedule", "1f1b"))
+                  if getattr(args, k) != v]
+        if flags:
+            raise TrainschedError(f"{', '.join(flags)}: the plan file describes the run; drop "
+                                  f"{'them' if len(flags) > 1 else 'it'} or drop --plan")
+        return _run_plan_file(args)
+    args.parallelism = args.parallelism or "single"
     if args.parallelism != "data":
         flags = given(args, [*POLICY_FLAGS, "comm_policy", "steps", "autotune",
                              "startup_overlap"])
@@ -197,7 +217,8 @@ def run(args: argparse.Namespace) -> int:
     elif args.parallelism == "data":
         policy = _data_policy(args)
         steps = _data_steps(args, policy)
-    result = simulate_plan(graph, cluster, args, policy=policy, steps=steps)
+    plan = build_plan(graph, cluster, args, policy=policy, steps=steps)
+    result = simulate(plan, graph, cluster)
     if args.trace:
         write_trace(args.trace, result, title=f"{graph.meta.get('model', 'graph')} "
                     f"{args.parallelism}", meta={"parallelism": args.parallelism,
@@ -222,5 +243,33 @@ def run(args: argparse.Namespace) -> int:
         doc.update(ranks=ranks, algorithm=args.algorithm, steps=steps,
                    policy=_policy_doc(policy), crossing_bound_s=bound,
                    crossing_bound_gradient=gradient, autotune=autotune)
+    print(dump(doc) if args.json else simulate_report(doc, graph.meta.get("model", args.graph)))
+    return 0
+
+
+def _run_plan_file(args: argparse.Namespace) -> int:
+    """``--plan FILE``: the plan file's plan, simulated on ``--cluster``."""
+    from trainsched.cluster import resolve_cluster
+    from trainsched.plan import DataParallelPlan, load_plan
+    from trainsched.sim import bubble_fraction, crossing_bound_s, simulate, write_trace
+
+    graph = training_graph(args.graph, args.optimizer)
+    cluster = resolve_cluster(args.cluster)
+    plan = load_plan(args.plan)
+    result = simulate(plan, graph, cluster)
+    if args.trace:
+        write_trace(args.trace, result, title=f"{graph.meta.get('model', 'graph')} {plan.kind}",
+                    meta={"parallelism": plan.kind, "cluster": cluster.name})
+    doc = {"parallelism": plan.kind, "plan": args.plan, "cluster": cluster.name,
+           "step_time_s": result.step_time_s, "dependency_bound_s": result.dependency_bound_s,
+           "exposed_comm_s": result.exposed_comm_s, "bubble_fraction": bubble_fraction(result),
+           "peak_memory_bytes": dict(result.peak_memory_bytes), "oom": dict(result.oom),
+           "events": result.events, "trace": args.trace}
+    if isinstance(plan, DataParallelPlan):
+        bound, gradient = crossing_bound_s(graph, cluster, ranks=plan.ranks,
+                                           algorithm=plan.algorithm)
+        doc.update(ranks=plan.ranks, algorithm=plan.algorithm, steps=plan.steps,
+                   policy=_policy_doc(plan.policy), crossing_bound_s=bound,
+                   crossing_bound_gradient=gradient, autotune=None)
     print(dump(doc) if args.json else simulate_report(doc, graph.meta.get("model", args.graph)))
     return 0
