@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainsched.errors import TrainschedError
+
 SRC_ROOT = str(Path(__file__).resolve().parents[2])
 
 
@@ -153,3 +155,15 @@ def run_workers(target: str, configs: Sequence[dict[str, Any]], *, workdir: Path
                 p.wait(timeout=10)
     return [Exit(rank=r, status=None if r in killed else p.returncode, log=logs[r])
             for r, p in enumerate(procs)]  # fmt: skip
+
+
+def torchrun_rank() -> tuple[int, int] | None:
+    """``(rank, world size)`` when this process is one rank of a ``torchrun`` job (it sets
+    ``TORCHELASTIC_RUN_ID``, ``RANK`` and ``WORLD_SIZE``), else ``None``."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return None
+    try:
+        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    except (KeyError, ValueError):
+        raise TrainschedError("torchrun left RANK or WORLD_SIZE unset or not a number; start "
+                              "the job with torchrun --nproc-per-node N") from None

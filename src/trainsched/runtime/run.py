@@ -120,10 +120,15 @@ def policy_segment(policy: Any, *, label: str, order: str = "leader", steps: int
 def run(plan: Plan, model: str | None = None, *, steps: int = 10, warmup: int = 2,
         batch_size: int | None = None, image_size: int | None = None,
         seq_len: int | None = None, optimizer: str = "sgd", lr: float = 0.01,
-        timeout_s: float = 900.0) -> RunResult:
+        timeout_s: float = 900.0) -> RunResult | None:
     """Run ``plan`` for ``warmup`` + ``steps`` steps and measure them (module docstring).
-    ``model`` defaults to the plan's; the input sizes to the ones the plan was made at."""
-    from trainsched.runtime.train import Segment, run_segments
+    ``model`` defaults to the plan's; the input sizes to the ones the plan was made at.
+
+    Under ``torchrun`` this process is one rank of the job (its process group from
+    ``env://``): the job's world size must be the plan's ranks; rank 0 returns the result and
+    the other ranks ``None``. Elsewhere trainsched starts the ranks itself on this host."""
+    from trainsched.runtime.launch import torchrun_rank
+    from trainsched.runtime.train import Segment, run_segments, run_segments_here
 
     ref = plan.model
     name = model or ref.name
@@ -136,6 +141,9 @@ def run(plan: Plan, model: str | None = None, *, steps: int = 10, warmup: int = 
     if isinstance(plan, PipelinePlan):
         from trainsched.runtime.pipeline import run_pipeline
 
+        if torchrun_rank() is not None:
+            raise TrainschedError("pipeline plans run with trainsched's own launcher for now; "
+                                  "run trainsched train --plan FILE without torchrun")
         measured = run_pipeline(name, plan.stages, plan.schedule, steps=steps, warmup=warmup,
                                 **common)
         return RunResult(kind=plan.kind, model=measured.model, ranks=plan.devices,
@@ -157,7 +165,19 @@ def run(plan: Plan, model: str | None = None, *, steps: int = 10, warmup: int = 
         ranks = plan.ranks
     else:
         raise TrainschedError(f"not a plan: {type(plan).__name__}")
-    result = run_segments(name, [segment], nproc=ranks, **common)
+    launched = torchrun_rank()
+    if launched is None:
+        result = run_segments(name, [segment], nproc=ranks, **common)
+    else:
+        rank, world = launched
+        if world != ranks:
+            raise TrainschedError(f"the plan runs on {ranks} rank{'s' if ranks > 1 else ''} but "
+                                  f"torchrun started {world}; use torchrun --nproc-per-node "
+                                  f"{ranks} (times --nnodes)")
+        here = run_segments_here(name, [segment], rank=rank, world_size=world, **common)
+        if here is None:
+            return None
+        result = here
     return RunResult(kind=plan.kind, model=result.model, ranks=ranks,
                      samples_per_step=ranks * result.batch_size,
                      step_times_s=tuple(result.first.step_times_s))

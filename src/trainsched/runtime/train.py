@@ -61,6 +61,7 @@ __all__ = [
     "Segment",
     "TrainResult",
     "run_segments",
+    "run_segments_here",
     "run_trial",
     "segment_for",
     "train",
@@ -279,11 +280,11 @@ class TrainResult:
                              for s in self.segments]}
 
 
-def run_segments(model: str, segments: Sequence[Segment], *, nproc: int = 2,
-                 batch_size: int | None = None, image_size: int | None = None,
-                 seq_len: int | None = None, optimizer: str = "sgd", lr: float = 0.01,
-                 seed: int = 0, timeout_s: float = 1800.0) -> TrainResult:
-    """Run ``segments`` in order in one job of ``nproc`` gloo processes (module docstring)."""
+def _job_config(model: str, segments: Sequence[Segment], *, nproc: int,
+                batch_size: int | None, image_size: int | None, seq_len: int | None,
+                optimizer: str, lr: float, seed: int, timeout_s: float,
+                port: int | None) -> dict[str, Any]:
+    """The checked configuration every worker of a job reads (``port`` None: ``env://``)."""
     if not (isinstance(nproc, int) and not isinstance(nproc, bool) and nproc >= 1):
         raise TrainschedError(f"--nproc must be a positive integer, got {nproc!r}")
     if optimizer not in OPTIMIZERS:
@@ -297,10 +298,28 @@ def run_segments(model: str, segments: Sequence[Segment], *, nproc: int = 2,
         seg.check()
         if seg.timeline_dir is not None:
             Path(seg.timeline_dir).mkdir(parents=True, exist_ok=True)
-    config = {"model": model, "nproc": nproc, "batch_size": batch_size,
-              "image_size": image_size, "seq_len": seq_len, "optimizer": optimizer, "lr": lr,
-              "seed": seed, "port": free_port(), "timeout_s": float(timeout_s),
-              "segments": [asdict(s) for s in segments]}
+    return {"model": model, "nproc": nproc, "batch_size": batch_size, "image_size": image_size,
+            "seq_len": seq_len, "optimizer": optimizer, "lr": lr, "seed": seed, "port": port,
+            "timeout_s": float(timeout_s), "segments": [asdict(s) for s in segments]}
+
+
+def _train_result(data: dict[str, Any], nproc: int, optimizer: str) -> TrainResult:
+    return TrainResult(model=data["model"], nproc=nproc, batch_size=data["batch_size"],
+                       optimizer=optimizer, host=data["host"],
+                       segments=tuple(SegmentResult(label=s["label"], kind=s["kind"],
+                                                    step_times_s=tuple(s["step_times_s"]),
+                                                    autotune=s.get("autotune"))
+                                      for s in data["segments"]))  # fmt: skip
+
+
+def run_segments(model: str, segments: Sequence[Segment], *, nproc: int = 2,
+                 batch_size: int | None = None, image_size: int | None = None,
+                 seq_len: int | None = None, optimizer: str = "sgd", lr: float = 0.01,
+                 seed: int = 0, timeout_s: float = 1800.0) -> TrainResult:
+    """Run ``segments`` in order in one job of ``nproc`` gloo processes (module docstring)."""
+    config = _job_config(model, segments, nproc=nproc, batch_size=batch_size,
+                         image_size=image_size, seq_len=seq_len, optimizer=optimizer, lr=lr,
+                         seed=seed, timeout_s=timeout_s, port=free_port())
     with tempfile.TemporaryDirectory(prefix="trainsched-train-") as tmp:
         tmpdir = Path(tmp)
         configs = [{**config, "rank": r, "out": str(tmpdir)} for r in range(nproc)]
@@ -313,12 +332,24 @@ def run_segments(model: str, segments: Sequence[Segment], *, nproc: int = 2,
                                       f"use fewer steps or a larger timeout") from None
             raise TrainschedError(_failure_line(tmpdir, failure)) from None
         data = json.loads((tmpdir / "rank0.json").read_text())
-    return TrainResult(model=data["model"], nproc=nproc, batch_size=data["batch_size"],
-                       optimizer=optimizer, host=data["host"],
-                       segments=tuple(SegmentResult(label=s["label"], kind=s["kind"],
-                                                    step_times_s=tuple(s["step_times_s"]),
-                                                    autotune=s.get("autotune"))
-                                      for s in data["segments"]))  # fmt: skip
+    return _train_result(data, nproc, optimizer)
+
+
+def run_segments_here(model: str, segments: Sequence[Segment], *, rank: int, world_size: int,
+                      batch_size: int | None = None, image_size: int | None = None,
+                      seq_len: int | None = None, optimizer: str = "sgd", lr: float = 0.01,
+                      seed: int = 0, timeout_s: float = 1800.0) -> TrainResult | None:
+    """Run ``segments`` in this process as rank ``rank`` of a job someone else launched
+    (``torchrun``: the process group from ``env://``); rank 0 returns the result, the other
+    ranks ``None``."""
+    config = _job_config(model, segments, nproc=world_size, batch_size=batch_size,
+                         image_size=image_size, seq_len=seq_len, optimizer=optimizer, lr=lr,
+                         seed=seed, timeout_s=timeout_s, port=None)
+    data = _work({**config, "rank": rank})
+    import torch.distributed as dist
+
+    dist.destroy_process_group()
+    return _train_result(data, world_size, optimizer) if rank == 0 else None
 
 
 def _failure_line(tmpdir: Path, failure: WorkerFailure) -> str:
@@ -390,8 +421,9 @@ def _work(cfg: dict[str, Any]) -> dict[str, Any]:  # pragma: no cover - in the w
 
     torch.set_num_threads(1)
     rank, n = int(cfg["rank"]), int(cfg["nproc"])
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{cfg['port']}", rank=rank,
-                            world_size=n, timeout=timedelta(seconds=cfg["timeout_s"]))
+    init = "env://" if cfg["port"] is None else f"tcp://127.0.0.1:{cfg['port']}"
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=n,
+                            timeout=timedelta(seconds=cfg["timeout_s"]))
     zoo = build(cfg["model"], batch_size=cfg["batch_size"], image_size=cfg["image_size"],
                 seq_len=cfg["seq_len"], seed=cfg["seed"])
     model = zoo.model
