@@ -1,0 +1,119 @@
+"""Every plan compare writes can be run: runtime.run, train --plan, compare --run, torchrun.
+
+Real gloo processes on this host (OMP_NUM_THREADS=1, a deadline each); the model is the zoo's
+3-layer MLP so that every run takes seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainsched.cli import main
+from trainsched.cluster import cluster_preset
+from trainsched.plan import DataParallelPlan, load_plan, read_plan_file
+
+ROWS = ("single", "data-fifo", "data-ddp", "data-bytescheduler", "data-bytescheduler-tuned",
+        "pipeline-gpipe", "pipeline-1f1b", "placed-auto")
+
+
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory):
+    """``compare mlp --cluster cpu --run`` once for the module, predicted with the cpu preset
+    saved as a calibration file (no calibration run)."""
+    out = tmp_path_factory.mktemp("compare")
+    calibration = out.parent / "cpu.json"
+    calibration.write_text(cluster_preset("cpu").to_json())
+    code = main(["compare", "mlp", "--batch-size", "8", "--cluster", "cpu", "--costs", "roofline",
+                 "--run", "--steps", "2", "--warmup", "1", "--calibration", str(calibration),
+                 "--out-dir", str(out), "--json"])
+    assert code == 0
+    return out
+
+
+def test_compare_run_measures_every_row_this_host_runs(compared):
+    doc = json.loads((compared / "compare.json").read_text())
+    assert sorted(r["strategy"] for r in doc["rows"]) == sorted(ROWS)
+    cores = os.cpu_count() or 1
+    for row in doc["rows"]:
+        measured = doc["measured"][row["strategy"]]
+        if row["devices"] > cores:
+            assert measured == {"skipped": f"needs {row['devices']} ranks; this host has "
+                                           f"{cores} cores"}
+            continue
+        assert measured["ranks"] == row["devices"]
+        assert measured["p10_s"] <= measured["median_s"] <= measured["p90_s"]
+        assert measured["measured_over_predicted"] == pytest.approx(
+            measured["median_s"] / row["step_time_s"])
+    assert (compared / "measured.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_compare_writes_a_plan_with_its_prediction_per_row(compared):
+    doc = json.loads((compared / "compare.json").read_text())
+    for row in doc["rows"]:
+        plan, prediction = read_plan_file(compared / f"{row['strategy']}.plan.json")
+        assert plan.devices == row["devices"]
+        assert prediction.step_time_s == row["step_time_s"]
+        assert prediction.samples_per_step == row["samples_per_step"]
+        assert plan.model.name == "mlp" and plan.model.batch_size == 8
+
+
+def test_train_plan_prints_measured_beside_predicted(compared, capsys):
+    path = compared / "pipeline-1f1b.plan.json"
+    assert main(["train", "mlp", "--plan", str(path), "--steps", "2", "--warmup", "1",
+                 "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    predicted = read_plan_file(path)[1].step_time_s
+    assert doc["kind"] == "pipeline" and doc["ranks"] == 2 and len(doc["step_times_s"]) == 2
+    assert doc["predicted"]["step_time_s"] == predicted
+    assert doc["predicted"]["measured_over_predicted"] == pytest.approx(
+        doc["median_s"] / predicted)
+
+
+def test_train_plan_refuses_another_model_and_flags_the_plan_sets(compared, capsys):
+    path = str(compared / "data-ddp.plan.json")
+    assert main(["train", "small-cnn", "--plan", path]) == 2
+    assert "made for model 'mlp', not 'small-cnn'" in capsys.readouterr().err
+    assert main(["train", "mlp", "--plan", path, "--nproc", "3", "--comm", "fifo"]) == 2
+    assert "--nproc, --comm: the plan file sets how the model is run" in \
+        capsys.readouterr().err
+
+
+def test_simulate_plan_reproduces_the_compare_row(compared, capsys):
+    doc = json.loads((compared / "compare.json").read_text())
+    row = next(r for r in doc["rows"] if r["strategy"] == "data-bytescheduler")
+    assert main(["simulate", str(compared / "graph.json"), "--cluster",
+                 str(compared.parent / "cpu.json"), "--plan",
+                 str(compared / "data-bytescheduler.plan.json"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["step_time_s"] == row["step_time_s"]
+
+
+def _torchrun(args: list[str], timeout: int = 240) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(Path(__file__).parents[1] / "src"),
+                                                      os.environ.get("PYTHONPATH")) if p)}
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           *args], capture_output=True, text=True, timeout=timeout, env=env,
+                          cwd=Path(__file__).parent)
+
+
+def test_a_data_parallel_plan_runs_under_torchrun(compared):
+    path = compared / "data-bytescheduler.plan.json"
+    assert isinstance(load_plan(path), DataParallelPlan)
+    done = _torchrun(["--nproc-per-node", "2", "-m", "trainsched", "train", "mlp", "--plan",
+                      str(path), "--steps", "2", "--warmup", "1", "--json"])
+    assert done.returncode == 0, done.stderr[-2000:]
+    doc = json.loads(done.stdout)  # rank 0 alone prints
+    assert doc["kind"] == "data" and doc["ranks"] == 2 and len(doc["step_times_s"]) == 2
+
+
+def test_torchrun_with_another_world_size_is_refused(compared):
+    done = _torchrun(["--nproc-per-node", "1", "-m", "trainsched", "train", "mlp", "--plan",
+                      str(compared / "data-ddp.plan.json")])
+    assert done.returncode != 0
+    assert "the plan runs on 2 ranks but torchrun started 1" in done.stderr
