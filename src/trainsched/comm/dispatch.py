@@ -27,9 +27,13 @@ and passes the same credit gate. The gate can delay a decision, never reorder it
 follower side of the runtime's leader-decides ordering (every rank must issue collectives in one
 order, ``specs/comm.md`` §6).
 
-The simulator (:mod:`trainsched.sim.data_parallel`) replays the same rules inside its event loop;
-:func:`replay_fifo_wire` drives this core on a fake FIFO wire (α + bytes/β per collective) and
-gives the same dispatch order and times, which the tests check against the simulator.
+**Transports.** The runtime's transport launches gloo collectives; :class:`FifoWire` is the
+simulated one: one collective at a time in dispatch order, each for its cost, its start-up
+latency optionally overlapping the transfer ahead of it. The simulator
+(:mod:`trainsched.sim.data_parallel`) drives a :class:`Dispatcher` on a :class:`FifoWire` from
+inside the engine (an engine gate, :mod:`trainsched.sim.dispatch_gate`), so this module is the
+one place the dispatch rule is written. :func:`replay_fifo_wire` drives the same pair from a
+table of gradient ready times (the runtime's ``order="static"`` and the tests use it).
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ from trainsched.errors import TrainschedError
 
 __all__ = [
     "Dispatcher",
+    "FifoWire",
     "Transport",
     "WireRecord",
     "check_sizes",
@@ -185,9 +190,18 @@ class Dispatcher:
 
     # -- events --------------------------------------------------------------------------------
 
-    def ready(self, names: Iterable[str]) -> None:
-        """Gradients ``names`` are ready (together: they share one FIFO queue stamp)."""
-        self._stamp += 1
+    def ready(self, names: Iterable[str], *, at: float | None = None) -> list[int]:
+        """Gradients ``names`` are ready (together: they share one FIFO queue stamp); return
+        the plan positions this queued, in order.
+
+        ``at``: the FIFO queue key to use instead of a fresh stamp, for a caller with a clock
+        (the simulator passes the time, so that collectives queued at one instant tie and
+        leave in plan order however many calls report them). A caller passes it always or
+        never, never decreasing."""
+        if at is None:
+            self._stamp += 1
+            at = self._stamp
+        out: list[int] = []
         for name in names:
             if name not in self._holders:
                 raise TrainschedError(f"gradient {name!r} is not in the plan")
@@ -197,14 +211,16 @@ class Dispatcher:
             for k in self._holders[name]:
                 self._pending[k] -= 1
                 if not self._pending[k]:
-                    self._queue(k)
+                    self._queue(k, at, out)
+        return out
 
-    def _queue(self, k: int) -> None:
+    def _queue(self, k: int, stamp: float, out: list[int]) -> None:
         while True:
+            out.append(k)
             if self.follow:
                 self._queued.add(k)
             else:
-                key = self.plan[k].priority if self.queue == "priority" else self._stamp
+                key = self.plan[k].priority if self.queue == "priority" else stamp
                 heapq.heappush(self._waiting, (key, k))
             if not self.ordered_issue or k + 1 >= len(self.plan):
                 return
@@ -267,12 +283,56 @@ class Dispatcher:
         return out
 
 
-# --- a fake FIFO wire -----------------------------------------------------------------------
+# --- a simulated FIFO wire -------------------------------------------------------------------
+
+
+class FifoWire:
+    """A simulated :class:`Transport`: the wire runs the collectives one at a time, in the order
+    they are dispatched (:meth:`issue`), collective ``k`` for ``cost_s(k)`` seconds.
+
+    ``startup_s(k)`` (default 0; at most the cost) of that is start-up latency, which may
+    overlap the transfer of the collective dispatched before it: ``k`` starts at
+    ``max(now, end of the one before − startup)``. Whoever drives it sets :attr:`now` (the time
+    of the dispatch) before pumping the dispatcher. Per collective it records when it was
+    dispatched, started and ended, ``behind`` (the collective it waited for on the wire, or -1
+    when it started on dispatch) and ``busy_s`` (the time it added to the wire's busy time:
+    its cost less its overlap with the one before).
+    """
+
+    def __init__(self, cost_s: Callable[[int], float],
+                 startup_s: Callable[[int], float] | None = None) -> None:
+        self.cost_s = cost_s
+        self.startup_s = startup_s
+        self.now = 0.0
+        self.free_at = 0.0  # when the collective dispatched last ends
+        self.last = -1  # the collective dispatched last
+        self.dispatched_s: dict[int, float] = {}
+        self.start_s: dict[int, float] = {}
+        self.end_s: dict[int, float] = {}
+        self.behind: dict[int, int] = {}
+        self.busy_s: dict[int, float] = {}
+
+    def issue(self, index: int) -> None:
+        cost = self.cost_s(index)
+        free_at = self.free_at
+        start = free_at - (min(self.startup_s(index), cost) if self.startup_s else 0.0)
+        if start > self.now:  # behind the collective dispatched before it
+            self.behind[index] = self.last
+        else:
+            start = self.now
+            self.behind[index] = -1
+        end = start + cost
+        self.dispatched_s[index] = self.now
+        self.start_s[index] = start
+        self.end_s[index] = end
+        self.busy_s[index] = end - max(start, free_at)
+        self.free_at = end
+        self.last = index
 
 
 @dataclass(frozen=True)
 class WireRecord:
-    """One collective on the fake wire: when it was queued, handed to the wire (dispatched),
+    """One collective on the simulated wire: when it was queued, handed to the wire (dispatched),
     started and ended (seconds)."""
 
     name: str
@@ -286,11 +346,11 @@ def replay_fifo_wire(dispatcher_factory: Callable[[Transport], Dispatcher],
                      ready_s: Mapping[str, float],
                      cost_s: Callable[[int], float],
                      startup_s: float = 0.0) -> tuple[list[WireRecord], float]:
-    """Run a dispatcher against a FIFO wire: one collective at a time in dispatch order, each
-    taking ``cost_s(size_bytes)``. Gradient ``name`` becomes ready at ``ready_s[name]``; the
-    events of one instant are handled together and the dispatcher is pumped after them, as
-    the simulator does. Returns the records in dispatch order and the most bytes ever in
-    flight.
+    """Run a dispatcher against a :class:`FifoWire`: one collective at a time in dispatch
+    order, each taking ``cost_s(size_bytes)``. Gradient ``name`` becomes ready at
+    ``ready_s[name]``; the events of one instant are handled together and the dispatcher is
+    pumped after them, as the simulator does. Returns the records in dispatch order and the
+    most bytes ever in flight.
 
     ``startup_s`` > 0: that much of each collective's cost (at most all of it) is start-up
     latency, which may overlap the transfer of the collective dispatched before it: a
@@ -299,17 +359,13 @@ def replay_fifo_wire(dispatcher_factory: Callable[[Transport], Dispatcher],
     if not (isinstance(startup_s, int | float) and startup_s >= 0):
         raise TrainschedError(f"startup_s must be a number >= 0, got {startup_s!r}")
 
-    class Wire:
-        def __init__(self) -> None:
-            self.fifo: deque[int] = deque()
-            self.dispatched: dict[int, float] = {}
-            self.now = 0.0
+    d: Dispatcher | None = None
 
-        def issue(self, index: int) -> None:
-            self.fifo.append(index)
-            self.dispatched[index] = self.now
+    def cost(k: int) -> float:
+        assert d is not None
+        return cost_s(d.sizes[k])
 
-    wire = Wire()
+    wire = FifoWire(cost, (lambda k: startup_s) if startup_s else None)
     d = dispatcher_factory(wire)
     missing = set(d._holders) - set(ready_s)
     if missing:
@@ -319,35 +375,26 @@ def replay_fifo_wire(dispatcher_factory: Callable[[Transport], Dispatcher],
     by_time: dict[float, list[str]] = {}
     for name in sorted(ready_s, key=lambda n: (ready_s[n], n)):
         by_time.setdefault(ready_s[name], []).append(name)
-    scheduled: deque[tuple[int, float, float]] = deque()  # (index, start, end), by end
-    free_at = 0.0  # when the last scheduled collective ends
+    scheduled: deque[int] = deque()  # on the wire, by end
     records: dict[int, WireRecord] = {}
     t_i = 0
     while True:
         next_ready = times[t_i] if t_i < len(times) else math.inf
-        next_end = scheduled[0][2] if scheduled else math.inf
+        next_end = wire.end_s[scheduled[0]] if scheduled else math.inf
         now = min(next_ready, next_end)
         if now == math.inf:
             break
         wire.now = now
-        while scheduled and scheduled[0][2] == now:
-            k, start, end = scheduled.popleft()
-            records[k] = WireRecord(d.plan[k].name, queued[k], wire.dispatched[k], start, end)
+        while scheduled and wire.end_s[scheduled[0]] == now:
+            k = scheduled.popleft()
+            records[k] = WireRecord(d.plan[k].name, queued[k], wire.dispatched_s[k],
+                                    wire.start_s[k], wire.end_s[k])
             d.done(k)
         if next_ready == now:
-            before = set(d._queued) | {k for _, k in d._waiting}
-            d.ready(by_time[now])
-            after = set(d._queued) | {k for _, k in d._waiting}
-            for k in after - before:
+            for k in d.ready(by_time[now]):
                 queued[k] = now
             t_i += 1
-        d.pump()
-        while wire.fifo:
-            k = wire.fifo.popleft()
-            cost = cost_s(d.sizes[k])
-            start = max(now, free_at - min(startup_s, cost))
-            free_at = start + cost
-            scheduled.append((k, start, free_at))
+        scheduled.extend(d.pump())
     if not d.finished:
         stuck = [c.name for k, c in enumerate(d.plan) if k not in records][:10]
         raise TrainschedError(f"fake wire stuck: collective(s) {', '.join(stuck)} never ran")

@@ -14,7 +14,15 @@ from trainsched.sim.data_parallel import (
     rank_classes,
     simulate_data_parallel,
 )
-from trainsched.sim.engine import Resource, Schedule, TaskGraph, longest_path_s, run_tasks
+from trainsched.sim.engine import (
+    Gate,
+    Release,
+    Replay,
+    Resource,
+    TaskGraph,
+    longest_path_s,
+    run_tasks,
+)
 from trainsched.sim.executors import priority_order, simulate_placed, simulate_single
 from trainsched.sim.pipeline import PipelineResult, bubble_fraction, simulate_pipeline
 from trainsched.sim.result import (
@@ -31,11 +39,13 @@ from trainsched.sim.trace import chrome_trace, trace_json, write_trace
 __all__ = [
     "ALGORITHMS",
     "Allocation",
+    "Gate",
     "PathStep",
     "PipelineResult",
+    "Release",
+    "Replay",
     "Resource",
     "ResourceRecord",
-    "Schedule",
     "SimResult",
     "TaskGraph",
     "TaskRecord",

@@ -58,18 +58,16 @@ Parameter-server traffic leaves the node: ``ps`` gives each worker its NIC share
 ``cluster.ps_link``; ``ps-local`` first all-reduces inside each node (intra-node ring), then
 each node pushes and pulls once over its whole NIC (no server traffic on one node).
 
-The engine (:func:`trainsched.sim.engine.run_tasks`) has no byte-credit gate, so this executor
-replays its task graph with its own loop that follows the engine's rules (ready at in-degree
-0, priority queues on compute streams, ties by insertion) and adds the dispatcher; it returns
-the engine's :class:`~trainsched.sim.engine.Schedule`, so :func:`build_result`, the critical
-path, memory and traces are shared.
+**Replay.** The task graph is replayed by the engine (:func:`trainsched.sim.engine.run_tasks`)
+like every executor's; the collectives' and host tasks go through an engine gate,
+:class:`~trainsched.sim.dispatch_gate.DispatchGate`, which drives the runtime's dispatch core
+(:class:`trainsched.comm.dispatch.Dispatcher`: issue, queue, credit, backfill) on a simulated
+wire (:class:`trainsched.comm.dispatch.FifoWire`), so the dispatch rule is written once.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import heapq
-import itertools
 import math
 import numbers
 import time
@@ -84,9 +82,9 @@ from trainsched.comm.policy import (
     check_policy,
     comm_policy,
     graph_gradients,
-    take_dispatchable,
 )
 from trainsched.costs import (
+    ALGORITHMS,
     parameter_server_s,
     ring_allreduce_nodes_s,
     ring_allreduce_s,
@@ -94,23 +92,21 @@ from trainsched.costs import (
 )
 from trainsched.errors import TrainschedError
 from trainsched.graph import Graph
-from trainsched.sim.engine import Schedule, TaskGraph
+from trainsched.sim.dispatch_gate import DispatchGate
+from trainsched.sim.engine import run_tasks
 from trainsched.sim.executors import _checked_order, _gc_paused, _Lowering, simulate_single
 from trainsched.sim.result import Allocation, SimResult, _merge, _subtract, build_result
+from trainsched.units import is_int
 
 __all__ = ["ALGORITHMS", "collective_link", "collective_s", "collective_startup_s",
            "crossing_bound_s", "rank_classes", "simulate_data_parallel"]
 
-ALGORITHMS = ("ring", "tree", "ps", "ps-local")
 MIB = 1 << 20
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
 
 def _check_ranks(cluster: Cluster, ranks: Any) -> None:
-    if not (_is_int(ranks) and ranks >= 1):
+    if not (is_int(ranks) and ranks >= 1):
         raise TrainschedError(f"ranks must be an integer >= 1, got {ranks!r}")
     if ranks > cluster.num_devices:
         raise TrainschedError(
@@ -125,7 +121,7 @@ def rank_classes(ranks: int, stragglers: Mapping[int, float] | None = None, *,
     (1 unless ``stragglers`` maps the rank to a slowdown factor). Each class lists its ranks in
     order; classes come by their first rank (the representative). ``expand``: one class per
     rank."""
-    if not (_is_int(ranks) and ranks >= 1):
+    if not (is_int(ranks) and ranks >= 1):
         raise TrainschedError(f"ranks must be an integer >= 1, got {ranks!r}")
     factor = _straggler_factors(ranks, stragglers)
     if expand:
@@ -145,7 +141,7 @@ def _straggler_factors(ranks: int, stragglers: Mapping[int, float] | None) -> di
                               f"{type(stragglers).__name__}")
     out = {}
     for rank, factor in stragglers.items():
-        if not (_is_int(rank) and 0 <= rank < ranks):
+        if not (is_int(rank) and 0 <= rank < ranks):
             raise TrainschedError(f"stragglers: rank {rank!r} is not one of the {ranks} ranks "
                                   f"(0..{ranks - 1})")
         number = isinstance(factor, numbers.Real) and not isinstance(factor, bool)
@@ -297,7 +293,7 @@ def simulate_data_parallel(graph: Graph, cluster: Cluster, *, ranks: int,
         raise TrainschedError(f"startup_overlap must be True or False, got "
                               f"{startup_overlap!r}")
     _check_ranks(cluster, ranks)
-    if not (_is_int(steps) and steps >= 1):
+    if not (is_int(steps) and steps >= 1):
         raise TrainschedError(f"steps must be an integer >= 1, got {steps!r}")
     if algorithm not in ALGORITHMS:
         raise TrainschedError(f"unknown collective algorithm {algorithm!r}; expected one of "
@@ -323,17 +319,21 @@ def simulate_data_parallel(graph: Graph, cluster: Cluster, *, ranks: int,
             alpha = collective_startup_s(ranks, cluster, algorithm)
             lowered.startups = [min(alpha, low.tasks.duration_s[row[0]])
                                 for row in lowered.parts]  # fmt: skip
-        schedule, issued, dispatched = _replay(low.tasks, lowered, policy)
+        gate = DispatchGate(low.tasks, policy, parts=lowered.parts, sizes=lowered.sizes,
+                            priorities=lowered.priorities, steals=lowered.steals,
+                            startups=lowered.startups)
+        replay = run_tasks(low.tasks, (gate,))
         for c, row in enumerate(lowered.parts):
             for t in row:
-                low.tasks.args[t].update(issued_s=issued[c], dispatched_s=dispatched[c])
-        result = build_result(low.tasks, schedule, devices=low.names,
+                low.tasks.args[t].update(issued_s=gate.issued_s[c],
+                                         dispatched_s=gate.dispatched_s[c])
+        result = build_result(low.tasks, replay, devices=low.names,
                               allocations=low.allocations,
                               memory_capacity_bytes=cluster.device.memory_bytes,
                               wall_s=time.perf_counter() - began)  # fmt: skip
     if steps == 1:
         return result
-    starts = [schedule.start_s[t] for t in lowered.firsts]
+    starts = [replay.start_s[t] for t in lowered.firsts]
     return _steady(result, starts[-2], starts[-1])
 
 
@@ -375,17 +375,14 @@ def _steady(result: SimResult, begin: float, end: float) -> SimResult:
 
 
 class _Lowered:
-    """What the replay needs beyond the task graph: per collective its task on each
-    representative, its size and queue priority, its pending count (member gradient tasks on
-    all representatives, plus one for the previous collective's issue when issue is ordered),
-    and per task the collectives it feeds."""
+    """What the dispatch gate needs beyond the task graph: per collective (all steps, in plan
+    order) its task on each representative, its size, its ``(step, priority)`` queue key, its
+    host tasks and start-up overlap; per step the first op's task (the period)."""
 
     def __init__(self) -> None:
         self.parts: list[list[int]] = []
         self.sizes: list[int] = []
-        self.priorities: list[int] = []
-        self.pending: list[int] = []
-        self.feeds: list[tuple[int, ...]] = []
+        self.priorities: list[tuple[int, int]] = []
         self.steals: list[list[int]] = []  # per collective: its compute-stream task per rep
         self.after: list[int] = []  # per (collective, rep): the task that ends it there
         self.firsts: list[int] = []  # per step: the first op's task on the first rep
@@ -422,7 +419,6 @@ def _lower(low: _Lowering, graph: Graph, order: Sequence[str], plan: Sequence[An
         for m in coll.members:
             holders[m].append(c)
     optimizers = [p for p, op in enumerate(ops) if op.kind == "optimizer"]
-    feeds: dict[int, list[int]] = {}
     out = _Lowered()
     share = low.cluster.device.comm_compute_share if low.cluster is not None else 0.0
     copies = bool(getattr(policy, "bucket_copies", False))
@@ -490,7 +486,6 @@ def _lower(low: _Lowering, graph: Graph, order: Sequence[str], plan: Sequence[An
                     for m in coll.members:
                         tasks.add_dependency(base[k] + grad_pos[m], into)
                     tasks.add_dependency(into, t)
-                    feeds.setdefault(into, []).append(g)
                     back = low.compute(f"{coll.name} copy-out", copy, k, priority=-1,
                                        category="comm-copy", args=info)
                     tasks.add_dependency(t, back)
@@ -499,13 +494,10 @@ def _lower(low: _Lowering, graph: Graph, order: Sequence[str], plan: Sequence[An
                     for m in coll.members:
                         dw = base[k] + grad_pos[m]
                         tasks.add_dependency(dw, t)
-                        feeds.setdefault(dw, []).append(g)
                 row.append(t)
             out.parts.append(row)
             out.sizes.append(coll.size_bytes)
             out.priorities.append((step, coll.priority))
-            out.pending.append((1 if copies else len(coll.members)) * len(reps)
-                               + (1 if policy.ordered_issue and g > 0 else 0))
 
         # this step's collective c ends on representative k with task ended[c][k]
         ended = [out.after[(step * n_coll + c) * len(reps):][:len(reps)] for c in range(n_coll)]
@@ -531,9 +523,6 @@ def _lower(low: _Lowering, graph: Graph, order: Sequence[str], plan: Sequence[An
                     tasks.add_dependency(barrier, base[k] + p)
         out.firsts.append(base[0])
         previous = base
-    out.feeds = [()] * len(tasks)
-    for t, cs in feeds.items():
-        out.feeds[t] = tuple(cs)
     return out
 
 
@@ -557,205 +546,3 @@ def _allocate(low: _Lowering, ops: Sequence[Any], users: Sequence[Sequence[int]]
                                           until_tasks=(t,)))
     if resident:  # once per rank, however many steps
         allocations.append(Allocation(device=k, size_bytes=resident_bytes))
-
-
-def _replay(tasks: TaskGraph, lowered: _Lowered,
-            policy: CommPolicy) -> tuple[Schedule, list[float], list[float]]:
-    """Replay compute streams (priority queues, as the engine does) and the collectives'
-    issue -> queue -> credit -> wire pipeline; returns the schedule and, per collective, its
-    issue and dispatch times.
-
-    All representatives hold a collective's channel at once, so their channels act as one
-    wire: one dispatcher and one in-flight count serve them all.
-    """
-    n = len(tasks)
-    dur = tasks.duration_s
-    needs = tasks.needs
-    succ = tasks.successors
-    prio = tasks.priority
-    indeg = list(tasks.indegree)
-    nres = len(tasks.resources)
-    parts = lowered.parts
-    sizes = lowered.sizes
-    feeds = lowered.feeds
-    pending = list(lowered.pending)
-    ncoll = len(parts)
-    part_of = [-1] * n
-    for c, row in enumerate(parts):
-        for t in row:
-            part_of[t] = c
-    steals = lowered.steals
-    deferred = bytearray(n)  # host tasks: made ready when their collective starts
-    for row in steals:
-        for t in row:
-            deferred[t] = 1
-    by_priority = policy.queue == "priority"
-    credit = policy.credit_bytes
-    mode = policy.credit_mode
-    backfill = bool(getattr(policy, "backfill", False))
-    ordered = policy.ordered_issue
-
-    start = [0.0] * n
-    end = [0.0] * n
-    ready = [0.0] * n
-    fixed = [-1] * n
-    via = [False] * n
-    started = bytearray(n)
-    busy = [0.0] * nres
-    free = [True] * nres
-    last_user = [-1] * nres
-    queues: list[list[tuple[Any, int, int]]] = [[] for _ in range(nres)]
-    dirty: list[int] = []
-    is_dirty = bytearray(nres)
-    heap: list[tuple[float, Any, int, int]] = []
-    counter = itertools.count()
-    push = heapq.heappush
-    pop = heapq.heappop
-
-    issue_s = [0.0] * ncoll
-    dispatch_s = [0.0] * ncoll
-    issuer = [-1] * ncoll
-    waiting: list[tuple[Any, int]] = []  # issued, not dispatched: (queue key, collective)
-    startups = lowered.startups
-    free_at = 0.0  # when the transfer of the collective dispatched last ends
-    wire_prev = -1  # the collective dispatched last
-    wire_last = -1  # the collective that last ended on the wire
-    in_flight = 0
-    left = [len(row) for row in parts]
-    comm_dirty = False
-    now = 0.0
-
-    def make_ready(s: int, at: float) -> None:
-        rs = needs[s]
-        if rs:
-            x = rs[0]
-            push(queues[x], (prio[s], next(counter), s))
-            if not is_dirty[x]:
-                is_dirty[x] = 1
-                dirty.append(x)
-        else:  # a barrier: no resource, runs at once
-            started[s] = 1
-            start[s] = at
-            end[s] = at + dur[s]
-            push(heap, (end[s], prio[s], next(counter), s))
-
-    def issue(c: int, by: int, at: float) -> None:
-        while True:
-            issue_s[c] = at
-            issuer[c] = by
-            push(waiting, ((lowered.priorities[c] if by_priority else at), c))
-            if not ordered or c + 1 >= ncoll:
-                return
-            c += 1
-            pending[c] -= 1
-            if pending[c]:
-                return
-
-    for t in range(n):
-        if indeg[t] == 0 and part_of[t] < 0 and not deferred[t]:
-            make_ready(t, 0.0)
-
-    while True:
-        if not (heap and heap[0][0] <= now):
-            if comm_dirty:
-                comm_dirty = False
-                while True:
-                    # Dispatched: the wire runs it after the one dispatched before it (its
-                    # start-up overlapping that one's transfer with startup_overlap).
-                    taken = take_dispatchable(waiting, sizes, in_flight, credit, mode, backfill)
-                    if taken is None:
-                        break
-                    c = taken
-                    in_flight += sizes[c]
-                    dispatch_s[c] = now
-                    begin = free_at - (startups[c] if startups else 0.0)
-                    if begin > now:  # behind the collective before it on the wire
-                        by = parts[wire_prev]
-                    else:
-                        begin = now
-                        # held back by the credit: freed by the one that ended just now
-                        by = parts[wire_last] if now > issue_s[c] else None
-                    for k, t in enumerate(parts[c]):
-                        d = dur[t]
-                        started[t] = 1
-                        start[t] = begin
-                        end[t] = begin + d
-                        busy[needs[t][0]] += begin + d - max(begin, free_at)
-                        if by is not None:
-                            fixed[t] = by[k]
-                            via[t] = True
-                        else:
-                            fixed[t] = issuer[c]
-                        push(heap, (end[t], prio[t], next(counter), t))
-                    free_at = end[parts[c][0]]
-                    wire_prev = c
-                    for k, s in enumerate(steals[c] if steals else ()):
-                        ready[s] = begin
-                        fixed[s] = fixed[parts[c][k]]
-                        via[s] = via[parts[c][k]]
-                        if begin > now:  # released when the collective starts
-                            push(heap, (begin, -1, next(counter), ~s))
-                        else:
-                            make_ready(s, now)
-            if dirty:
-                dirty.sort()
-                for x in dirty:
-                    is_dirty[x] = 0
-                    q = queues[x]
-                    if free[x] and q:
-                        t = pop(q)[2]
-                        free[x] = False
-                        d = dur[t]
-                        busy[x] += d
-                        started[t] = 1
-                        start[t] = now
-                        end[t] = now + d
-                        if now > ready[t]:  # waited for the stream
-                            fixed[t] = last_user[x]
-                            via[t] = True
-                        push(heap, (end[t], prio[t], next(counter), t))
-                dirty.clear()
-        if not heap:
-            break
-        now, _, _, t = pop(heap)
-        if t < 0:  # a host task whose collective starts now
-            make_ready(~t, now)
-            continue
-        c = part_of[t]
-        if c >= 0:
-            left[c] -= 1
-            if not left[c]:
-                in_flight -= sizes[c]
-                wire_last = c
-                comm_dirty = True
-        elif needs[t]:
-            x = needs[t][0]
-            free[x] = True
-            last_user[x] = t
-            if queues[x] and not is_dirty[x]:
-                is_dirty[x] = 1
-                dirty.append(x)
-        for c in feeds[t]:
-            pending[c] -= 1
-            if not pending[c]:
-                issue(c, t, now)
-                comm_dirty = True
-        for s in succ[t]:
-            if part_of[s] >= 0:
-                continue
-            k = indeg[s] - 1
-            indeg[s] = k
-            if k == 0:
-                ready[s] = now
-                fixed[s] = t
-                make_ready(s, now)
-
-    left_over = started.count(0)
-    if left_over:
-        blocked = [tasks.label[t] for t in range(n) if not started[t]][:10]
-        raise TrainschedError(f"data-parallel simulation stuck at t={now!r} s: {left_over} "
-                              f"tasks never ran: {', '.join(blocked)}")
-    schedule = Schedule(start_s=tuple(start), end_s=tuple(end), fixed_by=tuple(fixed),
-                        by_resource=tuple(via), busy_s=tuple(busy),
-                        makespan_s=max(end, default=0.0), events=n)  # fmt: skip
-    return schedule, issue_s, dispatch_s

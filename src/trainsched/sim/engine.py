@@ -22,6 +22,19 @@ started. Queues are served only after every event of the current instant has bee
 priority queue chooses among all tasks that became ready at that instant. Nothing depends on the
 wall clock, hashes or set order. A heap that empties with tasks left (a cycle, an impossible
 dependency) raises :class:`TrainschedError` naming the blocked tasks and what they wait for.
+
+**Gates.** An executor whose tasks follow a rule the queues cannot express (the data-parallel
+collectives: issue at a rendezvous, a queue, a byte credit, a wire) attaches a :class:`Gate`.
+The gate *holds* some tasks: when one becomes ready the engine tells the gate
+(:meth:`Gate.on_ready`) instead of queueing it. It hears when the tasks it *watches* end
+(:meth:`Gate.on_end`). Once an instant in which it heard anything is over, and before the
+queues are served, the engine asks it what to release (:meth:`Gate.flush`): each released task
+becomes ready at a time ``at >= now`` the gate chooses; then it queues for its resources like
+any ready task, or, needing none, runs from ``at``. A gate may *own* resources: only its held
+tasks need them, the engine never queues on them (they do not delay a released task) and takes
+their busy time from the gate. Without gates the replay costs what it did; with them every
+rule above (ordering, ties, the stuck-run error) still holds, a held task that is never
+released being named as held by its gate.
 """
 
 from __future__ import annotations
@@ -32,11 +45,12 @@ import math
 import operator
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from trainsched.errors import TrainschedError
 
-__all__ = ["POLICIES", "Resource", "Schedule", "TaskGraph", "longest_path_s", "run_tasks"]
+__all__ = ["POLICIES", "Gate", "Release", "Replay", "Resource", "TaskGraph", "longest_path_s",
+           "run_tasks"]
 
 POLICIES = ("fifo", "priority")
 _SHOWN_BLOCKED = 10  # blocked tasks named in a stuck-simulation error
@@ -137,13 +151,14 @@ class TaskGraph:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Schedule:
+class Replay:
     """When every task ran, as :func:`run_tasks` found it.
 
     ``fixed_by[i]`` is the task whose end fixed task i's start (-1: it started at time 0 with
     nothing before it); ``by_resource[i]`` says whether that task held a resource i needed
     (``True``) or was a dependency (``False``). ``busy_s`` is per resource: the summed durations
-    of the tasks it ran. ``events`` counts the events handled (one per task end).
+    of the tasks it ran (for a resource a gate owns: what the gate reports). ``events`` counts
+    the events handled (one per task end).
     """
 
     start_s: tuple[float, ...]
@@ -155,8 +170,42 @@ class Schedule:
     events: int
 
 
-def run_tasks(tasks: TaskGraph) -> Schedule:
-    """Replay ``tasks`` on their resources and return when each ran (see the module docstring)."""
+#: What :meth:`Gate.flush` returns per task it releases: ``(task, at_s, fixed_by, by_resource)``.
+#: The task becomes ready at ``at_s`` (>= the current time); ``fixed_by`` and ``by_resource``
+#: are what the replay reports as fixing its start (overridden, as for any task, if it then
+#: waits for a resource).
+Release = tuple[int, float, int, bool]
+
+
+class Gate(Protocol):
+    """An executor's hook into :func:`run_tasks` (module docstring, *Gates*).
+
+    ``name`` names it in a stuck-run error; ``held`` are the tasks it holds back (each held by
+    one gate), ``watched`` those whose end it hears about, ``resources`` those it schedules
+    itself (no task it does not hold may need one).
+    """
+
+    name: str
+    held: Sequence[int]
+    watched: Sequence[int]
+    resources: Sequence[int]
+
+    def on_ready(self, task: int, now: float, by: int) -> None:
+        """Held ``task``'s last predecessor ``by`` (-1: it has none) ended at ``now``."""
+
+    def on_end(self, task: int, now: float) -> None:
+        """Watched ``task`` ended at ``now`` (called before its successors are made ready)."""
+
+    def flush(self, now: float) -> Iterable[Release]:
+        """The instant ``now`` is over: the held, ready tasks to release, in order."""
+
+    def busy_s(self) -> Mapping[int, float]:
+        """Per resource it owns: the seconds it was busy."""
+
+
+def run_tasks(tasks: TaskGraph, gates: Sequence[Gate] = ()) -> Replay:
+    """Replay ``tasks`` on their resources and return when each ran (see the module docstring);
+    ``gates`` hold back and release some tasks (*Gates* there)."""
     n = len(tasks.duration_s)
     dur = tasks.duration_s
     needs = tasks.needs
@@ -165,20 +214,27 @@ def run_tasks(tasks: TaskGraph) -> Schedule:
     nres = len(tasks.resources)
     avail = [r.capacity for r in tasks.resources]
     by_key = [r.policy == "priority" for r in tasks.resources]
+    gated = bool(gates)
+    holder: list[Gate | None] = []
+    watcher: list[Gate | None] = []
+    if gated:  # needs without the resources gates own; tasks n..2n-1: wake-ups (below)
+        holder, watcher, needs = _gate_tables(tasks, gates)
     # Events and queue entries are ints made of three bit fields, key | seq | task, which order
     # exactly as the tuples (key, seq, task) and compare far faster; ``entry & mask`` is the
     # task. ``key`` is the task's priority (its rank among all priorities unless they are all
     # ints) in the event heap and on a priority queue, and 0 on a FIFO queue, where arrival
     # order is ready-time order. ``keyed[t]`` holds t's key and t, ``stamp`` holds seq, so an
-    # entry is one addition; seq counts pushes and stays below 2 ** seq_bits.
+    # entry is one addition; seq counts pushes and stays below 2 ** seq_bits. With gates, the
+    # event of task ``n + t`` is the wake-up of held task t, released to queue later than now.
     prio = tasks.priority  # also breaks ties between simultaneous ends
     if not set(map(type, prio)) <= {int}:
         rank = {key: k for k, key in enumerate(sorted(set(prio)))}
         prio = [rank[key] for key in prio]
-    task_bits = max(n - 1, 0).bit_length()
+    ids = 2 * n if gated else n
+    task_bits = max(ids - 1, 0).bit_length()
     mask = (1 << task_bits) - 1
     unit = 1 << task_bits  # adding it to an entry adds 1 to its seq
-    seq_bits = (n + sum(map(len, needs)) + 1).bit_length()
+    seq_bits = (ids + sum(map(len, needs)) + 1).bit_length()
     # prio · 2 ** (seq_bits + task_bits) + t, built in C rather than a Python loop.
     keyed = list(map(operator.add, map(operator.mul, prio, itertools.repeat(unit << seq_bits)),
                      range(n)))
@@ -193,6 +249,7 @@ def run_tasks(tasks: TaskGraph) -> Schedule:
     started = [False] * n  # lists of bools: indexed faster than a bytearray
     dirty: list[int] = []  # resources to serve once the current instant is over
     is_dirty = [False] * nres
+    due = False  # a gate heard something in the current instant: flush the gates
     heap: list[tuple[float, int]] = []  # (end time, entry): flat pairs, ties by the entry
     push = heapq.heappush  # bound once, not looked up per event
     pop = heapq.heappop
@@ -201,7 +258,10 @@ def run_tasks(tasks: TaskGraph) -> Schedule:
 
     # Tasks without predecessors are ready at time 0, in index order (picked out in C).
     for t in itertools.compress(range(n), map(operator.not_, indeg)):
-        if needs[t]:
+        if gated and holder[t] is not None:
+            holder[t].on_ready(t, 0.0, -1)
+            due = True
+        elif needs[t]:
             for x in needs[t]:
                 push(queues[x], (keyed[t] if by_key[x] else t) + stamp)
                 stamp += unit
@@ -216,7 +276,33 @@ def run_tasks(tasks: TaskGraph) -> Schedule:
 
     while True:
         # Serve the queues of resources that changed, once the current instant is over.
-        if dirty and not (heap and heap[0][0] <= now):
+        if (dirty or due) and not (heap and heap[0][0] <= now):
+            if due:  # first the gates' releases: a task released now joins its queues now
+                due = False
+                for gate in gates:
+                    for t, at, by, by_resource in gate.flush(now):
+                        assert holder[t] is gate and not indeg[t] and not started[t], t
+                        assert at >= now, (t, at, now)
+                        fixed[t] = by
+                        via[t] = by_resource
+                        ready[t] = at
+                        rs = needs[t]
+                        if not rs:  # runs from ``at``
+                            started[t] = True
+                            start[t] = at
+                            end[t] = d = at + dur[t]
+                            push(heap, (d, keyed[t] + stamp))
+                            stamp += unit
+                        elif at > now:  # queues at ``at``: a wake-up event then
+                            push(heap, (at, keyed[t] + n + stamp))
+                            stamp += unit
+                        else:
+                            for x in rs:
+                                push(queues[x], (keyed[t] if by_key[x] else t) + stamp)
+                                stamp += unit
+                                if avail[x] and not is_dirty[x]:
+                                    is_dirty[x] = True
+                                    dirty.append(x)
             if len(dirty) > 1:
                 dirty.sort()
             for r in dirty:
@@ -272,6 +358,19 @@ def run_tasks(tasks: TaskGraph) -> Schedule:
             break
         now, t = pop(heap)
         t &= mask
+        if gated:
+            if t >= n:  # a released task's wake-up: it joins its queues now
+                t -= n
+                for x in needs[t]:
+                    push(queues[x], (keyed[t] if by_key[x] else t) + stamp)
+                    stamp += unit
+                    if avail[x] and not is_dirty[x]:
+                        is_dirty[x] = True
+                        dirty.append(x)
+                continue
+            if watcher[t] is not None:
+                watcher[t].on_end(t, now)
+                due = True
         for x in needs[t]:
             avail[x] += 1
             last_user[x] = t
@@ -284,6 +383,10 @@ def run_tasks(tasks: TaskGraph) -> Schedule:
             if k == 0:
                 fixed[s] = t
                 ready[s] = now
+                if gated and holder[s] is not None:
+                    holder[s].on_ready(s, now, t)
+                    due = True
+                    continue
                 rs = needs[s]
                 if rs:
                     for x in rs:
@@ -303,8 +406,11 @@ def run_tasks(tasks: TaskGraph) -> Schedule:
 
     done = n - started.count(False)  # with the heap empty, every task that started has ended
     if done < n:
-        raise TrainschedError(_stuck_message(tasks, indeg, started, now, n - done))
-    return Schedule(
+        raise TrainschedError(_stuck_message(tasks, indeg, started, now, n - done, holder))
+    for gate in gates:
+        for r, b in gate.busy_s().items():
+            busy[r] += b
+    return Replay(
         start_s=tuple(start),
         end_s=tuple(end),
         fixed_by=tuple(fixed),
@@ -313,6 +419,37 @@ def run_tasks(tasks: TaskGraph) -> Schedule:
         makespan_s=max(end, default=0.0),
         events=done,
     )
+
+
+def _gate_tables(tasks: TaskGraph, gates: Sequence[Gate]
+                 ) -> tuple[list[Gate | None], list[Gate | None], list[tuple[int, ...]]]:
+    """Per task its holding gate and its watching gate (or None), and the resources it takes
+    through the engine's queues: those no gate owns."""
+    n = len(tasks)
+    holder: list[Gate | None] = [None] * n
+    watcher: list[Gate | None] = [None] * n
+    owned: set[int] = set()
+    for gate in gates:
+        for t in gate.held:
+            assert holder[t] is None, f"task {tasks.label[t]!r} is held by two gates"
+            holder[t] = gate
+        for t in gate.watched:
+            assert watcher[t] is None, f"task {tasks.label[t]!r} is watched by two gates"
+            watcher[t] = gate
+        owned.update(gate.resources)
+    needs = tasks.needs
+    if owned:
+        needs = list(needs)
+        uses = 0  # needs of held tasks for owned resources: all there are
+        for gate in gates:
+            for t in gate.held:
+                rs = needs[t]
+                kept = tuple(x for x in rs if x not in owned)
+                uses += len(rs) - len(kept)
+                needs[t] = kept
+        assert uses == sum(map(owned.__contains__, itertools.chain.from_iterable(tasks.needs))), \
+            "a task no gate holds needs a resource a gate owns"
+    return holder, watcher, needs
 
 
 def _first_startable(q: list[int], mask: int, needs: list[tuple[int, ...]], avail: list[int],
@@ -345,7 +482,7 @@ def _first_startable(q: list[int], mask: int, needs: list[tuple[int, ...]], avai
 
 
 def _stuck_message(tasks: TaskGraph, indeg: list[int], started: Sequence[int], now: float,
-                   left: int) -> str:
+                   left: int, holder: Sequence[Gate | None] = ()) -> str:
     preds = tasks.predecessors()
     label = tasks.label
     lines = []
@@ -355,6 +492,8 @@ def _stuck_message(tasks: TaskGraph, indeg: list[int], started: Sequence[int], n
         if indeg[t] > 0:
             waiting = [label[p] for p in dict.fromkeys(preds[t]) if not started[p]]
             lines.append(f"{label[t]} waits for {', '.join(waiting)}")
+        elif holder and holder[t] is not None:
+            lines.append(f"{label[t]} is held by {holder[t].name}")
         else:
             names = [tasks.resources[x].name for x in tasks.needs[t]]
             lines.append(f"{label[t]} waits for resources {', '.join(names)}")

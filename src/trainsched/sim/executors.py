@@ -219,9 +219,9 @@ class _Lowering:
 
     def run(self, began: float) -> SimResult:
         """Replay the tasks and summarise; ``began`` is when the executor was called."""
-        schedule = run_tasks(self.tasks)
+        replay = run_tasks(self.tasks)
         capacity = self.cluster.device.memory_bytes if self.cluster is not None else None
-        return build_result(self.tasks, schedule, devices=self.names,
+        return build_result(self.tasks, replay, devices=self.names,
                             allocations=self.allocations, memory_capacity_bytes=capacity,
                             wall_s=time.perf_counter() - began)  # fmt: skip
 

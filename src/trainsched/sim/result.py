@@ -1,6 +1,6 @@
 """What a simulation predicts: step time, busy and idle time, memory, critical path, the timeline.
 
-:func:`build_result` turns an engine :class:`~trainsched.sim.engine.Schedule` plus the memory an
+:func:`build_result` turns an engine :class:`~trainsched.sim.engine.Replay` plus the memory an
 executor allocates (a list of :class:`Allocation`) into a :class:`SimResult`. The summaries are
 the same for every executor:
 
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any
 
-from trainsched.sim.engine import Schedule, TaskGraph, longest_path_s
+from trainsched.sim.engine import Replay, TaskGraph, longest_path_s
 
 __all__ = ["Allocation", "PathStep", "ResourceRecord", "SimResult", "TaskRecord", "build_result"]
 
@@ -137,11 +137,11 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def build_result(tasks: TaskGraph, schedule: Schedule, *, devices: Sequence[str],
+def build_result(tasks: TaskGraph, replay: Replay, *, devices: Sequence[str],
                  allocations: Sequence[Allocation] = (), memory_capacity_bytes: int | None = None,
                  wall_s: float = 0.0) -> SimResult:
-    """The :class:`SimResult` of ``schedule``; task and resource devices index ``devices``."""
-    step = schedule.makespan_s
+    """The :class:`SimResult` of ``replay``; task and resource devices index ``devices``."""
+    step = replay.makespan_s
     names = tuple(devices)
 
     def device_name(d: int) -> str:
@@ -154,19 +154,19 @@ def build_result(tasks: TaskGraph, schedule: Schedule, *, devices: Sequence[str]
         TaskRecord(name=tasks.label[t], category=tasks.category[t],
                    device=device_name(tasks.device[t]),
                    resources=tuple(resources[x].name for x in tasks.needs[t]),
-                   start_s=schedule.start_s[t], end_s=schedule.end_s[t],
+                   start_s=replay.start_s[t], end_s=replay.end_s[t],
                    args=MappingProxyType(dict(tasks.args[t])))
         for t in range(len(tasks))
     )  # fmt: skip
-    busy = {r.name: b for r, b in zip(resources, schedule.busy_s, strict=True)}
+    busy = {r.name: b for r, b in zip(resources, replay.busy_s, strict=True)}
     idle = {r.name: r.capacity * step - busy[r.name] for r in resources}
-    memory = _memory(tasks, schedule, len(names), allocations)
+    memory = _memory(tasks, replay, len(names), allocations)
     peak = {names[d]: memory[d][0] for d in range(len(names))}
     return SimResult(
         step_time_s=step,
         dependency_bound_s=longest_path_s(tasks),
-        exposed_comm_s=_exposed_comm_s(tasks, schedule),
-        events=schedule.events,
+        exposed_comm_s=_exposed_comm_s(tasks, replay),
+        events=replay.events,
         devices=names,
         resources=resources,
         busy_s=MappingProxyType(busy),
@@ -177,29 +177,29 @@ def build_result(tasks: TaskGraph, schedule: Schedule, *, devices: Sequence[str]
         oom=MappingProxyType({name: memory_capacity_bytes is not None
                               and peak[name] > memory_capacity_bytes for name in names}),
         memory_timeline=MappingProxyType({names[d]: memory[d][2] for d in range(len(names))}),
-        critical_path=_critical_path(tasks, schedule),
+        critical_path=_critical_path(tasks, replay),
         tasks=records,
         dependencies=tuple((t, s) for t, succ in enumerate(tasks.successors) for s in succ),
         wall_s=wall_s,
     )
 
 
-def _critical_path(tasks: TaskGraph, schedule: Schedule) -> tuple[PathStep, ...]:
+def _critical_path(tasks: TaskGraph, replay: Replay) -> tuple[PathStep, ...]:
     """Walk back from the last finish (ties: the lowest task index) through ``fixed_by``."""
     if not len(tasks):
         return ()
-    end = schedule.end_s
+    end = replay.end_s
     t = max(range(len(tasks)), key=lambda i: (end[i], -i))
     chain = []
     while t >= 0:
         chain.append(t)
-        t = schedule.fixed_by[t]
+        t = replay.fixed_by[t]
     chain.reverse()
     steps = []
     previous_end = 0.0
     for k, t in enumerate(chain):
-        via = "start" if k == 0 else "resource" if schedule.by_resource[t] else "dependency"
-        start = schedule.start_s[t]
+        via = "start" if k == 0 else "resource" if replay.by_resource[t] else "dependency"
+        start = replay.start_s[t]
         steps.append(PathStep(name=tasks.label[t], category=tasks.category[t], start_s=start,
                               end_s=end[t], wait_s=start - previous_end, via=via))
         previous_end = end[t]
@@ -239,11 +239,11 @@ def _subtract(spans: list[tuple[float, float]],
     return out
 
 
-def _exposed_comm_s(tasks: TaskGraph, schedule: Schedule) -> float:
+def _exposed_comm_s(tasks: TaskGraph, replay: Replay) -> float:
     comm: dict[int, list[tuple[float, float]]] = {}
     compute: dict[int, list[tuple[float, float]]] = {}
     for t in range(len(tasks)):
-        span = (schedule.start_s[t], schedule.end_s[t])
+        span = (replay.start_s[t], replay.end_s[t])
         if tasks.category[t] == "comm":
             comm.setdefault(tasks.device[t], []).append(span)
         for x in tasks.needs[t]:
@@ -256,7 +256,7 @@ def _exposed_comm_s(tasks: TaskGraph, schedule: Schedule) -> float:
     return math.fsum(b - a for a, b in _merge(exposed))
 
 
-def _memory(tasks: TaskGraph, schedule: Schedule, num_devices: int,
+def _memory(tasks: TaskGraph, replay: Replay, num_devices: int,
             allocations: Sequence[Allocation]) -> list[tuple[int, str | None, tuple]]:
     """Per device: (peak bytes, the task whose allocation reached it, the timeline)."""
     resident = [0] * num_devices
@@ -268,10 +268,10 @@ def _memory(tasks: TaskGraph, schedule: Schedule, num_devices: int,
             resident[a.device] += a.size_bytes
             at = 0.0
         else:
-            at = schedule.start_s[a.at_task]
+            at = replay.start_s[a.at_task]
             changes[a.device].append((at, 1, k, a.size_bytes, a.at_task))
         if a.until_tasks:
-            free = max(map(schedule.end_s.__getitem__, a.until_tasks))
+            free = max(map(replay.end_s.__getitem__, a.until_tasks))
             # Freed the instant it is made: count it at that instant, after the allocations.
             changes[a.device].append((free, 2 if free <= at else 0, k, -a.size_bytes, -1))
     out = []
