@@ -117,6 +117,11 @@ class ScheduledDataParallel(nn.Module):
         self.module = module
         policy = comm_policy(policy) if isinstance(policy, str) else policy
         check_sizes(policy)
+        known = [f.name for f in dataclasses.fields(DataParallelOptions)]
+        unknown = sorted(set(settings) - set(known))
+        if unknown:
+            raise TypeError(f"ScheduledDataParallel got unexpected keyword argument(s) "
+                            f"{', '.join(unknown)}; its settings are {', '.join(known)}")
         self.options = (DataParallelOptions(**settings) if options is None
                         else dataclasses.replace(options, **settings))
         enabled = self.options.enabled
