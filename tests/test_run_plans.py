@@ -75,6 +75,25 @@ def test_train_plan_prints_measured_beside_predicted(compared, capsys):
         doc["median_s"] / predicted)
 
 
+def test_train_plan_timeline_holds_the_measured_steps(compared, tmp_path, capsys):
+    path = compared / "data-bytescheduler.plan.json"
+    assert main(["train", "mlp", "--plan", str(path), "--steps", "3", "--warmup", "1",
+                 "--timeline", str(tmp_path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    trace = json.loads((tmp_path / "steps.trace.json").read_text())
+    steps = [e for e in trace["traceEvents"] if e.get("cat") == "step"]
+    assert [e["name"] for e in steps] == ["step 0", "step 1", "step 2"]
+    assert [e["dur"] for e in steps] == pytest.approx([1e6 * t for t in doc["step_times_s"]],
+                                                      abs=1e-3)
+    threads = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
+    assert threads == {"rank0/step"}
+    for rank in (0, 1):  # the scheduler's own timeline of each rank, same layout
+        ranked = json.loads((tmp_path / f"rank{rank}.trace.json").read_text())
+        names = {e["args"]["name"] for e in ranked["traceEvents"]
+                 if e["name"] == "thread_name"}
+        assert f"rank{rank}/compute" in names
+
+
 def test_train_plan_refuses_another_model_and_flags_the_plan_sets(compared, capsys):
     path = str(compared / "data-ddp.plan.json")
     assert main(["train", "small-cnn", "--plan", path]) == 2

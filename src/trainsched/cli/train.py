@@ -62,7 +62,8 @@ def add_parser(sub: Subcommands) -> None:
     p.add_argument("--optimizer", choices=("sgd", "momentum", "adam"), default="sgd")
     p.add_argument("--lr", type=float, default=0.01, help="learning rate")
     p.add_argument("--timeline", default=None,
-                   help="directory for one Chrome trace per rank (first 3 timed steps)")
+                   help="directory for one Chrome trace per rank (first 3 timed steps); with "
+                   "--plan also steps.trace.json, the measured steps")
     p.add_argument("--timeout", type=float, default=1800, help="seconds before giving up")
     p.add_argument("--autotune", action="store_true",
                    help="priority: pick partition and credit by Bayesian search, online (every "
@@ -80,7 +81,7 @@ def add_parser(sub: Subcommands) -> None:
 #: Flags ``--plan`` replaces (the plan says what they would): destination -> default.
 PLAN_REPLACES = {"nproc": 2, "comm": "priority", "partition": "4MiB", "credit": "16MiB",
                  "credit_mode": "overdraft", "backfill": False, "order": "leader",
-                 "no_schedule": False, "autotune": False, "timeline": None}
+                 "no_schedule": False, "autotune": False}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -190,7 +191,7 @@ def _run_plan(args: argparse.Namespace) -> int:
     result = run_plan(plan, args.model, steps=args.steps, warmup=args.warmup,
                       batch_size=args.batch_size, image_size=args.image_size,
                       seq_len=args.seq_len, optimizer=args.optimizer, lr=args.lr,
-                      timeout_s=args.timeout)
+                      timeout_s=args.timeout, timeline_dir=args.timeline)
     if result is None:  # one rank of a torchrun job that is not rank 0
         return 0
     doc = {"plan": args.plan, **result.to_dict(),
@@ -199,7 +200,8 @@ def _run_plan(args: argparse.Namespace) -> int:
                "measured_over_predicted": result.median_s / prediction.step_time_s
                if prediction.step_time_s else None}}
     print(dump(doc) if args.json else plan_run_report(args.plan, plan, result, prediction,
-                                                      warmup=args.warmup))
+                                                      warmup=args.warmup,
+                                                      timeline=args.timeline))
     return 0
 
 
@@ -211,9 +213,10 @@ def _run_registered(args: argparse.Namespace) -> int:
     from trainsched.runtime.train import run_segments
 
     given = [f"--{k.replace('_', '-')}" for k in ("partition", "credit", "credit_mode",
-                                                  "backfill", "no_schedule", "autotune",
-                                                  "timeline")
+                                                  "backfill", "no_schedule", "autotune")
              if getattr(args, k) != PLAN_REPLACES[k]]
+    if args.timeline is not None:
+        given.append("--timeline")
     if given:
         raise TrainschedError(f"{', '.join(given)}: --comm {args.comm} runs the registered "
                               f"policy at its defaults; drop {', '.join(given)}")

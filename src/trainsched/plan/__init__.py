@@ -7,10 +7,17 @@ The parts: :class:`Placement` (which device runs each op), :class:`Action` and
 (``docs/plans.md``).
 """
 
+from trainsched.plan.files import (
+    PLAN_FORMAT,
+    load_plan,
+    plan_from_json,
+    plan_to_json,
+    read_plan_file,
+    save_plan,
+)
 from trainsched.plan.placement import PLACEMENT_FORMAT, Placement
 from trainsched.plan.plans import (
     COLLECTIVE_ORDERS,
-    PLAN_FORMAT,
     PLAN_KINDS,
     SYNC_PROTOCOLS,
     DataParallelPlan,
@@ -21,11 +28,6 @@ from trainsched.plan.plans import (
     Prediction,
     SinglePlan,
     default_steps,
-    load_plan,
-    plan_from_json,
-    plan_to_json,
-    read_plan_file,
-    save_plan,
 )
 from trainsched.plan.schedule import (
     ACTION_KINDS,

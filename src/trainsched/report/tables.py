@@ -218,7 +218,8 @@ def autotune_report(result: Any, tuned: Mapping[str, Any], *, warmup: int) -> st
     return "\n".join(lines)
 
 
-def plan_run_report(path: str, plan: Any, result: Any, prediction: Any, *, warmup: int) -> str:
+def plan_run_report(path: str, plan: Any, result: Any, prediction: Any, *, warmup: int,
+                    timeline: str | None = None) -> str:
     """``train --plan``'s text: what ran, measured step times, and the plan's prediction."""
     lines = [f"{result.model}: plan {path} ({plan.kind}, {result.ranks} rank"
              f"{'s' if result.ranks > 1 else ''}, {result.samples_per_step} samples per step)",
@@ -233,6 +234,8 @@ def plan_run_report(path: str, plan: Any, result: Any, prediction: Any, *, warmu
                      f"{prediction.cluster}"
                      + (f"  (measured / predicted {ratio:.2f}x)" if ratio else ""))
     lines.append(f"  throughput {result.samples_per_s:.2f} samples/s")
+    if timeline:
+        lines.append(f"  wrote {timeline}/steps.trace.json (open in ui.perfetto.dev)")
     return "\n".join(lines)
 
 

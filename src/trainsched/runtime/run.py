@@ -21,15 +21,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from trainsched.errors import TrainschedError
 from trainsched.plan import DataParallelPlan, PipelinePlan, PlacedPlan, Plan, SinglePlan
 
-__all__ = ["RunResult", "policy_segment", "quantile", "run", "runnable"]
+__all__ = ["RunResult", "policy_segment", "quantile", "run", "runnable", "write_steps_trace"]
 
 MiB = 1 << 20
 TRAINING_SUFFIXES = ("dX", "dW", "opt")  # the training transform's op names: forward op + ":dX"
@@ -120,13 +122,18 @@ def policy_segment(policy: Any, *, label: str, order: str = "leader", steps: int
 def run(plan: Plan, model: str | None = None, *, steps: int = 10, warmup: int = 2,
         batch_size: int | None = None, image_size: int | None = None,
         seq_len: int | None = None, optimizer: str = "sgd", lr: float = 0.01,
-        timeout_s: float = 900.0) -> RunResult | None:
+        timeout_s: float = 900.0, timeline_dir: str | None = None) -> RunResult | None:
     """Run ``plan`` for ``warmup`` + ``steps`` steps and measure them (module docstring).
     ``model`` defaults to the plan's; the input sizes to the ones the plan was made at.
 
     Under ``torchrun`` this process is one rank of the job (its process group from
     ``env://``): the job's world size must be the plan's ranks; rank 0 returns the result and
-    the other ranks ``None``. Elsewhere trainsched starts the ranks itself on this host."""
+    the other ranks ``None``. Elsewhere trainsched starts the ranks itself on this host.
+
+    ``timeline_dir``: write ``steps.trace.json`` there (the measured steps, back to back, in
+    the simulator's trace layout), and for a plan on ``ScheduledDataParallel`` also each
+    rank's timeline of its first 3 timed steps (``rank<r>.trace.json``: compute, updates,
+    queued and running collectives)."""
     from trainsched.runtime.launch import torchrun_rank
     from trainsched.runtime.train import Segment, run_segments, run_segments_here
 
@@ -146,9 +153,9 @@ def run(plan: Plan, model: str | None = None, *, steps: int = 10, warmup: int = 
                                   "run trainsched train --plan FILE without torchrun")
         measured = run_pipeline(name, plan.stages, plan.schedule, steps=steps, warmup=warmup,
                                 **common)
-        return RunResult(kind=plan.kind, model=measured.model, ranks=plan.devices,
-                         samples_per_step=measured.batch_size,
-                         step_times_s=tuple(measured.step_times_s))
+        return _traced(RunResult(kind=plan.kind, model=measured.model, ranks=plan.devices,
+                                 samples_per_step=measured.batch_size,
+                                 step_times_s=tuple(measured.step_times_s)), timeline_dir)
     if isinstance(plan, SinglePlan):
         segment, ranks = Segment(label="single", kind="compute", steps=steps, warmup=warmup), 1
     elif isinstance(plan, PlacedPlan):
@@ -162,6 +169,8 @@ def run(plan: Plan, model: str | None = None, *, steps: int = 10, warmup: int = 
     elif isinstance(plan, DataParallelPlan):
         segment = policy_segment(plan.policy, label=plan.comm, order=plan.order, steps=steps,
                                  warmup=warmup)
+        if segment.kind == "sdp" and timeline_dir is not None:
+            segment = dataclasses.replace(segment, timeline_dir=str(timeline_dir))
         ranks = plan.ranks
     else:
         raise TrainschedError(f"not a plan: {type(plan).__name__}")
@@ -178,6 +187,41 @@ def run(plan: Plan, model: str | None = None, *, steps: int = 10, warmup: int = 
         if here is None:
             return None
         result = here
-    return RunResult(kind=plan.kind, model=result.model, ranks=ranks,
-                     samples_per_step=ranks * result.batch_size,
-                     step_times_s=tuple(result.first.step_times_s))
+    return _traced(RunResult(kind=plan.kind, model=result.model, ranks=ranks,
+                             samples_per_step=ranks * result.batch_size,
+                             step_times_s=tuple(result.first.step_times_s)), timeline_dir)
+
+
+def _traced(result: RunResult, timeline_dir: str | None) -> RunResult:
+    """Write ``result``'s steps as ``timeline_dir/steps.trace.json`` (when given)."""
+    if timeline_dir is not None:
+        write_steps_trace(Path(timeline_dir) / "steps.trace.json", result)
+    return result
+
+
+def write_steps_trace(path: str | os.PathLike[str], result: RunResult) -> None:
+    """The measured steps as a Chrome trace in the simulator's layout: process ``rank0``,
+    thread ``rank0/step``, one slice per timed step laid back to back (the time a step took,
+    rank 0's, or the slowest rank's for a pipeline)."""
+    from trainsched.trace import (
+        TraceEvents,
+        stream_name,
+        trace_document,
+        trace_text,
+        write_trace_text,
+    )
+
+    events = TraceEvents()
+    events.process(1, "rank0")
+    tid = 2
+    events.thread(1, tid, stream_name("rank0", "step"))
+    start = 0.0
+    for k, step_s in enumerate(result.step_times_s):
+        events.slice(1, tid, name=f"step {k}", cat="step", start_s=start, end_s=start + step_s,
+                     args={"step": k, "samples": result.samples_per_step})
+        start += step_s
+    document = trace_document(events, title=f"{result.model} {result.kind} (measured)",
+                              other={"kind": result.kind, "ranks": result.ranks,
+                                     "median_s": result.median_s})
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    write_trace_text(path, trace_text(document))
