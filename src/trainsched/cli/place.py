@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 
 from trainsched.cli.common import Subcommands, add_json, dump, training_graph
+from trainsched.cluster import COMM_MODES
+from trainsched.placement import PLACERS
 from trainsched.report.tables import place_report
 
 NAME = "place"
@@ -17,10 +19,9 @@ def add_parser(sub: Subcommands) -> None:
     p.add_argument("graph", help="a graph file (forward graphs get backward/optimizer ops)")
     p.add_argument("--cluster", required=True, help="preset, NAME:NODES, or a cluster file")
     p.add_argument("--algorithm", default="auto",
-                   choices=("auto", "m-sct", "m-etf", "m-topo", "single", "contiguous-params",
-                            "contiguous-compute", "contiguous-count"),
+                   choices=("auto", *PLACERS),
                    help="auto (default) runs them all and keeps the fastest predicted")
-    p.add_argument("--comm", choices=("sequential", "parallel"), default=None,
+    p.add_argument("--comm", choices=COMM_MODES, default=None,
                    help="how transfers contend (default: the cluster's)")
     p.add_argument("--no-fusion", action="store_true", help="do not fuse ops inside groups")
     p.add_argument("--no-coplacement", action="store_true",

@@ -23,10 +23,6 @@ from __future__ import annotations
 
 import statistics
 
-import numpy as np
-from scipy.optimize import linprog
-from scipy.sparse import csr_array
-
 from trainsched.errors import TrainschedError
 from trainsched.placement.model import Machine, PlacerSchedule, fewest_devices, run_schedule
 from trainsched.placement.reduce import Problem
@@ -51,6 +47,10 @@ def edge_costs(problem: Problem, machine: Machine) -> list[tuple[int, int, float
 
 def solve_lp(problem: Problem, edges: list[tuple[int, int, float]]) -> tuple[float, list[float]]:
     """w* in seconds and x per edge (same order as ``edges``)."""
+    import numpy as np  # here, not at import: the command line lists the placers without them
+    from scipy.optimize import linprog
+    from scipy.sparse import csr_array
+
     n, ne = problem.n, len(edges)
     p = np.asarray(problem.compute_s, dtype=float)
     if n == 0:
