@@ -58,15 +58,15 @@ from trainsched.capture.trace import match_inputs, normalise_graph, quiet_torch_
 from trainsched.errors import TrainschedError
 from trainsched.graph import Graph, Op, coarsen_by_module
 
-__all__ = ["ExportedProgram", "PlacedModule", "Segment", "StepStats", "StepTiming", "Transfer",
-           "export_program", "flatten_inputs"]
+__all__ = ["ExportedProgram", "PlacedModule", "PlacedSegment", "StepStats", "StepTiming",
+           "Transfer", "export_program", "flatten_inputs"]
 
 COMM_MODES = ("sequential", "parallel")
 GRANULARITIES = ("auto", "op", "module")
 
 
 @dataclass(frozen=True)
-class Segment:
+class PlacedSegment:
     """A maximal run of consecutive ops (program order) on one logical device."""
 
     index: int
@@ -332,7 +332,7 @@ def _nbytes(value: Any) -> int:
 class _Plan:
     home: dict[str, int]                  # every evaluated node (and state placeholder) -> device
     steps: set[str]
-    segments: list[Segment]
+    segments: list[PlacedSegment]
     sends: dict[int, list[Transfer]]      # after segment k (-1: at the start) -> copies, in order
     state_home: dict[str, int]            # state fqn -> device of its master
     kind: dict[str, str]                  # node -> "input", "state", "step" or "lazy"
@@ -396,14 +396,14 @@ def _plan(program: ExportedProgram, placed: dict[str, int]) -> _Plan:
         else:
             home[name] = fallback
 
-    segments: list[Segment] = []
+    segments: list[PlacedSegment] = []
     slot: dict[str, int] = {}
     for name in order:
         if kind[name] == "step":
             if not segments or segments[-1].device != home[name]:
-                segments.append(Segment(len(segments), home[name], ()))
+                segments.append(PlacedSegment(len(segments), home[name], ()))
             last = segments[-1]
-            segments[-1] = Segment(last.index, last.device, (*last.ops, name))
+            segments[-1] = PlacedSegment(last.index, last.device, (*last.ops, name))
             slot[name] = last.index
         else:
             slot[name] = max((slot[i.name] for i in nodes[name].all_input_nodes), default=-1)
@@ -545,11 +545,11 @@ class PlacedModule(nn.Module):
     # --- introspection -------------------------------------------------------------------------
 
     @property
-    def segments(self) -> tuple[Segment, ...]:
+    def segments(self) -> tuple[PlacedSegment, ...]:
         """The maximal same-device runs of ops, in the order they are launched."""
         return tuple(self._plan.segments)
 
-    def segments_on(self, device: int) -> tuple[Segment, ...]:
+    def segments_on(self, device: int) -> tuple[PlacedSegment, ...]:
         return tuple(s for s in self._plan.segments if s.device == device)
 
     @property
