@@ -18,8 +18,9 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,66 @@ class WorkerFailure(Exception):
             return "workers did not finish in time"
         head = f"rank {self.rank} exited with status {status_text(self.status)}"
         return f"{head}; its output ends:\n{self.log_tail}" if self.log_tail else head
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of ``values``, interpolating linearly between order statistics (the
+    p10 and p90 every measured run reports)."""
+    ordered = sorted(values)
+    if len(ordered) == 1:
+        return ordered[0]
+    pos = q * (len(ordered) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+@contextlib.contextmanager
+def job(target: str, config: Mapping[str, Any], nproc: int, *, timeout_s: float,
+        what: str) -> Iterator[Path]:
+    """Run ``nproc`` workers of ``target`` (each gets ``config`` with its ``rank`` and ``out``,
+    the job's folder) to the end; yields the folder, where rank 0 left ``rank0.json``. A rank
+    that fails or a deadline passed is one :class:`TrainschedError` line (``what``: what did
+    not finish, e.g. ``"training"``); the folder is removed after the block."""
+    with tempfile.TemporaryDirectory(prefix="trainsched-job-") as tmp:
+        workdir = Path(tmp)
+        configs = [{**config, "rank": r, "out": str(workdir)} for r in range(nproc)]
+        try:
+            run_workers(target, configs, workdir=workdir, timeout_s=timeout_s)
+        except WorkerFailure as failure:
+            if failure.rank is None:
+                raise TrainschedError(f"{what} did not finish within {timeout_s:g} s; use "
+                                      f"fewer steps or a larger timeout") from None
+            raise TrainschedError(failure_message(workdir, failure)) from None
+        yield workdir
+
+
+def serve_worker(work: Callable[[dict[str, Any]], Any]) -> None:  # pragma: no cover - workers
+    """A worker's whole life: its config from ``sys.argv[1]``, ``work(config)``, then rank 0's
+    result to ``rank0.json`` (atomically) and exit 0; a :class:`TrainschedError` goes to
+    ``rank<K>.error`` for :func:`failure_message`, anything else to the log, and exit 1 at once
+    (never waiting for a process group whose peer is gone)."""
+    import traceback
+
+    cfg = json.loads(sys.argv[1])
+    rank, out = int(cfg["rank"]), Path(cfg["out"])
+    try:
+        result = work(cfg)
+    except TrainschedError as exc:
+        (out / f"rank{rank}.error").write_text(str(exc).replace("\n", " "))
+        sys.stdout.flush()
+        os._exit(1)
+    except BaseException:
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+    if rank == 0:
+        tmp = out / "rank0.json.tmp"
+        tmp.write_text(json.dumps(result))
+        os.replace(tmp, out / "rank0.json")
+    sys.stdout.flush()
+    os._exit(0)
 
 
 def failure_message(workdir: Path, failure: WorkerFailure) -> str:

@@ -37,14 +37,11 @@ rank, the same :func:`run_actions`), for tests and debugging.
 from __future__ import annotations
 
 import json
-import math
 import os
 import statistics
 import sys
-import tempfile
 import threading
 import time
-import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,7 +49,8 @@ from typing import TYPE_CHECKING, Any
 
 from trainsched.errors import TrainschedError
 from trainsched.plan import COMPUTE_KINDS, Schedule
-from trainsched.runtime.launch import WorkerFailure, failure_message, free_port, run_workers
+from trainsched.runtime.launch import free_port, job, quantile, serve_worker
+from trainsched.runtime.optim import OPTIMIZERS, make_optimizer
 
 if TYPE_CHECKING:
     from trainsched.runtime.stage_modules import PipelineStage
@@ -60,7 +58,6 @@ if TYPE_CHECKING:
 __all__ = ["FAULT_ENV", "OPTIMIZERS", "Key", "PipelineRunResult", "run_actions", "run_local",
            "run_pipeline"]
 
-OPTIMIZERS = ("sgd", "momentum", "adam")
 FAULT_ENV = "TRAINSCHED_PIPELINE_FAULT"
 
 
@@ -180,11 +177,7 @@ class PipelineRunResult:
 
     def quantile_s(self, q: float) -> float:
         """The ``q`` quantile of the step times, linear between order statistics."""
-        times = sorted(self.step_times_s)
-        pos = q * (len(times) - 1)
-        lo = math.floor(pos)
-        hi = min(lo + 1, len(times) - 1)
-        return times[lo] + (times[hi] - times[lo]) * (pos - lo)
+        return quantile(self.step_times_s, q)
 
     @property
     def p10_s(self) -> float:
@@ -244,17 +237,8 @@ def run_pipeline(model: str, stages: Sequence[Sequence[str]], schedule: Schedule
               "steps": steps, "warmup": warmup, "optimizer": optimizer, "lr": lr,
               "port": free_port(), "timeout_s": float(timeout_s),
               "return_gradients": bool(return_gradients)}
-    with tempfile.TemporaryDirectory(prefix="trainsched-pipeline-") as tmp:
-        tmpdir = Path(tmp)
-        configs = [{**config, "rank": r, "out": str(tmpdir)} for r in range(nproc)]
-        try:
-            run_workers("trainsched.runtime.pipeline:worker_main", configs, workdir=tmpdir,
-                        timeout_s=timeout_s)
-        except WorkerFailure as failure:
-            if failure.rank is None:
-                raise TrainschedError(f"the pipeline did not finish within {timeout_s:g} s; "
-                                      "use fewer steps or a larger timeout") from None
-            raise TrainschedError(failure_message(tmpdir, failure)) from None
+    with job("trainsched.runtime.pipeline:worker_main", config, nproc, timeout_s=timeout_s,
+             what="the pipeline") as tmpdir:
         data = json.loads((tmpdir / "rank0.json").read_text())
         gradients = None
         if return_gradients:
@@ -275,25 +259,7 @@ def run_pipeline(model: str, stages: Sequence[Sequence[str]], schedule: Schedule
 
 def worker_main() -> None:  # pragma: no cover - runs in the spawned processes
     """A worker's entry point: its JSON config is ``sys.argv[1]``; rank 0 writes the result."""
-    cfg = json.loads(sys.argv[1])
-    rank, out = int(cfg["rank"]), Path(cfg["out"])
-    try:
-        result = _work(cfg)
-    except TrainschedError as exc:
-        (out / f"rank{rank}.error").write_text(str(exc).replace("\n", " "))
-        sys.stdout.flush()
-        os._exit(1)  # never wait for a process group whose peer is gone
-    except BaseException:
-        traceback.print_exc()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)
-    if rank == 0:
-        tmp = out / "rank0.json.tmp"
-        tmp.write_text(json.dumps(result))
-        os.replace(tmp, out / "rank0.json")
-    sys.stdout.flush()
-    os._exit(0)
+    serve_worker(_work)
 
 
 def _fault(rank: int) -> int | None:
@@ -378,10 +344,7 @@ def _work(cfg: dict[str, Any]) -> dict[str, Any]:  # pragma: no cover - in the w
     params = list({id(p): p for st in owned.values() for p in st.parameters.values()}.values())
     opt = None
     if params:
-        lr = cfg["lr"]
-        opt = (torch.optim.Adam(params, lr=lr) if cfg["optimizer"] == "adam" else
-               torch.optim.SGD(params, lr=lr, momentum=0.9 if cfg["optimizer"] == "momentum"
-                               else 0.0))
+        opt = make_optimizer(cfg["optimizer"], params, cfg["lr"])
     width = max(len(st.input_names) for st in stages) + 1
     gloo = _Gloo(rank, len(stages), m, width)
     fault = _fault(rank)

@@ -23,29 +23,18 @@ import dataclasses
 import math
 import os
 import statistics
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from trainsched.errors import TrainschedError
 from trainsched.plan import DataParallelPlan, PipelinePlan, PlacedPlan, Plan, SinglePlan
+from trainsched.runtime.launch import quantile
 
-__all__ = ["RunResult", "policy_segment", "quantile", "run", "runnable", "write_steps_trace"]
+__all__ = ["RunResult", "policy_segment", "run", "runnable", "write_steps_trace"]
 
 MiB = 1 << 20
 TRAINING_SUFFIXES = ("dX", "dW", "opt")  # the training transform's op names: forward op + ":dX"
-
-
-def quantile(values: Sequence[float], q: float) -> float:
-    """The ``q`` quantile of ``values`` with linear interpolation between order statistics."""
-    times = sorted(values)
-    if len(times) == 1:
-        return times[0]
-    pos = q * (len(times) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(times) - 1)
-    return times[lo] + (times[hi] - times[lo]) * (pos - lo)
 
 
 @dataclass(frozen=True, kw_only=True)

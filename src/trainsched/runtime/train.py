@@ -36,7 +36,6 @@ import math
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -51,7 +50,8 @@ from trainsched.comm.policy import (
     PriorityPolicy,
 )
 from trainsched.errors import TrainschedError
-from trainsched.runtime.launch import WorkerFailure, free_port, run_workers, status_text
+from trainsched.runtime.launch import free_port, job, quantile, serve_worker
+from trainsched.runtime.optim import OPTIMIZERS, check_optimizer, optimizer_spec
 
 __all__ = [
     "COMMS",
@@ -72,7 +72,6 @@ COMMS = ("fifo", "ddp", "priority", "bytescheduler")
 SCHEDULED = ("priority", "bytescheduler")  # the policies with partition and credit
 ORDERS = ("leader", "static")  # ScheduledDataParallel's safe orders ("local" exists to fail)
 KINDS = ("sdp", "ddp", "flat", "compute", "allreduce", "placed")
-OPTIMIZERS = ("sgd", "momentum", "adam")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -236,13 +235,7 @@ class SegmentResult:
         return statistics.median(self.step_times_s)
 
     def quantile_s(self, q: float) -> float:
-        times = sorted(self.step_times_s)
-        if len(times) == 1:
-            return times[0]
-        pos = q * (len(times) - 1)
-        lo = math.floor(pos)
-        hi = min(lo + 1, len(times) - 1)
-        return times[lo] + (times[hi] - times[lo]) * (pos - lo)
+        return quantile(self.step_times_s, q)
 
     def to_dict(self) -> dict[str, Any]:
         out = {"label": self.label, "kind": self.kind, "median_s": self.median_s,
@@ -287,9 +280,7 @@ def _job_config(model: str, segments: Sequence[Segment], *, nproc: int,
     """The checked configuration every worker of a job reads (``port`` None: ``env://``)."""
     if not (isinstance(nproc, int) and not isinstance(nproc, bool) and nproc >= 1):
         raise TrainschedError(f"--nproc must be a positive integer, got {nproc!r}")
-    if optimizer not in OPTIMIZERS:
-        raise TrainschedError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got "
-                              f"{optimizer!r}")
+    check_optimizer(optimizer)
     if not segments:
         raise TrainschedError("nothing to run: no segments")
     if batch_size is not None and batch_size < 1:
@@ -320,18 +311,9 @@ def run_segments(model: str, segments: Sequence[Segment], *, nproc: int = 2,
     config = _job_config(model, segments, nproc=nproc, batch_size=batch_size,
                          image_size=image_size, seq_len=seq_len, optimizer=optimizer, lr=lr,
                          seed=seed, timeout_s=timeout_s, port=free_port())
-    with tempfile.TemporaryDirectory(prefix="trainsched-train-") as tmp:
-        tmpdir = Path(tmp)
-        configs = [{**config, "rank": r, "out": str(tmpdir)} for r in range(nproc)]
-        try:
-            run_workers("trainsched.runtime.train:_worker_main", configs, workdir=tmpdir,
-                        timeout_s=timeout_s)
-        except WorkerFailure as failure:
-            if failure.rank is None:
-                raise TrainschedError(f"training did not finish within {timeout_s:g} s; "
-                                      f"use fewer steps or a larger timeout") from None
-            raise TrainschedError(_failure_line(tmpdir, failure)) from None
-        data = json.loads((tmpdir / "rank0.json").read_text())
+    with job("trainsched.runtime.train:_worker_main", config, nproc, timeout_s=timeout_s,
+             what="training") as out:
+        data = json.loads((out / "rank0.json").read_text())
     return _train_result(data, nproc, optimizer)
 
 
@@ -350,16 +332,6 @@ def run_segments_here(model: str, segments: Sequence[Segment], *, rank: int, wor
 
     dist.destroy_process_group()
     return _train_result(data, world_size, optimizer) if rank == 0 else None
-
-
-def _failure_line(tmpdir: Path, failure: WorkerFailure) -> str:
-    """One line: the failed rank's own error message, else the last line of its output."""
-    path = tmpdir / f"rank{failure.rank}.error"
-    if path.exists():
-        return f"rank {failure.rank}: {path.read_text().strip()}"
-    lines = [ln for ln in failure.log_tail.splitlines() if ln.strip()]
-    last = lines[-1].strip() if lines else "no output"
-    return f"rank {failure.rank} exited with status {status_text(failure.status)}: {last}"
 
 
 def train(model: str, comm: str = "priority", *, nproc: int = 2, steps: int = 20,
@@ -394,21 +366,7 @@ def run_trial(model: str, partition_bytes: int, credit_bytes: float, *, steps: i
 
 
 def _worker_main() -> None:  # pragma: no cover - runs in the spawned processes
-    cfg = json.loads(sys.argv[1])
-    rank = int(cfg["rank"])
-    out = Path(cfg["out"])
-    try:
-        result = _work(cfg)
-    except TrainschedError as exc:
-        (out / f"rank{rank}.error").write_text(str(exc).replace("\n", " "))
-        sys.stdout.flush()
-        os._exit(1)  # never wait for a process group whose peer is gone
-    if rank == 0:
-        tmp = out / "rank0.json.tmp"
-        tmp.write_text(json.dumps(result))
-        os.replace(tmp, out / "rank0.json")
-    sys.stdout.flush()
-    os._exit(0)
+    serve_worker(_work)
 
 
 def _work(cfg: dict[str, Any]) -> dict[str, Any]:  # pragma: no cover - in the workers
@@ -463,34 +421,6 @@ def _rank_inputs(args: tuple, kwargs: dict, rank: int, seed: int) -> tuple[tuple
     return tuple(redraw(a) for a in args), {k: redraw(v) for k, v in kwargs.items()}
 
 
-def _loss(output: Any) -> Any:
-    """A scalar from whatever the model returns: the mean square of its first tensor."""
-    import torch
-
-    if isinstance(output, torch.Tensor):
-        return output.float().square().mean()
-    logits = getattr(output, "logits", None)
-    if isinstance(logits, torch.Tensor):
-        return _loss(logits)
-    values = list(output.values()) if isinstance(output, Mapping) else output
-    if isinstance(values, list | tuple):
-        for v in values:
-            if isinstance(v, torch.Tensor) and v.is_floating_point():
-                return _loss(v)
-    raise TrainschedError(f"cannot make a loss from the model's output "
-                          f"({type(output).__name__}); return a tensor or logits")
-
-
-def _optimizer(name: str, lr: float) -> tuple[Any, dict[str, Any]]:
-    import torch
-
-    if name == "adam":
-        return torch.optim.Adam, {"lr": lr}
-    if name == "momentum":
-        return torch.optim.SGD, {"lr": lr, "momentum": 0.9}
-    return torch.optim.SGD, {"lr": lr}
-
-
 def _run_segment(model: Any, args: tuple, kwargs: dict, seg: Segment, cfg: dict[str, Any],
                  rank: int, n: int,
                  tuner: Any = None) -> list[float]:  # pragma: no cover - in the workers
@@ -498,8 +428,9 @@ def _run_segment(model: Any, args: tuple, kwargs: dict, seg: Segment, cfg: dict[
     import torch.distributed as dist
 
     from trainsched.runtime.data_parallel import ScheduledDataParallel
+    from trainsched.runtime.stage_modules import loss_of
 
-    opt_cls, opt_kwargs = _optimizer(cfg["optimizer"], cfg["lr"])
+    opt_cls, opt_kwargs = optimizer_spec(cfg["optimizer"], cfg["lr"])
     total = seg.warmup + seg.steps + (tuner.total_steps if tuner is not None else 0)
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
@@ -545,7 +476,7 @@ def _run_segment(model: Any, args: tuple, kwargs: dict, seg: Segment, cfg: dict[
     try:
         start = time.perf_counter()
         for i in range(total):
-            _loss(net(*args, **kwargs)).backward()
+            loss_of(net(*args, **kwargs)).backward()
             if seg.kind == "flat" and n > 1:
                 if flat_buffer is None:
                     flat_buffer = torch.empty(sum(p.numel() for p in params))
