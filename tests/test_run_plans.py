@@ -136,3 +136,15 @@ def test_torchrun_with_another_world_size_is_refused(compared):
                       str(compared / "data-ddp.plan.json")])
     assert done.returncode != 0
     assert "the plan runs on 2 ranks but torchrun started 1" in done.stderr
+
+
+def test_runnable_names_what_this_host_lacks(compared, monkeypatch):
+    from trainsched.runtime import runnable
+
+    plan = load_plan(compared / "data-ddp.plan.json")  # 2 ranks
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    assert runnable(plan) == "needs 2 ranks; this host has 1 core"
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert runnable(plan) is None
+    assert runnable(plan, "not-a-model") == ("model 'not-a-model' is not in the zoo (trainsched "
+                                             "models lists it)")

@@ -85,7 +85,7 @@ def runnable(plan: Plan, model: str | None = None) -> str | None:
         return f"model {name!r} is not in the zoo (trainsched models lists it)"
     cores = os.cpu_count() or 1
     if plan.devices > cores:
-        return f"needs {plan.devices} ranks; this host has {cores} cores"
+        return f"needs {plan.devices} ranks; this host has {cores} core{'s' if cores != 1 else ''}"
     return None
 
 
