@@ -43,8 +43,8 @@ def test_compare_run_measures_every_row_this_host_runs(compared):
     for row in doc["rows"]:
         measured = doc["measured"][row["strategy"]]
         if row["devices"] > cores:
-            assert measured == {"skipped": f"needs {row['devices']} ranks; this host has "
-                                           f"{cores} cores"}
+            assert measured["skipped"].startswith(f"needs {row['devices']} ranks; this host "
+                                                  f"has {cores} core")
             continue
         assert measured["ranks"] == row["devices"]
         assert measured["p10_s"] <= measured["median_s"] <= measured["p90_s"]
