@@ -30,6 +30,7 @@ from types import MappingProxyType
 from typing import Any
 
 from trainsched.errors import TrainschedError
+from trainsched.graph.io import nesting_guard, read_text_file
 from trainsched.units import (
     format_bandwidth,
     format_duration,
@@ -511,18 +512,15 @@ def load_cluster_file(path: str | Path) -> Cluster:
     suffix = path.suffix.lower()
     _require(suffix in (".toml", ".json"),
              f"cluster file {str(path)!r}: expected a .toml or .json file")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise TrainschedError(f"cluster file {str(path)!r} not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TrainschedError(f"cluster file {str(path)!r} cannot be read: {exc}") from None
-    try:
-        data = tomllib.loads(text) if suffix == ".toml" else json.loads(text)
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
-        raise TrainschedError(f"{path}: invalid {suffix[1:].upper()}: {exc}") from None
-    _require(isinstance(data, dict), f"{path}: expected a table/object at the top level")
-    return _cluster_from_dict({"name": path.stem, **data}, str(path))
+    _require(path.exists(), f"cluster file {str(path)!r} not found")
+    text = read_text_file(path, "cluster")
+    with nesting_guard(str(path), suffix[1:].upper()):
+        try:
+            data = tomllib.loads(text) if suffix == ".toml" else json.loads(text)
+        except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+            raise TrainschedError(f"{path}: invalid {suffix[1:].upper()}: {exc}") from None
+        _require(isinstance(data, dict), f"{path}: expected a table/object at the top level")
+        return _cluster_from_dict({"name": path.stem, **data}, str(path))
 
 
 class _Table:

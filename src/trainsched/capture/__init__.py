@@ -4,7 +4,7 @@
 models with random weights.
 """
 
-from trainsched.capture.capture import GRANULARITIES, TIERS, capture
+from trainsched.capture.capture import GRANULARITIES, TIERS, capture, measure_device
 from trainsched.capture.zoo import ZooModel, build, names
 
-__all__ = ["GRANULARITIES", "TIERS", "ZooModel", "build", "capture", "names"]
+__all__ = ["GRANULARITIES", "TIERS", "ZooModel", "build", "capture", "measure_device", "names"]

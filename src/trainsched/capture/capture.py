@@ -85,9 +85,8 @@ def _capture(model: torch.nn.Module, example_inputs: Any, example_kwargs: Any,
 
         spec = device_kind if isinstance(device_kind, DeviceSpec) else lookup_device_kind(
             device_kind or "H100")
-    run_device = torch.device(device) if device is not None else torch.device(
-        "cuda" if torch.cuda.is_available() else "cpu")
     measure = costs == "measured"
+    run_device = measure_device(device) if measure or device is not None else None
 
     model.train()
     if measure:
@@ -152,6 +151,32 @@ def _with_times(counted: StepCost, timed: StepCost) -> StepCost:
     return replace(counted, forward=merge(counted.forward, timed.forward),
                    dx=merge(counted.dx, timed.dx), dw=merge(counted.dw, timed.dw),
                    temp_bytes=timed.temp_bytes)
+
+
+def measure_device(device: str | torch.device | None = None) -> torch.device:
+    """Where measured costs run: ``device`` (``"cpu"``, ``"cuda"``, ``"cuda:1"``), by default
+    CUDA when torch finds a GPU, else the CPU. Any other name, or a CUDA device this machine
+    does not have, is a :class:`TrainschedError`."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        found = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        found = None
+    if found is None or found.type not in ("cpu", "cuda"):
+        raise TrainschedError(f"device {str(device)!r}: costs are measured on 'cpu' or 'cuda' "
+                              "(or 'cuda:N' for GPU N)")
+    if found.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise TrainschedError(f"device {str(device)!r}: no CUDA device here (torch finds "
+                                  "no GPU); measure on 'cpu', or estimate a GPU's costs with "
+                                  "the roofline tier")
+        if found.index is not None and found.index >= count:
+            raise TrainschedError(f"device {str(device)!r}: this machine has {count} CUDA "
+                                  f"device{'s' if count > 1 else ''} (cuda:0 to "
+                                  f"cuda:{count - 1})")
+    return found
 
 
 def _to_device(value: Any, device: torch.device) -> Any:

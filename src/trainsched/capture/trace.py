@@ -11,8 +11,10 @@ built from constants) is not a step either: it is state, not per-batch work.
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import operator
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -299,7 +301,8 @@ def trace(model: torch.nn.Module, args: tuple, kwargs: dict, method: str = "auto
         raise TrainschedError(f"unknown trace method {method!r}; use auto, export or fx")
     if method in ("auto", "export"):
         try:
-            return trace_export(model, args, kwargs)
+            with held_stderr():
+                return trace_export(model, args, kwargs)
         except TrainschedError:
             raise
         except Exception as exc:
@@ -308,7 +311,8 @@ def trace(model: torch.nn.Module, args: tuple, kwargs: dict, method: str = "auto
                     from exc
             export_error = exc
     try:
-        return trace_fx(model, args, kwargs)
+        with held_stderr():
+            return trace_fx(model, args, kwargs)
     except Exception as exc:
         msg = f"could not trace the model: torch.fx failed: {_first_line(exc)}"
         if method == "auto":
@@ -327,6 +331,17 @@ def quiet_torch_logs() -> Iterator[None]:
         yield
     finally:
         logging.disable(previous)
+
+
+@contextlib.contextmanager
+def held_stderr() -> Iterator[None]:
+    """Hold what is printed on ``sys.stderr`` inside (torch.export prints the partial graph of a
+    model it cannot trace, dozens of lines, before raising): passed on when the block succeeds
+    (warnings stay visible), dropped when it raises, whose error capture reports in one line."""
+    held = io.StringIO()
+    with contextlib.redirect_stderr(held):
+        yield
+    sys.stderr.write(held.getvalue())
 
 
 def _first_line(exc: BaseException) -> str:

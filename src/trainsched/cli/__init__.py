@@ -3,10 +3,12 @@
 One module per verb (``profile``, ``show``, ...), each with ``add_parser(sub)`` declaring its
 arguments and ``run(args) -> int``; :data:`VERBS` lists them in the order ``--help`` shows.
 Their text output is formatted by :mod:`trainsched.report`. User errors
-(:class:`TrainschedError`) print one line on stderr and exit with status 2; ``--json`` prints
-machine-readable results on stdout. torch is imported only by the verbs that need it, when they
-run. Outside this package only the entry points (the ``trainsched`` script,
-``python -m trainsched``) use it, through :func:`main`.
+(:class:`TrainschedError`, and an operating-system error about a path the user gave) print one
+line on stderr and exit with status 2; Ctrl-C or SIGTERM prints one line and exits with 130 or
+143; ``--json`` prints machine-readable results on stdout, or on failure the error object of
+:mod:`trainsched.cli.failures`. Any other exception is a bug and keeps its traceback. torch is
+imported only by the verbs that need it, when they run. Outside this package only the entry
+points (the ``trainsched`` script, ``python -m trainsched``) use it, through :func:`main`.
 """
 
 from __future__ import annotations
@@ -28,6 +30,15 @@ from trainsched.cli import (
     simulate,
     train,
 )
+from trainsched.cli.failures import (
+    Parser,
+    Terminated,
+    UsageExit,
+    json_error,
+    report,
+    sigterm_interrupts,
+    user_os_error,
+)
 from trainsched.errors import TrainschedError
 
 #: The verb modules, in the order the top-level ``--help`` lists them.
@@ -35,7 +46,7 @@ VERBS = (profile, show, cluster, simulate, place, compare, calibrate, train, mod
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="trainsched", description="Schedule deep-learning training on PyTorch: capture "
         "a model, describe a cluster, and (in later commands) place, order and simulate.")
     parser.add_argument("--version", action="version", version=f"trainsched {__version__}")
@@ -46,17 +57,32 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    args = parser.parse_args(argv)
     try:
-        return args.func(args)
+        args = parser.parse_args(argv)
+    except UsageExit as exc:
+        if "--json" in argv:
+            json_error(exc.message, "usage_error")
+        raise
+    json_out = bool(getattr(args, "json", False))
+    try:
+        with sigterm_interrupts():
+            return args.func(args)
     except TrainschedError as exc:
-        print(f"trainsched: error: {exc}", file=sys.stderr)
+        report(str(exc), "user_error", json_out=json_out)
         return 2
-    except KeyboardInterrupt:
-        print("trainsched: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        word = "terminated" if isinstance(exc, Terminated) else "interrupted"
+        report(word, "interrupted", json_out=json_out, line=f"trainsched: {word}")
+        return 143 if isinstance(exc, Terminated) else 130
     except BrokenPipeError:
         # The reader went away (e.g. `| head`): stop quietly, as Unix tools do.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+    except OSError as exc:
+        message = user_os_error(exc, args)
+        if message is None:  # not about a path the user gave: a bug, keep the traceback
+            raise
+        report(message, "file_error", json_out=json_out)
+        return 2

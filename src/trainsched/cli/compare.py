@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from trainsched.cli.common import Subcommands, add_json, dump, error_context
+from trainsched.cli.outputs import OutputDir
 from trainsched.errors import TrainschedError
 from trainsched.report.chart import write_measured_chart
 from trainsched.report.progress import ProgressBar
@@ -66,8 +69,14 @@ def run(args: argparse.Namespace) -> int:
                               "devices; give 1 to that many")
     if args.microbatches is not None and args.microbatches < 1:
         raise TrainschedError(f"--microbatches {args.microbatches}: give at least 1")
-    out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    # Checked now, written at the end: a failure or an interrupt leaves no partial folder.
+    out = OutputDir(args.out_dir, "--out-dir", inputs=_input_files(args))
+    calibrating = args.run and args.calibration is None and cluster.device.kind.startswith("cpu")
+    out.check_names(["compare.json", "compare.png"]
+                    + ["graph.json"] * (not args.model.endswith(".json"))
+                    + ["measured.png"] * args.run + ["calibration.json"] * calibrating)
+    out_dir = out.path
+    files: dict[str, Callable[[Path], None]] = {}  # written at the end, in this order
     if args.model.endswith(".json"):
         graph = Graph.load(args.model)
     else:
@@ -91,25 +100,27 @@ def run(args: argparse.Namespace) -> int:
                             device_kind=cluster.device if costs == "roofline" else None,
                             name=zoo.name, meta=meta, progress=bar.update,
                             threads=1 if args.run and costs == "measured" else None)
-        graph.save(out_dir / "graph.json")
+        files["graph.json"] = graph.save  # the captured graph (a graph file given is an input)
     if all(op.kind == "forward" for op in graph.ops):
         graph = to_training(graph, optimizer=args.optimizer)
     ranks = args.ranks or cluster.num_devices
     options = comparing.Options(ranks=ranks, microbatches=args.microbatches or 2 * ranks,
                                 batch_size=int(graph.meta.get("batch_size", 1)))
     if args.run and cluster.device.kind.startswith("cpu"):
-        cluster = _host_cluster(args, cluster, out_dir)
+        cluster = _host_cluster(args, cluster, out_dir, files)
     planned = comparing.make_plans(graph, cluster, options)
     rows, results = comparing.compare_plans(graph, cluster, planned, options.batch_size)
     model = graph.meta.get("model", args.model)
     for name, result in results.items():
-        write_trace(out_dir / f"{name}.trace.json", result, title=f"{model} {name}",
-                    meta={"strategy": name, "cluster": cluster.name})
-        save_plan(planned[name].plan, out_dir / f"{name}.plan.json",
-                  Prediction(cluster=cluster.name, step_time_s=result.step_time_s,
-                             samples_per_step=planned[name].samples_per_step))
+        files[f"{name}.trace.json"] = partial(
+            write_trace, result=result, title=f"{model} {name}",
+            meta={"strategy": name, "cluster": cluster.name})
+        files[f"{name}.plan.json"] = partial(
+            save_plan, planned[name].plan,
+            prediction=Prediction(cluster=cluster.name, step_time_s=result.step_time_s,
+                                  samples_per_step=planned[name].samples_per_step))
     title = f"{model} (batch {options.batch_size}) on {cluster.name}, {ranks} devices"
-    write_chart(str(out_dir / "compare.png"), rows, title)
+    files["compare.png"] = lambda path: write_chart(str(path), rows, title)
     doc = {"model": model, "cluster": cluster.name, "ranks": ranks,
            "microbatches": options.microbatches, "batch_size": options.batch_size,
            "tier": graph.meta.get("tier"), "rows": [r.to_dict() for r in rows]}
@@ -119,9 +130,13 @@ def run(args: argparse.Namespace) -> int:
         doc["measured"] = measured
         pairs = [(r.strategy, r.step_time_s, measured[r.strategy]["median_s"]) for r in rows
                  if "median_s" in measured[r.strategy]]
-        write_measured_chart(str(out_dir / "measured.png"), pairs,
-                             f"{model}: predicted and measured step on this host")
-    atomic_write_text(out_dir / "compare.json", dump(doc) + "\n")  # same inputs, same bytes
+        files["measured.png"] = lambda path: write_measured_chart(
+            str(path), pairs, f"{model}: predicted and measured step on this host")
+    text = dump(doc) + "\n"  # same inputs, same bytes
+    files["compare.json"] = lambda path: atomic_write_text(path, text)
+    with out.writing(files) as folder:
+        for name, write in files.items():
+            write(folder / name)
     if args.json:
         print(dump({**doc, "out_dir": str(out_dir)}))
         return 0
@@ -132,9 +147,18 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _host_cluster(args: argparse.Namespace, cluster: Any, out_dir: Path) -> Any:
+def _input_files(args: argparse.Namespace) -> list[str]:
+    """The files this run reads, which no output may replace."""
+    inputs = [args.model.rsplit(":", 1)[0] if ".py:" in args.model else args.model,
+              args.cluster.rsplit(":", 1)[0] if ":" in args.cluster else args.cluster]
+    return [p for p in (*inputs, args.calibration) if p is not None]
+
+
+def _host_cluster(args: argparse.Namespace, cluster: Any, out_dir: Path,
+                  files: dict[str, Callable[[Path], None]]) -> Any:
     """The cluster ``--run`` predicts with on a cpu cluster: the ``--calibration`` file, else
-    this host calibrated now (written to OUT_DIR/calibration.json for the next run)."""
+    this host calibrated now (written with the other files, to OUT_DIR/calibration.json, for
+    the next run)."""
     from trainsched.cluster import resolve_cluster
     from trainsched.graph import atomic_write_text
 
@@ -146,7 +170,8 @@ def _host_cluster(args: argparse.Namespace, cluster: Any, out_dir: Path) -> Any:
         print(f"calibrating this host's gloo on {cluster.num_devices} ranks (reuse it with "
               f"--calibration {out_dir}/calibration.json)", file=sys.stderr, flush=True)
     calibrated = calibrate(world_size=cluster.num_devices, repeats=5).to_cluster()
-    atomic_write_text(out_dir / "calibration.json", calibrated.to_json())
+    text = calibrated.to_json()
+    files["calibration.json"] = lambda path: atomic_write_text(path, text)
     return calibrated
 
 

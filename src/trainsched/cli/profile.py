@@ -45,9 +45,11 @@ def add_parser(sub: Subcommands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainsched.capture import build, capture
+    from trainsched.capture import build, capture, measure_device
 
     check_output_dir(args.output)
+    if args.device is not None:
+        measure_device(args.device)  # no CUDA device here, say, before building the model
     started = time.perf_counter()
     zoo = build(args.model, batch_size=args.batch_size, seq_len=args.seq_len,
                 image_size=args.image_size, seed=args.seed)

@@ -14,6 +14,7 @@ from trainsched.cli.common import (
     parse_credit,
     tune_ranges,
 )
+from trainsched.cli.outputs import check_writable_dir
 from trainsched.comm.policy import COMM_POLICIES
 from trainsched.errors import TrainschedError
 from trainsched.report.tables import (
@@ -88,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
     from trainsched.runtime.train import COMMS, train
     from trainsched.units import parse_size
 
+    if args.timeline is not None:  # fail now, not once the workers have trained
+        check_writable_dir(args.timeline, "--timeline")
     if args.plan is not None:
         return _run_plan(args)
     if args.comm not in COMMS:

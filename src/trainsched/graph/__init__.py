@@ -19,6 +19,8 @@ from trainsched.graph.io import (
     graph_from_json,
     graph_to_json,
     kind_of,
+    nesting_guard,
+    parse_json,
     read_text_file,
     show_value,
 )
@@ -39,6 +41,8 @@ __all__ = [
     "graph_from_json",
     "graph_to_json",
     "kind_of",
+    "nesting_guard",
+    "parse_json",
     "read_text_file",
     "show_value",
     "to_training",

@@ -6,9 +6,11 @@ equal graphs give byte-identical files; the reader names the field of every prob
 ``docs/graph-format.md``.
 
 The helpers here are shared by trainsched's other file formats (plans, clusters, traces):
-:func:`atomic_write_bytes` never leaves a partial file, :func:`read_text_file` turns a missing or
-unreadable file into a user error, and :func:`check_keys`, :func:`dump_json`, :func:`kind_of`
-and :func:`show_value` word the errors about a JSON document the same way in every format.
+:func:`atomic_write_bytes` never leaves a partial file, :func:`read_text_file` turns a missing,
+empty, unreadable or non-UTF-8 file (or a directory) into a user error, :func:`parse_json` and
+:func:`nesting_guard` do the same for malformed or absurdly nested JSON, and :func:`check_keys`,
+:func:`dump_json`, :func:`kind_of` and :func:`show_value` word the errors about a JSON document
+the same way in every format.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import difflib
 import json
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,8 @@ __all__ = [
     "graph_from_json",
     "graph_to_json",
     "kind_of",
+    "nesting_guard",
+    "parse_json",
     "read_text_file",
     "show_value",
 ]
@@ -67,14 +71,11 @@ def graph_to_json(graph: Graph) -> str:
 
 def graph_from_json(text: str, source: str = "<string>") -> Graph:
     """Parse the file text; every problem is a TrainschedError that starts with ``source``."""
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        hint = " (the text ends early: truncated?)" if exc.pos >= len(text.rstrip()) else ""
-        raise TrainschedError(
-            f"{source}: malformed JSON at line {exc.lineno}, column {exc.colno}: "
-            f"{exc.msg}{hint}"
-        ) from None
+    with nesting_guard(source):
+        return _graph_from_doc(parse_json(text, source), source)
+
+
+def _graph_from_doc(doc: Any, source: str) -> Graph:
     if not isinstance(doc, dict):
         raise TrainschedError(f"{source}: expected a JSON object, got {kind_of(doc)}")
     if "format" not in doc:
@@ -98,16 +99,60 @@ def graph_from_json(text: str, source: str = "<string>") -> Graph:
 
 
 def read_text_file(path: str | os.PathLike[str], what: str) -> str:
-    """A UTF-8 file's text; a missing, unreadable or non-UTF-8 file is a user error."""
+    """A UTF-8 file's text, without the byte-order mark some editors put first.
+
+    A missing, empty (nothing but white space), unreadable or non-UTF-8 file, or a directory, is
+    a user error naming the path; ``what`` names the kind of file expected ("graph").
+    """
     path = Path(path)
     try:
-        return path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")
     except FileNotFoundError:
         raise TrainschedError(f"{path}: no such {what} file") from None
+    except IsADirectoryError:
+        raise TrainschedError(f"{path}: is a directory, not a {what} file") from None
     except UnicodeDecodeError as exc:
         raise TrainschedError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     except OSError as exc:
         raise TrainschedError(f"{path}: cannot read: {exc.strerror}") from None
+    if not text.strip():
+        raise TrainschedError(f"{path}: file is empty (expected a {what} file)")
+    return text
+
+
+def parse_json(text: str, source: str, object_pairs_hook: Any = None) -> Any:
+    """``json.loads`` whose every failure is a TrainschedError starting with ``source``: the line
+    and column of malformed text, or nesting too deep for the parser."""
+    try:
+        return json.loads(text, object_pairs_hook=object_pairs_hook)
+    except json.JSONDecodeError as exc:
+        hint = " (the text ends early: truncated?)" if exc.pos >= len(text.rstrip()) else ""
+        raise TrainschedError(
+            f"{source}: malformed JSON at line {exc.lineno}, column {exc.colno}: "
+            f"{exc.msg}{hint}"
+        ) from None
+    except RecursionError:
+        raise _too_deep(source) from None
+
+
+@contextlib.contextmanager
+def nesting_guard(source: str, language: str = "JSON") -> Iterator[None]:
+    """Reading a document nested so deeply that Python's recursion limit stops the reader
+    (parsing, or printing one of its values in an error) is a user error naming ``source`` and
+    the ``language`` it is written in.
+
+    Wrap only the conversion of one document, where recursion depth can come from nothing else.
+    """
+    try:
+        yield
+    except RecursionError:
+        raise _too_deep(source, language) from None
+
+
+def _too_deep(source: str, language: str = "JSON") -> TrainschedError:
+    """The error for a document nested deeper than the reader can follow."""
+    return TrainschedError(f"{source}: {language} nested too deeply (trainsched files nest a "
+                           "few levels; is this the right file?)")
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 from trainsched.comm.policy import CommPolicy, comm_policy
 from trainsched.errors import TrainschedError
-from trainsched.graph import atomic_write_text, read_text_file
+from trainsched.graph import atomic_write_text, nesting_guard, parse_json, read_text_file
 from trainsched.plan.placement import Placement
 from trainsched.plan.plans import (
     PLAN_KINDS,
@@ -190,14 +190,11 @@ def plan_from_json(text: str, source: str = "<string>") -> Plan:
 
 
 def _parse(text: str, source: str) -> tuple[Plan, Prediction | None]:
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        hint = " (the text ends early: truncated?)" if exc.pos >= len(text.rstrip()) else ""
-        raise TrainschedError(f"{source}: malformed JSON at line {exc.lineno}, column "
-                              f"{exc.colno}: {exc.msg}{hint}") from None
-    except RecursionError:
-        raise TrainschedError(f"{source}: JSON nested too deeply") from None
+    with nesting_guard(source):
+        return _parse_doc(parse_json(text, source), source)
+
+
+def _parse_doc(doc: Any, source: str) -> tuple[Plan, Prediction | None]:
     r = _Reader(doc, source, "")
     if doc.get("format") != PLAN_FORMAT:
         found = f"format {doc['format']!r}" if "format" in doc else "no 'format' field"

@@ -8,7 +8,6 @@ the ``trainsched.placement/1`` JSON file (``docs/plans.md``).
 from __future__ import annotations
 
 import copy
-import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,6 +21,8 @@ from trainsched.graph import (
     check_keys,
     dump_json,
     kind_of,
+    nesting_guard,
+    parse_json,
     read_text_file,
     show_value,
 )
@@ -164,7 +165,11 @@ class Placement:
     @classmethod
     def from_json(cls, text: str, source: str = "<string>") -> Placement:
         """Parse the file text; every problem is a TrainschedError that starts with ``source``."""
-        doc = _read_json(text, source)
+        with nesting_guard(source):
+            return cls._from_doc(_read_json(text, source), source)
+
+    @classmethod
+    def _from_doc(cls, doc: Any, source: str) -> Placement:
         if not isinstance(doc, dict):
             raise TrainschedError(f"{source}: expected a JSON object, got {kind_of(doc)}")
         if doc.get("format") != PLACEMENT_FORMAT:
@@ -223,12 +228,6 @@ def _read_json(text: str, source: str) -> Any:
             obj[key] = value
         return obj
 
-    try:
-        return json.loads(text, object_pairs_hook=unique)
-    except json.JSONDecodeError as exc:
-        hint = " (the text ends early: truncated?)" if exc.pos >= len(text.rstrip()) else ""
-        raise TrainschedError(
-            f"{source}: malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}{hint}"
-        ) from None
+    return parse_json(text, source, object_pairs_hook=unique)
 
 
