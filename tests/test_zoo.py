@@ -118,7 +118,7 @@ def test_image_size_shrinks_a_vision_model_input_not_its_parameters():
 
 
 @pytest.mark.parametrize(("name", "size", "message"), [
-    ("mlp", 64, "vision models only"),
+    ("mlp", 64, "image_size applies to resnet50, .*, not 'mlp'"),
     ("resnet50", 16, "at least 32"),
 ])
 def test_image_size_rejects_what_it_cannot_mean(name: str, size: int, message: str):
