@@ -5,6 +5,7 @@ timeline, bad input, and dead or hung ranks."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -454,3 +455,23 @@ def test_cli_train_rejects_bad_input_before_spawning(capsys, argv, message):
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err
     assert time.monotonic() - start < 5
+
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"lr": float("nan")}, "lr must be a finite number > 0, got nan"),
+    ({"lr": 0}, "lr must be a finite number > 0, got 0"),
+    ({"nproc": 0}, "nproc must be a positive integer, got 0"),
+    ({"batch_size": "4"}, "batch_size must be an integer of at least 1, got '4'"),
+    ({"comm": "ddp", "order": "static"}, "order sets the scheduled runtime's collective order"),
+    ({"comm": "ddp", "enabled": False}, "comm 'ddp' is stock DDP already"),
+    ({"comm": "fifo", "backfill": True}, "it applies to comm 'priority' or 'bytescheduler'"),
+    ({"steps": 0}, "steps must be at least 1, got 0"),
+])
+def test_train_library_errors_name_parameters_before_spawning(options, message):
+    from trainsched.errors import TrainschedError
+    from trainsched.runtime.train import train
+
+    with pytest.raises(TrainschedError, match=re.escape(message)) as raised:
+        train("mlp", **options)
+    assert "--" not in str(raised.value)

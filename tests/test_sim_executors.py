@@ -350,3 +350,44 @@ def test_write_trace_plain_and_gzip(tmp_path):
     with pytest.raises(TrainschedError, match="not JSON-serialisable"):
         write_trace(tmp_path / "bad.json", result, meta={"x": object()})
     assert not (tmp_path / "bad.json").exists()
+
+
+# --- what the executors refuse ------------------------------------------------------------------
+def test_a_forward_only_graph_is_refused_unless_its_forward_pass_is_asked_for():
+    from trainsched.comm import FifoPolicy
+    from trainsched.sim import crossing_bound_s, simulate_data_parallel
+
+    g = Graph([Op(name="a", compute_s=1.0, param_bytes=1000), Op(name="b", compute_s=2.0)],
+              [Edge(src="a", dst="b", size_bytes=10)], {"model": "fwd"})
+    cluster = make_cluster(2)
+    calls = {
+        "simulate_single": lambda: simulate_single(g, cluster),
+        "simulate_placed": lambda: simulate_placed(g, cluster, {"a": 0, "b": 1}),
+        "simulate_data_parallel": lambda: simulate_data_parallel(g, cluster, ranks=2,
+                                                                 policy=FifoPolicy()),
+        "crossing_bound_s": lambda: crossing_bound_s(g, cluster, ranks=2),
+    }
+    for name, call in calls.items():
+        with pytest.raises(TrainschedError, match=f"{name} simulates a training step, but graph "
+                                                  "'fwd' has forward ops only: call "
+                                                  r"trainsched.graph.to_training\(graph\)"):
+            call()
+    assert simulate_single(g, cluster, allow_forward_only=True).step_time_s == 3.0
+    train = to_training(g)
+    assert simulate_single(train, cluster).step_time_s == train.totals().compute_s
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda g: simulate_single(g, "p3.16xlarge"),
+     "simulate_single takes a trainsched.cluster.Cluster \\(trainsched.cluster.resolve_cluster "
+     "makes one from a preset name\\), got str 'p3.16xlarge'"),
+    (lambda g: simulate_single("g.json"), "simulate_single takes a trainsched.graph.Graph, got "
+                                          "str"),
+    (lambda g: simulate_placed(g, None, {"a": 0}), "needs the cluster"),
+    (lambda g: simulate_single(g, allow_forward_only="yes"), "allow_forward_only must be True "
+                                                             "or False"),
+])
+def test_wrong_types_are_errors_worded_for_the_caller(call, message):
+    g = to_training(Graph([Op(name="a", compute_s=1.0, param_bytes=1000)], []))
+    with pytest.raises(TrainschedError, match=message):
+        call(g)

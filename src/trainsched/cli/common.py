@@ -249,4 +249,6 @@ def training_graph(path: str, args: argparse.Namespace) -> Any:
     """A graph file as a training graph (:func:`as_training`)."""
     from trainsched.graph import Graph
 
-    return as_training(Graph.load(path), args)
+    graph = Graph.load(path)
+    with error_context(f"{path} with its backward and optimizer ops"):
+        return as_training(graph, args)
