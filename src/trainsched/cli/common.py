@@ -171,7 +171,7 @@ def size_rules_and_facts(model: str | None) -> tuple[list[Applies], dict[str, Fa
     zoo (torch) for a model."""
     if model is None:
         takes: tuple[str, ...] = ()
-        text = "to a graph file (its sizes are set)"
+        text = "to a graph file"
         taking = {"seq_len": "to models (not graph files)",
                   "image_size": "to vision models (not graph files)"}
     else:
