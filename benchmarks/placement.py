@@ -90,7 +90,8 @@ def run_case(name: str, graph: Graph, algorithms: tuple[str, ...], **options) ->
             rows.append(row)
             continue
         if r.predicted_step_s is None:
-            simulated = simulate_placed(graph, cluster, r.placement)
+            # the graphs placed here are forward graphs, predicted as their forward pass
+            simulated = simulate_placed(graph, cluster, r.placement, allow_forward_only=True)
             names = cluster.device_names()
             r = dataclasses.replace(
                 r, predicted_step_s=simulated.step_time_s,

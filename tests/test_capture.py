@@ -154,6 +154,10 @@ def test_bad_options_are_clear_errors():
     with pytest.raises(TrainschedError, match="unknown model"):
         build("resnet5000")
 
+    with pytest.raises(TrainschedError, match=r"module_depth .* applies to granularity "
+                                              r"'module', not 'op'"):
+        capture(z.model, z.args, costs="static", module_depth=2)
+
 
 def test_static_capture_is_deterministic():
     a = _mlp_graph(costs="static")

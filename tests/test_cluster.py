@@ -508,3 +508,21 @@ def test_comm_compute_share_round_trips_and_is_checked(tmp_path):
                     '[intra_node]\nbandwidth = "1GB/s"\nlatency = "1ms"\n')
     with pytest.raises(TrainschedError, match="comm_compute_share"):
         load_cluster_file(path)
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda: resolve_cluster(123), "resolve_cluster takes a preset name, 'NAME:N' or a cluster "
+                                   "file path \\(a str\\), got int 123"),
+    (lambda: resolve_cluster("p3.16xlarge", nodes="2"), "nodes must be a positive integer"),
+    (lambda: resolve_cluster("p3.16xlarge:0"), "the number of nodes must be >= 1"),
+])
+def test_resolve_cluster_refuses_wrong_types(call, message):
+    with pytest.raises(TrainschedError, match=message):
+        call()
+
+
+def test_the_label_keeps_the_node_count_the_name_drops():
+    four = resolve_cluster("p3.16xlarge:4")
+    assert (four.name, four.label, four.num_devices) == ("p3.16xlarge", "p3.16xlarge:4", 32)
+    assert resolve_cluster(four.label) == four  # the label resolves back to the cluster
+    assert resolve_cluster("p3").label == "p3.16xlarge"  # one node: the name alone

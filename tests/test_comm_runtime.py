@@ -5,6 +5,7 @@ timeline, bad input, and dead or hung ranks."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -428,19 +429,20 @@ def test_cli_train_runs_backfill(capsys):
 @pytest.mark.parametrize("argv, message", [
     (["--partition", "4MiB", "--credit", "1MiB", "--credit-mode", "strict"],
      "smaller than the partition size"),
-    (["--comm", "ddp", "--timeline", "."], "--timeline records the scheduled runtime"),
-    (["--steps", "0"], "--steps must be at least 1"),
-    (["--nproc", "0"], "--nproc must be a positive integer"),
+    (["--comm", "ddp", "--timeline", "."], "--timeline does not apply with --comm ddp"),
+    (["--steps", "0"], "--steps 0: give at least 1"),
+    (["--nproc", "0"], "--nproc 0: give at least 1"),
     (["--partition", "0"], "partition_bytes must be a positive integer"),
-    (["--order", "local"], "--order must be one of leader, static, got 'local'"),
-    (["--comm", "ddp", "--order", "static"], "--order sets the scheduled runtime's"),
-    (["--comm", "ddp", "--no-schedule"], "--comm ddp is stock DDP already"),
-    (["--no-schedule", "--order", "static"], "so --order static has nothing to act on"),
-    (["--no-schedule", "--timeline", "."], "so --timeline has nothing to act on"),
-    (["--no-schedule", "--autotune"], "which --no-schedule turns off"),
+    (["--order", "local"], "--order local: give leader or static"),
+    (["--comm", "ddp", "--order", "static"], "--order does not apply with --comm ddp"),
+    (["--comm", "ddp", "--no-schedule"], "--no-schedule does not apply with --comm ddp"),
+    (["--no-schedule", "--order", "static"], "--order does not apply with --no-schedule"),
+    (["--no-schedule", "--timeline", "."], "--timeline does not apply with --no-schedule"),
+    (["--no-schedule", "--autotune"], "--no-schedule does not apply with --autotune"),
     (["--backfill"], "it needs credit_mode 'strict'"),
-    (["--comm", "fifo", "--backfill"], "--backfill lets a smaller partition"),
-    (["--comm", "ddp", "--backfill"], "--backfill lets a smaller partition"),
+    (["--comm", "fifo", "--backfill"], "--backfill does not apply with --comm fifo: it applies "
+                                       "only with --comm priority or bytescheduler"),
+    (["--comm", "ddp", "--backfill"], "--backfill does not apply with --comm ddp"),
     (["--comm", "bytescheduler", "--backfill"], "it needs credit_mode 'strict'"),
     (["--comm", "bytescheduler", "--credit", "1MiB", "--credit-mode", "strict"],
      "must hold one partition"),
@@ -453,3 +455,23 @@ def test_cli_train_rejects_bad_input_before_spawning(capsys, argv, message):
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err
     assert time.monotonic() - start < 5
+
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"lr": float("nan")}, "lr must be a finite number > 0, got nan"),
+    ({"lr": 0}, "lr must be a finite number > 0, got 0"),
+    ({"nproc": 0}, "nproc must be a positive integer, got 0"),
+    ({"batch_size": "4"}, "batch_size must be an integer of at least 1, got '4'"),
+    ({"comm": "ddp", "order": "static"}, "order sets the scheduled runtime's collective order"),
+    ({"comm": "ddp", "enabled": False}, "comm 'ddp' is stock DDP already"),
+    ({"comm": "fifo", "backfill": True}, "it applies to comm 'priority' or 'bytescheduler'"),
+    ({"steps": 0}, "steps must be at least 1, got 0"),
+])
+def test_train_library_errors_name_parameters_before_spawning(options, message):
+    from trainsched.errors import TrainschedError
+    from trainsched.runtime.train import train
+
+    with pytest.raises(TrainschedError, match=re.escape(message)) as raised:
+        train("mlp", **options)
+    assert "--" not in str(raised.value)

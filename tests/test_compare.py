@@ -151,3 +151,34 @@ def test_tuned_bytescheduler_row_runs_the_tuners_point_and_is_never_behind_the_d
     # The defaults are one point the tuner could have picked; its pick is at least as good
     # here, where the defaults' 4 MiB partitions pay the inter-node ring's start-up often.
     assert tuned.step_time_s <= row["data-bytescheduler"].step_time_s
+
+
+def test_strategies_that_cannot_be_built_are_skipped_with_the_reason():
+    from trainsched.strategies import make_plans, plan_strategies
+
+    graph = _chain(3)  # three forward ops: no pipeline of 4 stages
+    cluster = resolve_cluster("p3.16xlarge")
+    options = Options(ranks=4, microbatches=8, batch_size=16)
+    planned, skipped = plan_strategies(graph, cluster, options)
+    pipelines = [n for n in strategies() if n.startswith("pipeline-")]
+    assert list(skipped) == pipelines
+    assert all("cannot cut 3 forward op(s) into 4 stages" in r for r in skipped.values())
+    assert list(planned) == [n for n in strategies() if n not in pipelines]
+    with pytest.raises(TrainschedError, match=f"strategy '{pipelines[0]}': cannot cut"):
+        make_plans(graph, cluster, options)
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda: Options(ranks="2", microbatches=4, batch_size=16),
+     "Options.ranks must be an integer >= 1, got '2'"),
+    (lambda: Options(ranks=2, microbatches=0, batch_size=16), "Options.microbatches must be"),
+    (lambda: compare(_chain(), resolve_cluster("p3.16xlarge"),
+                     Options(ranks=64, microbatches=4, batch_size=16)),
+     "^ranks 64 is more than the cluster's 8 devices$"),
+    (lambda: compare(_chain(), "p3.16xlarge", Options(ranks=2, microbatches=4, batch_size=16)),
+     "the strategies need a Cluster"),
+])
+def test_library_errors_name_parameters_not_flags(call, message):
+    with pytest.raises(TrainschedError, match=message) as raised:
+        call()
+    assert "--" not in str(raised.value)

@@ -439,3 +439,23 @@ def test_large_graph_is_fast_enough():
     assert len(g.topological_order()) == n
     assert g.critical_path()[0] == pytest.approx(n * 1e-3)
     assert Graph.from_json(g.to_json()) == g
+
+
+@pytest.mark.parametrize(("field", "huge"), [
+    ("compute_s", 1e308), ("backward_weight_s", 1e308), ("flops", 1e308),
+    ("param_bytes", 10**308),
+])
+def test_costs_whose_sum_overflows_are_refused(field, huge):
+    ops = [Op(name="a", **{field: huge}), Op(name="b", **{field: huge})]
+    assert Graph(ops[:1], [])  # one such op is a finite number
+    with pytest.raises(TrainschedError, match=f"the ops' {field} add up to more than the "
+                                              f"largest number .*op 'a'"):
+        Graph(ops, [])
+
+
+def test_edge_sizes_whose_sum_overflows_are_refused():
+    ops = [Op(name=n) for n in "abc"]
+    edges = [Edge(src="a", dst="b", size_bytes=10**308), Edge(src="b", dst="c",
+                                                              size_bytes=10**308)]
+    with pytest.raises(TrainschedError, match="the edges' size_bytes add up"):
+        Graph(ops, edges)

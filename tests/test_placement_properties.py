@@ -193,7 +193,7 @@ def test_simulate_placed_agrees_when_no_transfer_queues(seed, n, m, comm):
     order = [names[i] for i in sorted(range(problem.n), key=lambda i: (schedule.start_s[i], i))]
     result = simulate_placed(problem.to_graph(), cluster,
                              {names[i]: schedule.device[i] for i in range(problem.n)},
-                             order=order)
+                             order=order, allow_forward_only=True)
     times = {t.name: (t.start_s, t.end_s) for t in result.tasks if t.category != "comm"}
     assert [times[name] for name in names] == list(zip(schedule.start_s, schedule.end_s,
                                                        strict=True))

@@ -26,6 +26,9 @@ from trainsched.sim import (
 )
 
 MB = 1_000_000  # 1 ms on a 1 GB/s link
+# The closed forms below are of hand-built graphs of forward ops, simulated as given: the
+# executors refuse a forward-only graph unless told that its forward pass is what to simulate.
+FORWARD = {"allow_forward_only": True}
 
 
 def close(actual: float, expected: float) -> bool:
@@ -53,7 +56,7 @@ def test_chain_is_the_sum_of_compute():
     costs = [1e-3 * (1 + (7 * i) % 13) / 3 for i in range(500)]
     ops = [Op(name=f"op{i}", compute_s=c) for i, c in enumerate(costs)]
     edges = [Edge(src=f"op{i}", dst=f"op{i + 1}", size_bytes=4) for i in range(499)]
-    result = simulate_single(Graph(ops, edges))
+    result = simulate_single(Graph(ops, edges), **FORWARD)
     assert close(result.step_time_s, math.fsum(costs))
     assert close(result.dependency_bound_s, math.fsum(costs))
     assert result.events == 500 and result.devices == ("device0",)
@@ -63,20 +66,20 @@ def test_chain_is_the_sum_of_compute():
 
 def test_single_runs_in_the_given_order_and_checks_it():
     g = Graph([Op(name=n, compute_s=1.0) for n in "abc"], [Edge(src="a", dst="c", size_bytes=1)])
-    result = simulate_single(g, order=["b", "a", "c"])
+    result = simulate_single(g, order=["b", "a", "c"], **FORWARD)
     assert [(t.name, t.start_s) for t in result.tasks] == [("b", 0.0), ("a", 1.0), ("c", 2.0)]
-    assert [t.start_s for t in simulate_single(g).tasks] == [0.0, 1.0, 2.0]
+    assert [t.start_s for t in simulate_single(g, **FORWARD).tasks] == [0.0, 1.0, 2.0]
     with pytest.raises(TrainschedError, match="not topological"):
-        simulate_single(g, order=["c", "a", "b"])
+        simulate_single(g, order=["c", "a", "b"], **FORWARD)
     with pytest.raises(TrainschedError, match="each of the graph's 3 ops once"):
-        simulate_single(g, order=["a", "b"])
+        simulate_single(g, order=["a", "b"], **FORWARD)
     with pytest.raises(TrainschedError, match="not a device"):
-        simulate_single(g, make_cluster(2), device=2)
+        simulate_single(g, make_cluster(2), device=2, **FORWARD)
 
 
 def test_single_device_name_comes_from_the_cluster():
     g = Graph([Op(name="a", compute_s=1.0)], [])
-    result = simulate_single(g, make_cluster(4), device=3)
+    result = simulate_single(g, make_cluster(4), device=3, **FORWARD)
     assert result.devices == ("gpu3",) and result.tasks[0].resources == ("gpu3/compute",)
 
 
@@ -99,7 +102,7 @@ def test_fork_join_with_parallel_channels():
     g, placement = fork_join(3)
     x = p2p_s(MB, cluster.link(0, 1))
     expected = 1e-3 + max(x + (6 - j) * 1e-3 + x for j in (1, 2, 3)) + 1e-3
-    result = simulate_placed(g, cluster, placement)
+    result = simulate_placed(g, cluster, placement, **FORWARD)
     assert close(result.step_time_s, expected)
     assert len(comm_records(result)) == 6
     assert close(result.busy_s["gpu0->gpu1"], x) and close(result.busy_s["gpu1->gpu0"], x)
@@ -116,7 +119,7 @@ def test_fork_join_sends_serialise_on_a_sequential_channel():
     for end in branch_end:
         channel_free = max(channel_free, end) + x
     expected = channel_free + 1e-3
-    result = simulate_placed(g, cluster, placement)
+    result = simulate_placed(g, cluster, placement, **FORWARD)
     assert close(result.step_time_s, expected)
     sends = sorted((t.start_s, t.name) for t in comm_records(result) if t.args["src"] == "gpu0")
     assert [name for _, name in sends] == ["src->gpu1", "src->gpu2", "src->gpu3"]
@@ -129,7 +132,8 @@ def test_one_transfer_per_tensor_and_device():
     cluster = make_cluster(3)
     ops = [Op(name=n, compute_s=1e-3) for n in ("a", "b", "c", "d")]
     edges = [Edge(src="a", dst=n, size_bytes=MB) for n in ("b", "c", "d")]
-    result = simulate_placed(Graph(ops, edges), cluster, {"a": 0, "b": 1, "c": 1, "d": 2})
+    result = simulate_placed(Graph(ops, edges), cluster, {"a": 0, "b": 1, "c": 1, "d": 2},
+                             **FORWARD)
     transfers = comm_records(result)
     assert sorted(t.name for t in transfers) == ["a->gpu1", "a->gpu2"]
     x = p2p_s(MB, cluster.link(0, 1))
@@ -138,7 +142,7 @@ def test_one_transfer_per_tensor_and_device():
     # Two tensors of one producer to one device are two transfers.
     edges2 = [Edge(src="a", dst="b", size_bytes=MB, tensor="a.0"),
               Edge(src="a", dst="c", size_bytes=MB, tensor="a.1")]
-    result2 = simulate_placed(Graph(ops[:3], edges2), cluster, {"a": 0, "b": 1, "c": 1})
+    result2 = simulate_placed(Graph(ops[:3], edges2), cluster, {"a": 0, "b": 1, "c": 1}, **FORWARD)
     assert len(comm_records(result2)) == 2
 
 
@@ -154,7 +158,7 @@ def test_diamond_on_two_devices():
     for comm in ("parallel", "sequential"):
         cluster = make_cluster(2, comm, latency="20us")
         x = p2p_s(MB, cluster.link(0, 1))  # 1.02 ms
-        result = simulate_placed(g, cluster, placement)
+        result = simulate_placed(g, cluster, placement, **FORWARD)
         assert close(record(result, "b->gpu1").start_s, 1e-3 + x)
         assert close(record(result, "c").end_s, 1e-3 + x + 2e-3)
         d_start = max(1e-3 + 2 * x, 1e-3 + x + 2e-3)
@@ -172,7 +176,7 @@ def test_exposed_comm_counts_only_idle_destinations():
     cluster = make_cluster(2, latency="0s")
     g = Graph([Op(name="a", compute_s=1e-3), Op(name="b", compute_s=1e-3),
                Op(name="e", compute_s=1.5e-3)], [Edge(src="a", dst="b", size_bytes=MB)])
-    result = simulate_placed(g, cluster, {"a": 0, "b": 1, "e": 1})
+    result = simulate_placed(g, cluster, {"a": 0, "b": 1, "e": 1}, **FORWARD)
     assert close(result.exposed_comm_s, 1e-3 - 0.5e-3)
     assert result.step_time_s == pytest.approx(3e-3, rel=1e-9)
 
@@ -182,19 +186,20 @@ def test_placement_checks_and_protocol():
     g = Graph([Op(name="a", compute_s=1.0), Op(name="b", compute_s=1.0)],
               [Edge(src="a", dst="b", size_bytes=1)])
     with pytest.raises(TrainschedError, match="no device for 1 op"):
-        simulate_placed(g, cluster, {"a": 0})
+        simulate_placed(g, cluster, {"a": 0}, **FORWARD)
     with pytest.raises(TrainschedError, match="not in the graph: zz"):
-        simulate_placed(g, cluster, {"a": 0, "b": 1, "zz": 0})
+        simulate_placed(g, cluster, {"a": 0, "b": 1, "zz": 0}, **FORWARD)
     with pytest.raises(TrainschedError, match="placement of op 'b': device 5"):
-        simulate_placed(g, cluster, {"a": 0, "b": 5})
+        simulate_placed(g, cluster, {"a": 0, "b": 5}, **FORWARD)
 
     @dataclass(frozen=True)
     class Placement:
         device_of: dict
         num_devices: int = 2
 
-    via_object = simulate_placed(g, cluster, Placement({"a": 0, "b": 1}))
-    assert via_object.to_json() == simulate_placed(g, cluster, {"a": 0, "b": 1}).to_json()
+    via_object = simulate_placed(g, cluster, Placement({"a": 0, "b": 1}), **FORWARD)
+    by_map = simulate_placed(g, cluster, {"a": 0, "b": 1}, **FORWARD)
+    assert via_object.to_json() == by_map.to_json()
 
 
 def test_priority_order_puts_critical_work_first_and_ignores_listing():
@@ -220,16 +225,16 @@ def memory_chain() -> Graph:
 
 
 def test_memory_of_a_chain_by_hand():
-    result = simulate_single(memory_chain(), make_cluster(1, memory="4KiB"))
+    result = simulate_single(memory_chain(), make_cluster(1, memory="4KiB"), **FORWARD)
     # resident 3000; w1 +100 +50 temp; at 1 w1's temp goes, w2 +200; at 2 w1's output goes
     # (its consumer w2 ended), w3 +10; at 3 w2's output goes (w3 ended); w3's output stays.
     assert result.memory_timeline["gpu0"] == ((0.0, 3150), (1.0, 3300), (2.0, 3210),
                                               (3.0, 3010))
     assert result.peak_memory_bytes == {"gpu0": 3300} and result.peak_op == {"gpu0": "w2"}
     assert result.oom == {"gpu0": False} and result.memory_capacity_bytes == 4096
-    small = simulate_single(memory_chain(), make_cluster(1, memory="3200B"))
+    small = simulate_single(memory_chain(), make_cluster(1, memory="3200B"), **FORWARD)
     assert small.oom == {"gpu0": True}
-    assert simulate_single(memory_chain()).oom == {"device0": False}
+    assert simulate_single(memory_chain(), **FORWARD).oom == {"device0": False}
 
 
 def test_memory_with_gradients_and_optimizer_state():
@@ -248,7 +253,7 @@ def test_memory_of_received_copies_and_sent_tensors():
     g = Graph([Op(name="a", compute_s=1e-3, output_bytes=MB),
                Op(name="b", compute_s=1e-3, output_bytes=5)],
               [Edge(src="a", dst="b", size_bytes=MB)])
-    result = simulate_placed(g, cluster, {"a": 0, "b": 1})
+    result = simulate_placed(g, cluster, {"a": 0, "b": 1}, **FORWARD)
     # a's output is freed on gpu0 when its transfer ends (2 ms); gpu1 holds the copy from the
     # transfer's start (1 ms) to b's end (3 ms); b's output has no consumer and stays.
     assert result.memory_timeline["gpu0"] == ((0.0, MB), (2e-3, 0))
@@ -345,3 +350,44 @@ def test_write_trace_plain_and_gzip(tmp_path):
     with pytest.raises(TrainschedError, match="not JSON-serialisable"):
         write_trace(tmp_path / "bad.json", result, meta={"x": object()})
     assert not (tmp_path / "bad.json").exists()
+
+
+# --- what the executors refuse ------------------------------------------------------------------
+def test_a_forward_only_graph_is_refused_unless_its_forward_pass_is_asked_for():
+    from trainsched.comm import FifoPolicy
+    from trainsched.sim import crossing_bound_s, simulate_data_parallel
+
+    g = Graph([Op(name="a", compute_s=1.0, param_bytes=1000), Op(name="b", compute_s=2.0)],
+              [Edge(src="a", dst="b", size_bytes=10)], {"model": "fwd"})
+    cluster = make_cluster(2)
+    calls = {
+        "simulate_single": lambda: simulate_single(g, cluster),
+        "simulate_placed": lambda: simulate_placed(g, cluster, {"a": 0, "b": 1}),
+        "simulate_data_parallel": lambda: simulate_data_parallel(g, cluster, ranks=2,
+                                                                 policy=FifoPolicy()),
+        "crossing_bound_s": lambda: crossing_bound_s(g, cluster, ranks=2),
+    }
+    for name, call in calls.items():
+        with pytest.raises(TrainschedError, match=f"{name} simulates a training step, but graph "
+                                                  "'fwd' has forward ops only: call "
+                                                  r"trainsched.graph.to_training\(graph\)"):
+            call()
+    assert simulate_single(g, cluster, allow_forward_only=True).step_time_s == 3.0
+    train = to_training(g)
+    assert simulate_single(train, cluster).step_time_s == train.totals().compute_s
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda g: simulate_single(g, "p3.16xlarge"),
+     "simulate_single takes a trainsched.cluster.Cluster \\(trainsched.cluster.resolve_cluster "
+     "makes one from a preset name\\), got str 'p3.16xlarge'"),
+    (lambda g: simulate_single("g.json"), "simulate_single takes a trainsched.graph.Graph, got "
+                                          "str"),
+    (lambda g: simulate_placed(g, None, {"a": 0}), "needs the cluster"),
+    (lambda g: simulate_single(g, allow_forward_only="yes"), "allow_forward_only must be True "
+                                                             "or False"),
+])
+def test_wrong_types_are_errors_worded_for_the_caller(call, message):
+    g = to_training(Graph([Op(name="a", compute_s=1.0, param_bytes=1000)], []))
+    with pytest.raises(TrainschedError, match=message):
+        call(g)

@@ -218,7 +218,7 @@ def test_mismatches_are_user_errors():
 
 def test_bubble_fraction_of_a_plain_result():
     g = Graph([Op(name="a", compute_s=1.0)], [])
-    assert bubble_fraction(simulate_single(g)) == 0.0
+    assert bubble_fraction(simulate_single(g, allow_forward_only=True)) == 0.0
 
 
 def test_trace_has_one_process_per_rank():

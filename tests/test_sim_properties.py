@@ -85,14 +85,14 @@ def check_invariants(result: SimResult) -> None:
 @given(placed_graphs())
 def test_placed_invariants(case):
     graph, placement, cluster, _ = case
-    check_invariants(simulate_placed(graph, cluster, placement))
+    check_invariants(simulate_placed(graph, cluster, placement, allow_forward_only=True))
 
 
 @PROPERTY
 @given(placed_graphs())
 def test_single_device_invariants(case):
     graph, _, cluster, _ = case
-    result = simulate_single(graph, cluster)
+    result = simulate_single(graph, cluster, allow_forward_only=True)
     check_invariants(result)
     assert math.isclose(result.step_time_s, math.fsum(op.compute_s for op in graph.ops),
                         rel_tol=REL, abs_tol=1e-15)
@@ -102,8 +102,8 @@ def test_single_device_invariants(case):
 @given(placed_graphs())
 def test_same_input_same_bytes_and_listing_does_not_matter(case):
     graph, placement, cluster, permutation = case
-    first = simulate_placed(graph, cluster, placement)
-    again = simulate_placed(graph, cluster, placement)
+    first = simulate_placed(graph, cluster, placement, allow_forward_only=True)
+    again = simulate_placed(graph, cluster, placement, allow_forward_only=True)
     assert first.to_json() == again.to_json()
     text = trace_json(first)
     assert text == trace_json(again)
@@ -116,7 +116,7 @@ def test_same_input_same_bytes_and_listing_does_not_matter(case):
         for (_, end), (start, _) in itertools.pairwise(spans):
             assert end <= start + 1e-6
     shuffled = Graph([graph.ops[i] for i in permutation], graph.edges)
-    permuted = simulate_placed(shuffled, cluster, placement)
+    permuted = simulate_placed(shuffled, cluster, placement, allow_forward_only=True)
     assert permuted.step_time_s == first.step_time_s
     assert permuted.peak_memory_bytes == first.peak_memory_bytes
 
@@ -125,7 +125,7 @@ def test_same_input_same_bytes_and_listing_does_not_matter(case):
 @given(placed_graphs(), st.data())
 def test_zero_cost_op_changes_nothing(case, data):
     graph, placement, cluster, _ = case
-    base = simulate_placed(graph, cluster, placement)
+    base = simulate_placed(graph, cluster, placement, allow_forward_only=True)
     # A free op: alone, or hanging off an op of its device by an empty edge.
     host = data.draw(st.sampled_from([None, *[op.name for op in graph.ops]]))
     edges = list(graph.edges)
@@ -134,7 +134,7 @@ def test_zero_cost_op_changes_nothing(case, data):
     used = sorted(set(placement.values()))  # a new device would add idle resources
     device = placement[host] if host is not None else data.draw(st.sampled_from(used))
     more = simulate_placed(Graph([*graph.ops, Op(name="zero")], edges), cluster,
-                           placement | {"zero": device})
+                           placement | {"zero": device}, allow_forward_only=True)
     assert more.step_time_s == base.step_time_s
     assert more.busy_s == base.busy_s
     if host is None:  # a consumer frees its host's output, which otherwise lives to the end

@@ -115,7 +115,7 @@ def _names(trace: dict, kind: str) -> dict[int, str]:
 
 def test_simulated_and_measured_traces_name_the_compute_stream_alike():
     graph = Graph([Op(name="a", compute_s=1e-3)], [])
-    simulated = chrome_trace(simulate_single(graph))
+    simulated = chrome_trace(simulate_single(graph, allow_forward_only=True))
     span = Span(track="compute", phase="FWD", label="a", start_s=0.0, end_s=1e-3, step=0)
     measured = timeline_trace([span], rank=0)
     # Device 0 and rank 0 are both process 1, whose compute thread is "<process>/compute".

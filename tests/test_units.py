@@ -12,7 +12,9 @@ from trainsched.units import (
     format_duration,
     format_flops,
     format_flops_rate,
+    format_number,
     format_size,
+    format_size_flag,
     is_int,
     parse_bandwidth,
     parse_duration,
@@ -187,6 +189,46 @@ def test_format_flops():
     assert format_flops_rate(989.4e12) == "989 TFLOP/s"
     assert format_flops(8.18e9) == "8.18 GFLOP"
     assert format_flops(12) == "12.0 FLOP"
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    (9999.0, "9999 s"),            # four digits stay plain
+    (12345.0, "12.3e3 s"),         # from 10000 on: three digits and a power of 1000
+    (86400.0, "86.4e3 s"),
+    (999_999.0, "1.00e6 s"),       # rounding up reaches the next power of 1000
+    (1e300, "1.00e300 s"),         # not a 301-digit number
+    (2.5e-300, "0.00 ns"),         # tiny values are not the problem: nanoseconds
+])
+def test_huge_durations_use_engineering_notation(value, expected):
+    assert format_duration(value) == expected
+
+
+def test_huge_sizes_and_numbers_use_engineering_notation():
+    assert format_size(909494701772928256 * 2**40) == "909e15 TiB"
+    assert format_size(20_000 * 2**40) == "20.0e3 TiB"
+    assert format_flops(3e20) == "300e3 PFLOP"
+    assert format_number(349.25) == "349.2" and format_number(0.5, 2) == "0.50"
+    assert format_number(123_456_789.0) == "123e6"
+    assert format_number(float("inf")) == "inf"
+
+
+@given(st.floats(min_value=1e4, max_value=1e300))
+def test_engineering_notation_parses_back(seconds):
+    assert math.isclose(parse_duration(format_duration(seconds)), seconds, rel_tol=PRECISION)
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    (4 << 20, "4MiB"), (3 << 30, "3GiB"), (1536 << 20, "1.5GiB"), (4096, "4KiB"),
+    ((5 << 20) + 4096, "5.00390625MiB"), (512, "512B"), (0, "0B"),
+])
+def test_format_size_flag_is_exact_in_binary_units(value, expected):
+    assert format_size_flag(value) == expected
+    assert parse_size(expected) == value
+
+
+@given(st.integers(min_value=0, max_value=2**50))
+def test_format_size_flag_round_trips(n):
+    assert parse_size(format_size_flag(n)) == n
 
 
 def _close(a: float, b: float) -> bool:

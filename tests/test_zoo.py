@@ -118,7 +118,7 @@ def test_image_size_shrinks_a_vision_model_input_not_its_parameters():
 
 
 @pytest.mark.parametrize(("name", "size", "message"), [
-    ("mlp", 64, "vision models only"),
+    ("mlp", 64, "image_size applies to resnet50, .*, not 'mlp'"),
     ("resnet50", 16, "at least 32"),
 ])
 def test_image_size_rejects_what_it_cannot_mean(name: str, size: int, message: str):
@@ -126,3 +126,44 @@ def test_image_size_rejects_what_it_cannot_mean(name: str, size: int, message: s
 
     with pytest.raises(TrainschedError, match=message):
         build(name, batch_size=1, image_size=size)
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda: build("mlp", batch_size="32"), "batch_size must be an integer of at least 1, got "
+                                            "'32'"),
+    (lambda: build("mlp", batch_size=0), "batch_size must be an integer of at least 1, got 0"),
+    (lambda: build("gpt2", seq_len=2.5), "seq_len must be an integer"),
+    (lambda: build("resnet50", seq_len=64), "seq_len applies to gpt2, bert-base, tiny-gpt2 "
+                                            "only, not 'resnet50'"),
+    (lambda: build(50), "a model is named by a str"),
+    (lambda: build("mlp", seed="0"), "seed must be an integer"),
+])
+def test_wrong_arguments_are_errors_worded_for_the_caller(call, message):
+    from trainsched.errors import TrainschedError
+
+    with pytest.raises(TrainschedError, match=message) as raised:
+        call()
+    assert "--" not in str(raised.value)  # library errors name parameters, not flags
+
+
+def test_each_model_says_which_sizes_it_takes():
+    from trainsched.capture import size_options
+
+    assert size_options("resnet50") == size_options("inception-v3") == ("image_size",)
+    assert size_options("gpt2") == size_options("tiny-gpt2") == ("seq_len",)
+    assert size_options("mlp") == size_options("small-cnn") == ()
+    assert size_options("model.py:make") == ("seq_len",)
+
+
+def test_a_model_file_refuses_sizes_its_function_does_not_take(tmp_path):
+    from trainsched.errors import TrainschedError
+
+    path = tmp_path / "m.py"
+    path.write_text("import torch\n"
+                    "def make(batch_size=2):\n"
+                    "    return torch.nn.Linear(4, 2), (torch.randn(batch_size, 4),)\n")
+    assert build(f"{path}:make", batch_size=3).batch_size == 3
+    with pytest.raises(TrainschedError, match="takes no seq_len parameter"):
+        build(f"{path}:make", seq_len=16)
+    with pytest.raises(TrainschedError, match="image_size applies to the zoo's vision models"):
+        build(f"{path}:make", image_size=64)

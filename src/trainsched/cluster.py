@@ -244,6 +244,12 @@ class Cluster:
         assert self.inter_node is not None
         return self.inter_node
 
+    @property
+    def label(self) -> str:
+        """The name with the node count where there is more than one node
+        (``p3.16xlarge:4``), as ``resolve_cluster`` takes it back: what reports print."""
+        return self.name if self.num_nodes == 1 else f"{self.name}:{self.num_nodes}"
+
     def with_nodes(self, num_nodes: int) -> Cluster:
         """The same cluster with ``num_nodes`` nodes (name and everything else unchanged)."""
         return replace(self, num_nodes=num_nodes)
@@ -487,7 +493,13 @@ def resolve_cluster(spec: str, *, nodes: int | None = None) -> Cluster:
     """A cluster from a preset name, ``NAME:N`` (N nodes), or a ``.toml``/``.json`` file path.
 
     ``NAME:N`` works for files too (``lab.toml:2``); ``nodes`` is the same as the ``:N`` suffix.
+    The cluster keeps the preset's (or file's) name; its :attr:`Cluster.label` adds the nodes.
     """
+    if not isinstance(spec, str):
+        raise TrainschedError(f"resolve_cluster takes a preset name, 'NAME:N' or a cluster file "
+                              f"path (a str), got {type(spec).__name__} {spec!r}")
+    if nodes is not None and not (is_int(nodes) and nodes > 0):
+        raise TrainschedError(f"nodes must be a positive integer, got {nodes!r}")
     match = re.fullmatch(r"(.+):(\d+)", spec.strip())
     base, suffix_nodes = (match[1], int(match[2])) if match else (spec.strip(), None)
     _require(suffix_nodes is None or nodes is None or suffix_nodes == nodes,

@@ -17,9 +17,9 @@ from trainsched.cluster import Cluster
 from trainsched.errors import TrainschedError
 from trainsched.graph import Graph
 from trainsched.sim import SimResult, bubble_fraction, simulate
-from trainsched.strategies import Options, Planned, make_plans, strategies
+from trainsched.strategies import Options, Planned, make_plans, plan_strategies, strategies
 
-__all__ = ["Options", "Row", "compare", "compare_plans", "strategies"]
+__all__ = ["Options", "Row", "compare", "compare_plans", "plan_strategies", "strategies"]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -11,6 +11,10 @@ registered with ``compare=True`` is a row without any other edit:
   those tagged ``tuned``: the partition and credit the tuner picks on the simulator;
 - ``pipeline-<schedule>`` for each schedule tagged ``compare``: stages balanced by compute;
 - ``placed-auto``: the placers run on ``ranks`` devices, the fastest predicted kept.
+
+A strategy may not fit a graph (a pipeline of more stages than the graph has forward ops):
+:func:`make_plans` raises, naming the strategy; :func:`plan_strategies` builds those it can and
+says why each other one cannot, as ``trainsched compare`` shows them.
 """
 
 from __future__ import annotations
@@ -33,19 +37,25 @@ from trainsched.plan import (
     SinglePlan,
     default_steps,
 )
-from trainsched.units import format_size
+from trainsched.units import format_size, is_int
 
-__all__ = ["Options", "Planned", "Strategy", "make_plans", "strategies"]
+__all__ = ["Options", "Planned", "Strategy", "make_plans", "plan_strategies", "strategies"]
 
 
 @dataclass(frozen=True, kw_only=True)
 class Options:
     """How wide the parallel strategies are: ranks (or stages) and micro-batches; the batch
-    size per rank (data parallel) or per step (the others)."""
+    size per rank (data parallel) or per step (the others). Each an integer >= 1."""
 
     ranks: int
     microbatches: int
     batch_size: int
+
+    def __post_init__(self) -> None:
+        for name in ("ranks", "microbatches", "batch_size"):
+            value = getattr(self, name)
+            if not (is_int(value) and value >= 1):
+                raise TrainschedError(f"Options.{name} must be an integer >= 1, got {value!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -148,13 +158,44 @@ def strategies() -> dict[str, Strategy]:
 
 def make_plans(graph: Graph, cluster: Cluster, options: Options,
                names: list[str] | None = None) -> dict[str, Planned]:
-    """The plans of the strategies ``names`` (default: all), in that order."""
+    """The plans of the strategies ``names`` (default: all), in that order; a strategy that
+    cannot be built for this graph raises, naming it."""
+    planned, skipped = plan_strategies(graph, cluster, options, names)
+    if skipped:
+        name, reason = next(iter(skipped.items()))
+        raise TrainschedError(f"strategy {name!r}: {reason}")
+    return planned
+
+
+def plan_strategies(graph: Graph, cluster: Cluster, options: Options,
+                    names: list[str] | None = None) -> tuple[dict[str, Planned], dict[str, str]]:
+    """The plans of the strategies ``names`` (default: all) that can be built for ``graph``, in
+    that order, and for each other one why not (its builder's error). ``single``, the baseline,
+    must build: its error is raised."""
+    if not isinstance(graph, Graph):
+        raise TrainschedError(f"the strategies plan a Graph, got {type(graph).__name__}")
+    if not isinstance(cluster, Cluster):
+        raise TrainschedError(f"the strategies need a Cluster (trainsched.cluster."
+                              f"resolve_cluster makes one), got {type(cluster).__name__}")
+    if not isinstance(options, Options):
+        raise TrainschedError(f"options must be a trainsched.strategies.Options, got "
+                              f"{type(options).__name__}")
     known = strategies()
     names = list(known) if names is None else names
     unknown = [n for n in names if n not in known]
     if unknown:
         raise TrainschedError(f"unknown strategy {unknown[0]!r}; known: {', '.join(known)}")
     if options.ranks > cluster.num_devices:
-        raise TrainschedError(f"--ranks {options.ranks} is more than the cluster's "
+        raise TrainschedError(f"ranks {options.ranks} is more than the cluster's "
                               f"{cluster.num_devices} devices")
-    return {name: known[name](graph, cluster, options) for name in names}
+    planned: dict[str, Planned] = {}
+    skipped: dict[str, str] = {}
+    for name in names:
+        if name == "single":
+            planned[name] = known[name](graph, cluster, options)
+            continue
+        try:
+            planned[name] = known[name](graph, cluster, options)
+        except TrainschedError as exc:
+            skipped[name] = str(exc)
+    return planned, skipped

@@ -27,7 +27,9 @@ __all__ = [
     "format_duration",
     "format_flops",
     "format_flops_rate",
+    "format_number",
     "format_size",
+    "format_size_flag",
     "is_int",
     "parse_bandwidth",
     "parse_duration",
@@ -110,13 +112,41 @@ def _parse(
 
 
 def _sig3(value: float) -> str:
-    """About three significant digits: 512, 16.0, 1.50."""
+    """About three significant digits: 512, 16.0, 1.50; from 10000 on, engineering notation
+    (:func:`_engineering`), so that a huge value stays short."""
     magnitude = abs(value)
+    if magnitude >= ENGINEERING_FROM and math.isfinite(value):
+        return _engineering(value)
     if magnitude >= 100:
         return f"{value:.0f}"
     if magnitude >= 10:
         return f"{value:.1f}"
     return f"{value:.2f}"
+
+
+#: Magnitudes from which formatted numbers switch to engineering notation.
+ENGINEERING_FROM = 1e4
+
+
+def _engineering(value: float) -> str:
+    """Three significant digits times a power of ten that is a multiple of 3: ``"12.3e3"``,
+    ``"909e15"``, ``"1.00e300"``."""
+    exponent = 3 * (math.floor(math.log10(abs(value))) // 3)
+    mantissa = value / 10.0**exponent
+    if abs(float(f"{mantissa:.3g}")) >= 1000:  # rounds up to the next power of 1000
+        exponent += 3
+        mantissa = value / 10.0**exponent
+    magnitude = abs(mantissa)
+    digits = 0 if magnitude >= 100 else 1 if magnitude >= 10 else 2
+    return f"{mantissa:.{digits}f}e{exponent}"
+
+
+def format_number(value: float, decimals: int = 1) -> str:
+    """A plain number (a rate, a ratio) with ``decimals`` decimals, or in engineering notation
+    from a million on: ``"349.2"``, ``"1.23e9"``."""
+    if abs(value) >= 1e6 and math.isfinite(value):
+        return _engineering(value)
+    return f"{value:.{decimals}f}"
 
 
 def _scaled(value: float, steps: list[tuple[float, str]], base: str) -> str:
@@ -138,6 +168,17 @@ def format_size(size_bytes: float) -> str:
     if abs(size_bytes) < 1024:
         return f"{size_bytes:.0f} B"
     return _scaled(size_bytes, [(float(m), f"{p}B") for p, m in _BINARY.items()], "B")
+
+
+def format_size_flag(size_bytes: int) -> str:
+    """A whole number of bytes as a flag takes it back exactly (:func:`parse_size`), in the
+    largest binary unit it reaches: ``"4MiB"``, ``"5.00390625MiB"``, ``"1.5GiB"``, ``"512B"``."""
+    for unit, factor in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(size_bytes) >= factor:
+            value = size_bytes / factor  # exact: a power-of-two divisor, bytes below 2**53
+            text = repr(value)
+            return f"{text[:-2] if text.endswith('.0') else text}{unit}"
+    return f"{size_bytes}B"
 
 
 def parse_duration(text: str | float) -> float:

@@ -5,6 +5,7 @@ models with random weights.
 """
 
 from trainsched.capture.capture import GRANULARITIES, TIERS, capture, measure_device
-from trainsched.capture.zoo import ZooModel, build, names
+from trainsched.capture.zoo import ZooModel, build, models_taking, names, size_options
 
-__all__ = ["GRANULARITIES", "TIERS", "ZooModel", "build", "capture", "measure_device", "names"]
+__all__ = ["GRANULARITIES", "TIERS", "ZooModel", "build", "capture", "measure_device",
+           "models_taking", "names", "size_options"]

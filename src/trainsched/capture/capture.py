@@ -76,6 +76,9 @@ def _capture(model: torch.nn.Module, example_inputs: Any, example_kwargs: Any,
         raise TrainschedError("repeats must be at least 1 and warmup at least 0")
     if module_depth is not None and module_depth < 1:
         raise TrainschedError("module depth must be at least 1")
+    if module_depth is not None and granularity != "module":
+        raise TrainschedError(f"module_depth groups ops by module: it applies to granularity "
+                              f"'module', not {granularity!r}")
     args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
     kwargs = dict(example_kwargs or {})
     spec = None

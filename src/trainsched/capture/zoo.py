@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from trainsched.errors import TrainschedError
+from trainsched.units import is_int
 
 
 @dataclass
@@ -73,7 +74,7 @@ def _transformer(kind: str) -> Callable[[int, int], Any]:
             model = transformers.BertForMaskedLM(config)
         limit = getattr(config, "n_positions", None) or config.max_position_embeddings
         if seq_len > limit:
-            raise TrainschedError(f"--seq-len {seq_len} is longer than the model's {limit} "
+            raise TrainschedError(f"seq_len {seq_len} is longer than the model's {limit} "
                                   f"positions")
         ids = torch.randint(0, config.vocab_size, (batch_size, seq_len))
         return model, (), {"input_ids": ids}
@@ -150,6 +151,40 @@ def names() -> list[str]:
     return list(MODELS)
 
 
+def _entry(name: str) -> tuple[str, Entry]:
+    """The zoo's name and entry of ``name`` (``-`` and ``_`` alike, any case)."""
+    if not isinstance(name, str):
+        raise TrainschedError(f"a model is named by a str (a zoo name or path.py:function), got "
+                              f"{type(name).__name__} {name!r}")
+    entry = MODELS.get(name) or MODELS.get(name.lower().replace("-", "_")) or MODELS.get(
+        name.lower().replace("_", "-"))
+    if entry is None:
+        raise TrainschedError(f"unknown model {name!r}; known models: {', '.join(MODELS)}")
+    return next(k for k, v in MODELS.items() if v is entry), entry
+
+
+def _takes_seq(name: str, entry: Entry) -> bool:
+    """Whether the model takes token ids (the text models and the built-in tiny GPT-2)."""
+    return entry.family != "vision" and name not in ("mlp", "small-cnn")
+
+
+def size_options(name: str) -> tuple[str, ...]:
+    """The input sizes :func:`build` takes for model ``name`` besides ``batch_size``:
+    ``("image_size",)`` for the vision models, ``("seq_len",)`` for the text ones (and a model
+    file, whose function gets ``seq_len`` when it takes one), ``()`` for the others."""
+    if isinstance(name, str) and ".py:" in name:
+        return ("seq_len",)
+    key, entry = _entry(name)
+    if entry.family == "vision":
+        return ("image_size",)
+    return ("seq_len",) if _takes_seq(key, entry) else ()
+
+
+def models_taking(option: str) -> list[str]:
+    """The zoo models whose :func:`size_options` hold ``option``."""
+    return [n for n in MODELS if option in size_options(n)]
+
+
 def build(name: str, *, batch_size: int | None = None, seq_len: int | None = None,
           image_size: int | None = None, seed: int = 0) -> ZooModel:
     """Build zoo model ``name`` with random weights drawn from ``seed``.
@@ -161,32 +196,31 @@ def build(name: str, *, batch_size: int | None = None, seq_len: int | None = Non
     ``name`` may also be ``path/to/file.py:function``: the function (given ``batch_size`` and
     ``seq_len`` when it takes them) returns ``(model, args)`` or ``(model, args, kwargs)``.
     """
-    if ".py:" in name:
+    for option, value, low in (("batch_size", batch_size, 1), ("seq_len", seq_len, 1),
+                               ("image_size", image_size, 32)):
+        if value is not None and not (is_int(value) and value >= low):
+            raise TrainschedError(f"{option} must be an integer of at least {low}, got "
+                                  f"{value!r}")
+    if not is_int(seed):
+        raise TrainschedError(f"seed must be an integer, got {seed!r}")
+    if isinstance(name, str) and ".py:" in name:
+        if image_size is not None:
+            raise TrainschedError(f"image_size applies to the zoo's vision models; the function "
+                                  f"of {name} makes its own inputs")
         return _from_file(name, batch_size=batch_size, seq_len=seq_len, seed=seed)
-    entry = MODELS.get(name) or MODELS.get(name.lower().replace("-", "_")) or MODELS.get(
-        name.lower().replace("_", "-"))
-    if entry is None:
-        raise TrainschedError(f"unknown model {name!r}; known models: {', '.join(MODELS)}")
-    name = next(k for k, v in MODELS.items() if v is entry)
+    name, entry = _entry(name)
     batch = entry.default_batch_size if batch_size is None else batch_size
     seq = DEFAULT_SEQ_LEN if seq_len is None else seq_len
-    if batch < 1:
-        raise TrainschedError(f"--batch-size must be at least 1, got {batch}")
-    if seq < 1:
-        raise TrainschedError(f"--seq-len must be at least 1, got {seq}")
-    if image_size is not None:
-        if entry.family != "vision":
-            raise TrainschedError(f"--image-size applies to the vision models only, not "
-                                  f"{name!r}")
-        if not (isinstance(image_size, int) and image_size >= 32):
-            raise TrainschedError(f"--image-size must be an integer of at least 32, got "
-                                  f"{image_size!r}")
+    for option, value in (("image_size", image_size), ("seq_len", seq_len)):
+        if value is not None and option not in size_options(name):
+            raise TrainschedError(f"{option} applies to {', '.join(models_taking(option))} "
+                                  f"only, not {name!r}")
     torch.manual_seed(seed)
     if image_size is not None:
         model, args, kwargs = entry.builder(batch, seq, image_size=image_size)
     else:
         model, args, kwargs = entry.builder(batch, seq)
-    uses_seq = entry.family != "vision" and name not in ("mlp", "small-cnn")
+    uses_seq = _takes_seq(name, entry)
     return ZooModel(name=name, model=model, args=args, kwargs=kwargs,
                     description=entry.description, batch_size=batch,
                     seq_len=seq if uses_seq else None)
@@ -215,7 +249,12 @@ def _from_file(spec: str, *, batch_size: int | None, seq_len: int | None, seed: 
         raise TrainschedError(f"model file {path} has no function {func_name!r}")
     params = inspect.signature(func).parameters
     kwargs = {k: v for k, v in (("batch_size", batch_size), ("seq_len", seq_len))
-              if v is not None and k in params}
+              if v is not None}
+    unused = [k for k in kwargs if k not in params]
+    if unused:
+        raise TrainschedError(f"{spec} takes no {' or '.join(unused)} parameter, so "
+                              f"{' and '.join(unused)} cannot be set; add the parameter to the "
+                              f"function or drop {'it' if len(unused) == 1 else 'them'}")
     try:
         result = func(**kwargs)
     except Exception as exc:

@@ -11,9 +11,21 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from trainsched.cli.common import Subcommands, add_json, dump, error_context
+from trainsched.cli.common import (
+    OPTIMIZER_DEFAULT,
+    Applies,
+    Fact,
+    Subcommands,
+    add_json,
+    add_optimizer,
+    as_training,
+    check_applicable,
+    check_count,
+    dump,
+    error_context,
+    size_rules_and_facts,
+)
 from trainsched.cli.outputs import OutputDir
-from trainsched.errors import TrainschedError
 from trainsched.report.chart import write_measured_chart
 from trainsched.report.progress import ProgressBar
 from trainsched.report.tables import compare_report, measured_report
@@ -30,19 +42,22 @@ def add_parser(sub: Subcommands) -> None:
     p.add_argument("--seq-len", type=int, default=None, help="tokens per example")
     p.add_argument("--image-size", type=int, default=None,
                    help="image side of vision models (default 224; >= 32)")
-    p.add_argument("--costs", choices=("auto", "measured", "roofline", "static"), default="auto",
-                   help="auto: measured on a cpu cluster, else roofline for its device")
+    p.add_argument("--costs", choices=("auto", "measured", "roofline", "static"), default=None,
+                   help="auto (default): measured on a cpu cluster, else roofline for its "
+                   "device")
     p.add_argument("--ranks", type=int, default=None,
                    help="ranks / pipeline stages (default: all devices)")
     p.add_argument("--microbatches", type=int, default=None,
                    help="pipeline micro-batches (default: 2 x ranks)")
-    p.add_argument("--optimizer", default="sgd", help="sgd, momentum or adam")
+    add_optimizer(p)
     p.add_argument("--out-dir", default="compare-out", help="where traces, chart and table go")
     p.add_argument("--run", action="store_true",
                    help="also run every strategy this host can run (its plan, for real) and "
                    "show measured beside predicted")
-    p.add_argument("--steps", type=int, default=5, help="--run: timed steps per strategy")
-    p.add_argument("--warmup", type=int, default=2, help="--run: untimed first steps")
+    p.add_argument("--steps", type=int, default=None,
+                   help=f"--run: timed steps per strategy (default {RUN_DEFAULTS['steps']})")
+    p.add_argument("--warmup", type=int, default=None,
+                   help=f"--run: untimed first steps (default {RUN_DEFAULTS['warmup']})")
     p.add_argument("--calibration", default=None,
                    help="--run on a cpu cluster: a cluster file from trainsched calibrate to "
                    "predict with (default: calibrate this host first)")
@@ -50,25 +65,43 @@ def add_parser(sub: Subcommands) -> None:
     p.set_defaults(func=run)
 
 
+#: ``--run``'s flags' defaults (given in code: without ``--run`` the flags do not apply).
+RUN_DEFAULTS = {"steps": 5, "warmup": 2}
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """Refuse every flag that does not apply: the model's sizes and costs to a graph file,
+    ``--seq-len``/``--image-size`` to a model that takes no such input, ``--run``'s options
+    without it (:func:`trainsched.cli.common.check_applicable`)."""
+    graph_file = args.model.endswith(".json")
+    rules, facts = size_rules_and_facts(None if graph_file else args.model)
+    rules += [Applies(flags=("batch_size", "costs"), when={"model": (True,)},
+                      where="to a model (a graph file has its batch and costs)"),
+              Applies(flags=("steps", "warmup", "calibration"), when={"run": (True,)},
+                      where="with --run")]
+    facts.update(model=Fact(value=not graph_file, text="to a graph file"),
+                 run=Fact(value=bool(args.run), text="without --run"))
+    check_applicable(args, rules, facts)
+
+
 def run(args: argparse.Namespace) -> int:
     from trainsched import compare as comparing
     from trainsched.cluster import resolve_cluster
-    from trainsched.graph import Graph, atomic_write_text, to_training
+    from trainsched.graph import Graph, atomic_write_text
     from trainsched.plan import Prediction, save_plan
     from trainsched.report.chart import write_chart
     from trainsched.sim import write_trace
 
-    for flag, value, minimum in (("--steps", args.steps, 1), ("--warmup", args.warmup, 0)):
-        if value < minimum:
-            raise TrainschedError(f"{flag} {value}: give at least {minimum}")
-    if args.calibration is not None and not args.run:
-        raise TrainschedError("--calibration sets what --run predicts with; add --run")
+    check_flags(args)
+    for option, default in RUN_DEFAULTS.items():
+        setattr(args, option, default if getattr(args, option) is None else getattr(args, option))
+    check_count("--steps", args.steps, 1)
+    check_count("--warmup", args.warmup, 0)
+    check_count("--ranks", args.ranks, 1)
+    check_count("--microbatches", args.microbatches, 1)
     cluster = resolve_cluster(args.cluster)
-    if args.ranks is not None and not 1 <= args.ranks <= cluster.num_devices:
-        raise TrainschedError(f"--ranks {args.ranks}: the cluster has {cluster.num_devices} "
-                              "devices; give 1 to that many")
-    if args.microbatches is not None and args.microbatches < 1:
-        raise TrainschedError(f"--microbatches {args.microbatches}: give at least 1")
+    check_count("--ranks", args.ranks, 1, cluster.num_devices,
+                f"the cluster {cluster.label} has {cluster.num_devices} devices")
     # Checked now, written at the end: a failure or an interrupt leaves no partial folder.
     out = OutputDir(args.out_dir, "--out-dir", inputs=_input_files(args))
     calibrating = args.run and args.calibration is None and cluster.device.kind.startswith("cpu")
@@ -84,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
 
         zoo = build(args.model, batch_size=args.batch_size, seq_len=args.seq_len,
                     image_size=args.image_size)
-        costs = args.costs
+        costs = args.costs or "auto"
         if costs == "auto":
             costs = "measured" if cluster.device.kind.startswith("cpu") else "roofline"
         meta = {"batch_size": zoo.batch_size}
@@ -101,29 +134,31 @@ def run(args: argparse.Namespace) -> int:
                             name=zoo.name, meta=meta, progress=bar.update,
                             threads=1 if args.run and costs == "measured" else None)
         files["graph.json"] = graph.save  # the captured graph (a graph file given is an input)
-    if all(op.kind == "forward" for op in graph.ops):
-        graph = to_training(graph, optimizer=args.optimizer)
+    graph = as_training(graph, args, runs=args.run)
     ranks = args.ranks or cluster.num_devices
     options = comparing.Options(ranks=ranks, microbatches=args.microbatches or 2 * ranks,
                                 batch_size=int(graph.meta.get("batch_size", 1)))
     if args.run and cluster.device.kind.startswith("cpu"):
         cluster = _host_cluster(args, cluster, out_dir, files)
-    planned = comparing.make_plans(graph, cluster, options)
+    planned, skipped = comparing.plan_strategies(graph, cluster, options)
     rows, results = comparing.compare_plans(graph, cluster, planned, options.batch_size)
     model = graph.meta.get("model", args.model)
     for name, result in results.items():
         files[f"{name}.trace.json"] = partial(
             write_trace, result=result, title=f"{model} {name}",
-            meta={"strategy": name, "cluster": cluster.name})
+            meta={"strategy": name, "cluster": cluster.label})
         files[f"{name}.plan.json"] = partial(
             save_plan, planned[name].plan,
-            prediction=Prediction(cluster=cluster.name, step_time_s=result.step_time_s,
+            prediction=Prediction(cluster=cluster.label, step_time_s=result.step_time_s,
                                   samples_per_step=planned[name].samples_per_step))
-    title = f"{model} (batch {options.batch_size}) on {cluster.name}, {ranks} devices"
+    title = f"{model} (batch {options.batch_size}) on {cluster.label}, {ranks} devices"
     files["compare.png"] = lambda path: write_chart(str(path), rows, title)
-    doc = {"model": model, "cluster": cluster.name, "ranks": ranks,
+    doc = {"model": model, "cluster": cluster.label, "ranks": ranks,
            "microbatches": options.microbatches, "batch_size": options.batch_size,
            "tier": graph.meta.get("tier"), "rows": [r.to_dict() for r in rows]}
+    if skipped:  # only then, so that a run that builds every strategy writes what it did
+        doc["skipped"] = [{"strategy": name, "reason": reason}
+                          for name, reason in skipped.items()]
     measured = None
     if args.run:
         measured = _run_rows(args, planned, rows, model)
@@ -141,7 +176,8 @@ def run(args: argparse.Namespace) -> int:
         print(dump({**doc, "out_dir": str(out_dir)}))
         return 0
     print(compare_report(rows, title=title, tier=graph.meta.get("tier"),
-                         device=graph.meta.get("device", "?"), out_dir=out_dir))
+                         device=graph.meta.get("device", "?"), out_dir=out_dir,
+                         skipped=skipped))
     if measured is not None:
         print(measured_report(rows, measured, out_dir=out_dir))
     return 0
@@ -191,7 +227,7 @@ def _run_rows(args: argparse.Namespace, planned: dict[str, Any], rows: list[Any]
             print(f"running {r.strategy} ({k + 1}/{len(rows)})", file=sys.stderr, flush=True)
         with error_context(f"running {r.strategy}"):
             result = run(plan, model, steps=args.steps, warmup=args.warmup,
-                         optimizer=args.optimizer)
+                         optimizer=args.optimizer or OPTIMIZER_DEFAULT)
         out[r.strategy] = {"median_s": result.median_s, "p10_s": result.p10_s,
                            "p90_s": result.p90_s, "samples_per_s": result.samples_per_s,
                            "ranks": result.ranks,

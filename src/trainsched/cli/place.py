@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from trainsched.cli.common import Subcommands, add_json, dump, training_graph
+from trainsched.cli.common import Subcommands, add_json, add_optimizer, dump, training_graph
 from trainsched.cluster import COMM_MODES
 from trainsched.placement import PLACERS
 from trainsched.report.tables import place_report
@@ -29,7 +29,7 @@ def add_parser(sub: Subcommands) -> None:
     p.add_argument("--forward-only", action=argparse.BooleanOptionalAction, default=None,
                    help="place forward ops, backward/optimizer ops follow (default: on for "
                    "training graphs)")
-    p.add_argument("--optimizer", default="sgd", help="sgd, momentum or adam")
+    add_optimizer(p)
     p.add_argument("-o", "--output", default=None, help="write the placement JSON here")
     add_json(p)
     p.set_defaults(func=run)
@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     from trainsched.placement import place
     from trainsched.sim import predict_placement
 
-    graph = training_graph(args.graph, args.optimizer)
+    graph = training_graph(args.graph, args)
     cluster = resolve_cluster(args.cluster)
     result = place(graph, cluster, args.algorithm, comm=args.comm, fusion=not args.no_fusion,
                    coplacement=not args.no_coplacement, forward_only=args.forward_only,
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         result.placement.save(args.output)
     summary = result.summary()
     if args.json:
-        print(dump({**summary, "cluster": cluster.name, "output": args.output}))
+        print(dump({**summary, "cluster": cluster.label, "output": args.output}))
         return 0
     print(place_report(result, summary, model=graph.meta.get("model", args.graph),
                        cluster=cluster, algorithm=args.algorithm, graph_path=args.graph,

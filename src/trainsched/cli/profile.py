@@ -5,7 +5,17 @@ from __future__ import annotations
 import argparse
 import time
 
-from trainsched.cli.common import Subcommands, add_json, check_output_dir, dump, error_context
+from trainsched.cli.common import (
+    Applies,
+    Fact,
+    Subcommands,
+    add_json,
+    check_applicable,
+    check_output_dir,
+    dump,
+    error_context,
+    size_rules_and_facts,
+)
 from trainsched.report.graph_summary import describe_graph, graph_summary
 from trainsched.report.progress import ProgressBar
 
@@ -19,7 +29,8 @@ def add_parser(sub: Subcommands) -> None:
     p.add_argument("--seq-len", type=int, default=None, help="tokens per example (text models)")
     p.add_argument("--image-size", type=int, default=None,
                    help="image side of vision models (default 224; >= 32)")
-    p.add_argument("--granularity", choices=("op", "module"), default="op")
+    p.add_argument("--granularity", choices=("op", "module"), default="op",
+                   help="op (default): one op per ATen op; module: one per module call")
     p.add_argument("--module-depth", type=int, default=None,
                    help="with --granularity module: group by module path truncated to this "
                    "many components (e.g. 2 gives ResNet blocks)")
@@ -28,11 +39,14 @@ def add_parser(sub: Subcommands) -> None:
                    "(FLOPs and bytes only)")
     p.add_argument("--device-kind", default=None,
                    help="device of the roofline costs (default H100; see docs/cluster.md)")
-    p.add_argument("--device", default=None, help="where measured costs run: cpu or cuda")
-    p.add_argument("--repeats", type=int, default=10,
-                   help="most timed calls per op and phase (at least 3; fewer for slow ops)")
-    p.add_argument("--warmup", type=int, default=0,
-                   help="untimed warm-up calls per op and phase")
+    p.add_argument("--device", default=None,
+                   help="where measured costs run: cpu or cuda (default cuda where present)")
+    p.add_argument("--repeats", type=int, default=None,
+                   help=f"measured costs: most timed calls per op and phase (at least 3; fewer "
+                   f"for slow ops; default {DEFAULTS['repeats']})")
+    p.add_argument("--warmup", type=int, default=None,
+                   help=f"measured costs: untimed warm-up calls per op and phase (default "
+                   f"{DEFAULTS['warmup']})")
     p.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads while measuring (default: torch's; use 1 on a "
                    "shared host)")
@@ -44,9 +58,34 @@ def add_parser(sub: Subcommands) -> None:
     p.set_defaults(func=run)
 
 
+#: Defaults of the measured tier's flags (given in code: other tiers do not take them).
+DEFAULTS = {"repeats": 10, "warmup": 0}
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """Refuse every flag that does not apply: the model's sizes it does not take,
+    ``--module-depth`` at op granularity, a cost tier's options with another tier
+    (:func:`trainsched.cli.common.check_applicable`)."""
+    rules, facts = size_rules_and_facts(args.model)
+    rules += [Applies(flags=("module_depth",), when={"granularity": ("module",)},
+                      where="with --granularity module"),
+              Applies(flags=("device_kind",), when={"costs": ("roofline",)},
+                      where="with --costs roofline"),
+              Applies(flags=("device", "repeats", "warmup", "threads"),
+                      when={"costs": ("measured",)}, where="with --costs measured")]
+    facts.update(granularity=Fact(value=args.granularity,
+                                  text=f"with --granularity {args.granularity}"),
+                 costs=Fact(value=args.costs, text=f"with --costs {args.costs}"))
+    check_applicable(args, rules, facts)
+
+
 def run(args: argparse.Namespace) -> int:
     from trainsched.capture import build, capture, measure_device
 
+    check_flags(args)
+    for option, default in DEFAULTS.items():
+        if getattr(args, option) is None:
+            setattr(args, option, default)
     check_output_dir(args.output)
     if args.device is not None:
         measure_device(args.device)  # no CUDA device here, say, before building the model

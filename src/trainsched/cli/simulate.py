@@ -12,9 +12,15 @@ from typing import Any
 
 from trainsched.backprop.schedules import SCHEDULES
 from trainsched.cli.common import (
+    TUNE_FLAGS,
+    Applies,
+    Fact,
     Subcommands,
     add_json,
+    add_optimizer,
     add_tune_args,
+    check_applicable,
+    check_count,
     dump,
     given,
     parse_credit,
@@ -57,8 +63,8 @@ def add_parser(sub: Subcommands) -> None:
     p.add_argument("--backfill", action="store_true",
                    help="data parallel, strict credit: the most urgent partition that fits "
                    "goes when the head does not")
-    p.add_argument("--algorithm", default="ring", choices=ALGORITHMS,
-                   help="data parallel: the all-reduce algorithm")
+    p.add_argument("--algorithm", default=None, choices=ALGORITHMS,
+                   help="data parallel: the all-reduce algorithm (default ring)")
     p.add_argument("--startup-overlap", action="store_true",
                    help="data parallel: collectives in flight together overlap their start-up "
                    "latency (separate messages, as on parameter servers)")
@@ -69,14 +75,46 @@ def add_parser(sub: Subcommands) -> None:
                    help="data parallel: pick the bytescheduler policy's partition and credit "
                    "by Bayesian search on the simulator")
     add_tune_args(p, "--autotune")
-    p.add_argument("--schedule", default="1f1b",
-                   help=f"pipeline schedule: {', '.join(SCHEDULES)}")
+    p.add_argument("--schedule", default=None,
+                   help=f"pipeline schedule: {', '.join(SCHEDULES)} (default 1f1b)")
     p.add_argument("--microbatches", type=int, default=None,
                    help="pipeline micro-batches (default: 2 x stages)")
-    p.add_argument("--optimizer", default="sgd", help="sgd, momentum or adam")
+    add_optimizer(p)
     p.add_argument("--trace", default=None, help="write a Chrome/Perfetto trace here (.gz ok)")
     add_json(p)
     p.set_defaults(func=run)
+
+
+#: Which flags apply with which ``--parallelism`` (``plan``: ``--plan FILE``) and whether
+#: ``--autotune`` is on (:func:`trainsched.cli.common.check_applicable`).
+RULES = (
+    Applies(flags=("parallelism",), when={"parallelism": PARALLELISMS}, where="without --plan"),
+    Applies(flags=("placement",), when={"parallelism": ("placed",)},
+            where="with --parallelism placed"),
+    Applies(flags=("ranks",), when={"parallelism": ("data", "pipeline")},
+            where="with --parallelism data or pipeline"),
+    Applies(flags=("comm_policy", "credit_mode", "backfill", "algorithm", "startup_overlap",
+                   "steps", "autotune"), when={"parallelism": ("data",)},
+            where="with --parallelism data"),
+    Applies(flags=("partition", "credit"), when={"parallelism": ("data",), "autotune": (False,)},
+            where="with --parallelism data, without --autotune (the tuner picks them)"),
+    Applies(flags=TUNE_FLAGS, when={"parallelism": ("data",), "autotune": (True,)},
+            where="with --parallelism data --autotune"),
+    Applies(flags=("schedule", "microbatches"), when={"parallelism": ("pipeline",)},
+            where="with --parallelism pipeline"),
+)
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """Refuse every flag that does not apply to the run the others describe (:data:`RULES`)."""
+    mode = "plan" if args.plan is not None else args.parallelism or "single"
+    facts = {
+        "parallelism": Fact(value=mode, text="with --plan FILE (the plan file describes the run)"
+                            if mode == "plan" else f"with --parallelism {mode}"),
+        "autotune": Fact(value=bool(args.autotune),
+                         text="with --autotune" if args.autotune else "without --autotune"),
+    }
+    check_applicable(args, RULES, facts)
 
 
 def build_plan(graph: Any, cluster: Any, args: argparse.Namespace, *, policy: Any = None,
@@ -86,26 +124,35 @@ def build_plan(graph: Any, cluster: Any, args: argparse.Namespace, *, policy: An
     from trainsched import plan as plans
 
     model = plans.ModelRef.of(graph)
-    if args.parallelism == "single":
+    parallelism = args.parallelism or "single"
+    if parallelism == "single":
         return plans.SinglePlan(model=model)
-    if args.parallelism == "placed":
+    if parallelism == "placed":
         if not args.placement:
             raise TrainschedError("--parallelism placed needs --placement FILE "
                                   "(trainsched place writes one)")
         return plans.PlacedPlan(model=model, placement=plans.Placement.load(args.placement))
-    ranks = args.ranks or cluster.num_devices
-    if args.parallelism == "data":
+    ranks = _ranks(args, cluster)
+    if parallelism == "data":
         return plans.DataParallelPlan(model=model, ranks=ranks, comm=_comm_policy_name(args),
-                                      policy=policy, algorithm=args.algorithm, steps=steps,
-                                      startup_overlap=args.startup_overlap)
+                                      policy=policy, algorithm=args.algorithm or "ring",
+                                      steps=steps, startup_overlap=args.startup_overlap)
     from trainsched.backprop.schedules import build_schedule
     from trainsched.backprop.stages import stage_costs_from_graph
 
     micro = args.microbatches or 2 * ranks
+    schedule = args.schedule or "1f1b"
     stages = stage_costs_from_graph(graph, ranks, micro)
     return plans.PipelinePlan(model=model, stages=stages.ops,
-                              schedule=build_schedule(args.schedule, ranks, micro),
-                              schedule_name=args.schedule.strip().lower())
+                              schedule=build_schedule(schedule, ranks, micro),
+                              schedule_name=schedule.strip().lower())
+
+
+def _ranks(args: argparse.Namespace, cluster: Any) -> int:
+    """``--ranks``, checked against the cluster; by default all its devices."""
+    check_count("--ranks", args.ranks, 1, cluster.num_devices,
+                f"the cluster {cluster.label} has {cluster.num_devices} devices")
+    return args.ranks or cluster.num_devices
 
 
 def _data_policy(args: argparse.Namespace) -> Any:
@@ -151,14 +198,12 @@ def _simulate_autotune(graph: Any, cluster: Any, args: argparse.Namespace,
     if _comm_policy_name(args) != "bytescheduler":
         raise TrainschedError(f"--autotune tunes the bytescheduler policy; drop --comm-policy "
                               f"{args.comm_policy} (or use --comm-policy bytescheduler)")
-    if args.partition is not None or args.credit is not None:
-        raise TrainschedError("--autotune picks --partition and --credit itself; drop them")
     partition_range, credit_range = tune_ranges(args)
     options: dict[str, Any] = {"credit_mode": args.credit_mode} if args.credit_mode else {}
     if args.backfill:
         options["backfill"] = True
-    objective = simulated_objective(graph, cluster, args.ranks or cluster.num_devices,
-                                    args.algorithm, steps=steps,
+    objective = simulated_objective(graph, cluster, _ranks(args, cluster),
+                                    args.algorithm or "ring", steps=steps,
                                     startup_overlap=args.startup_overlap, **options)
     startup = min(10, args.tune_trials)
     with ProgressBar("tuning", enabled=not args.json) as bar:
@@ -181,34 +226,18 @@ def _policy_doc(policy: Any) -> dict[str, Any]:
     return {"class": type(policy).__name__, **fields}
 
 
-#: The flags that describe a plan, which ``--plan`` replaces.
-PLAN_FLAGS = ("parallelism", "placement", "ranks", "comm_policy", *POLICY_FLAGS, "steps",
-              "autotune", "startup_overlap", "microbatches")
-
-
 def run(args: argparse.Namespace) -> int:
     from trainsched.cluster import resolve_cluster
     from trainsched.comm import ByteSchedulerPolicy
     from trainsched.sim import bubble_fraction, simulate, write_trace
 
+    check_flags(args)
+    check_count("--ranks", args.ranks, 1)
+    check_count("--microbatches", args.microbatches, 1)
     if args.plan is not None:
-        flags = given(args, PLAN_FLAGS)
-        flags += [f"--{k}" for k, v in (("algorithm", "ring"), ("schedule", "1f1b"))
-                  if getattr(args, k) != v]
-        if flags:
-            raise TrainschedError(f"{', '.join(flags)}: the plan file describes the run; drop "
-                                  f"{'them' if len(flags) > 1 else 'it'} or drop --plan")
         return _run_plan_file(args)
     args.parallelism = args.parallelism or "single"
-    if args.parallelism != "data":
-        flags = given(args, [*POLICY_FLAGS, "comm_policy", "steps", "autotune",
-                             "startup_overlap"])
-        if args.algorithm != "ring":
-            flags.append("--algorithm")
-        if flags:
-            raise TrainschedError(f"{', '.join(flags)}: data-parallel options; add "
-                                  f"--parallelism data")
-    graph = training_graph(args.graph, args.optimizer)
+    graph = training_graph(args.graph, args)
     cluster = resolve_cluster(args.cluster)
     policy, steps, autotune = None, 1, None
     if args.parallelism == "data" and args.autotune:
@@ -222,10 +251,10 @@ def run(args: argparse.Namespace) -> int:
     if args.trace:
         write_trace(args.trace, result, title=f"{graph.meta.get('model', 'graph')} "
                     f"{args.parallelism}", meta={"parallelism": args.parallelism,
-                                                 "cluster": cluster.name})
+                                                 "cluster": cluster.label})
     doc = {
         "parallelism": args.parallelism,
-        "cluster": cluster.name,
+        "cluster": cluster.label,
         "step_time_s": result.step_time_s,
         "dependency_bound_s": result.dependency_bound_s,
         "exposed_comm_s": result.exposed_comm_s,
@@ -238,9 +267,10 @@ def run(args: argparse.Namespace) -> int:
     if args.parallelism == "data":
         from trainsched.sim import crossing_bound_s
 
-        ranks = args.ranks or cluster.num_devices
-        bound, gradient = crossing_bound_s(graph, cluster, ranks=ranks, algorithm=args.algorithm)
-        doc.update(ranks=ranks, algorithm=args.algorithm, steps=steps,
+        ranks = _ranks(args, cluster)
+        algorithm = args.algorithm or "ring"
+        bound, gradient = crossing_bound_s(graph, cluster, ranks=ranks, algorithm=algorithm)
+        doc.update(ranks=ranks, algorithm=algorithm, steps=steps,
                    policy=_policy_doc(policy), crossing_bound_s=bound,
                    crossing_bound_gradient=gradient, autotune=autotune)
     print(dump(doc) if args.json else simulate_report(doc, graph.meta.get("model", args.graph)))
@@ -253,14 +283,14 @@ def _run_plan_file(args: argparse.Namespace) -> int:
     from trainsched.plan import DataParallelPlan, load_plan
     from trainsched.sim import bubble_fraction, crossing_bound_s, simulate, write_trace
 
-    graph = training_graph(args.graph, args.optimizer)
+    graph = training_graph(args.graph, args)
     cluster = resolve_cluster(args.cluster)
     plan = load_plan(args.plan)
     result = simulate(plan, graph, cluster)
     if args.trace:
         write_trace(args.trace, result, title=f"{graph.meta.get('model', 'graph')} {plan.kind}",
-                    meta={"parallelism": plan.kind, "cluster": cluster.name})
-    doc = {"parallelism": plan.kind, "plan": args.plan, "cluster": cluster.name,
+                    meta={"parallelism": plan.kind, "cluster": cluster.label})
+    doc = {"parallelism": plan.kind, "plan": args.plan, "cluster": cluster.label,
            "step_time_s": result.step_time_s, "dependency_bound_s": result.dependency_bound_s,
            "exposed_comm_s": result.exposed_comm_s, "bubble_fraction": bubble_fraction(result),
            "peak_memory_bytes": dict(result.peak_memory_bytes), "oom": dict(result.oom),

@@ -7,11 +7,17 @@ from __future__ import annotations
 import argparse
 
 from trainsched.cli.common import (
+    TUNE_FLAGS,
+    Applies,
+    Fact,
     Subcommands,
     add_json,
     add_tune_args,
+    check_applicable,
+    check_count,
     dump,
     parse_credit,
+    size_rules_and_facts,
     tune_ranges,
 )
 from trainsched.cli.outputs import check_writable_dir
@@ -35,23 +41,28 @@ def add_parser(sub: Subcommands) -> None:
     p.add_argument("--plan", default=None,
                    help="run this plan file (trainsched compare writes one per strategy) and "
                    "print measured beside predicted; under torchrun, this process is one rank")
-    p.add_argument("--nproc", type=int, default=2, help="worker processes (ranks)")
-    p.add_argument("--comm", choices=tuple(COMM_POLICIES), default="priority",
-                   help="fifo: whole tensors, barrier; ddp: torch DDP; priority: partitions, "
-                   "credit, crossing the barrier; bytescheduler: priority with gradients below "
-                   "1 MiB fused into one collective; any other registered policy at its "
-                   "defaults")
-    p.add_argument("--partition", default="4MiB", help="priority/bytescheduler: partition size")
-    p.add_argument("--credit", default="16MiB",
-                   help="priority/bytescheduler: bytes in flight (or inf)")
-    p.add_argument("--credit-mode", choices=("overdraft", "strict"), default="overdraft")
+    p.add_argument("--nproc", type=int, default=None,
+                   help=f"worker processes (ranks; default {DEFAULTS['nproc']})")
+    p.add_argument("--comm", choices=tuple(COMM_POLICIES), default=None,
+                   help="fifo: whole tensors, barrier; ddp: torch DDP; priority (default): "
+                   "partitions, credit, crossing the barrier; bytescheduler: priority with "
+                   "gradients below 1 MiB fused into one collective; any other registered "
+                   "policy at its defaults")
+    p.add_argument("--partition", default=None,
+                   help=f"priority/bytescheduler: partition size (default "
+                   f"{DEFAULTS['partition']})")
+    p.add_argument("--credit", default=None,
+                   help=f"priority/bytescheduler: bytes in flight (or inf; default "
+                   f"{DEFAULTS['credit']})")
+    p.add_argument("--credit-mode", choices=("overdraft", "strict"), default=None,
+                   help=f"priority/bytescheduler (default {DEFAULTS['credit_mode']})")
     p.add_argument("--backfill", action="store_true",
                    help="priority, strict credit: when the most urgent partition does not fit "
                    "in the credit left, send the most urgent one that does")
-    p.add_argument("--order", default="leader",
-                   help="fifo/priority: the collective order every rank issues: leader (rank 0 "
-                   "decides each step, published in the store) or static (compiled once from "
-                   "step 0's ready times, no per-decision store traffic)")
+    p.add_argument("--order", default=None,
+                   help="fifo/priority: the collective order every rank issues: leader "
+                   "(default; rank 0 decides each step, published in the store) or static "
+                   "(compiled once from step 0's ready times, no per-decision store traffic)")
     p.add_argument("--no-schedule", action="store_true",
                    help="fifo/priority: turn the scheduler off (its pass-through: stock DDP, one "
                    "optimizer, no hooks or threads of its own)")
@@ -61,7 +72,7 @@ def add_parser(sub: Subcommands) -> None:
     p.add_argument("--image-size", type=int, default=None, help="vision models: input side")
     p.add_argument("--seq-len", type=int, default=None, help="text models: tokens")
     p.add_argument("--optimizer", choices=("sgd", "momentum", "adam"), default="sgd")
-    p.add_argument("--lr", type=float, default=0.01, help="learning rate")
+    p.add_argument("--lr", type=float, default=0.01, help="learning rate (default 0.01)")
     p.add_argument("--timeline", default=None,
                    help="directory for one Chrome trace per rank (first 3 timed steps); with "
                    "--plan also steps.trace.json, the measured steps")
@@ -70,29 +81,105 @@ def add_parser(sub: Subcommands) -> None:
                    help="priority: pick partition and credit by Bayesian search, online (every "
                    "rank switches to each trial point in one job), then time the best")
     add_tune_args(p, "--autotune")
-    p.add_argument("--tune-steps", type=int, default=5,
-                   help="--autotune: measured steps per trial (after 1 settling step)")
-    p.add_argument("--tune-confirm", type=int, default=2,
-                   help="--autotune: rounds re-measuring the 3 fastest points, in alternating "
-                   "order, to choose among them (0: take the fastest trial)")
+    p.add_argument("--tune-steps", type=int, default=None,
+                   help=f"--autotune: measured steps per trial (after 1 settling step; default "
+                   f"{DEFAULTS['tune_steps']})")
+    p.add_argument("--tune-confirm", type=int, default=None,
+                   help=f"--autotune: rounds re-measuring the 3 fastest points, in alternating "
+                   f"order, to choose among them (0: take the fastest trial; default "
+                   f"{DEFAULTS['tune_confirm']})")
     add_json(p)
     p.set_defaults(func=run)
 
 
-#: Flags ``--plan`` replaces (the plan says what they would): destination -> default.
-PLAN_REPLACES = {"nproc": 2, "comm": "priority", "partition": "4MiB", "credit": "16MiB",
-                 "credit_mode": "overdraft", "backfill": False, "order": "leader",
-                 "no_schedule": False, "autotune": False}
+#: Defaults of the flags that apply in some modes only (given in code, so that a flag given
+#: where it does not apply is seen).
+DEFAULTS = {"nproc": 2, "comm": "priority", "partition": "4MiB", "credit": "16MiB",
+            "credit_mode": "overdraft", "order": "leader", "tune_steps": 5, "tune_confirm": 2}
+
+#: The policies the scheduled runtime runs (``--no-schedule`` turns its scheduler off, and
+#: ``--timeline`` records it).
+SCHEDULER = ("fifo", "priority", "bytescheduler")
+
+
+def rules(model: str) -> tuple[list[Applies], dict[str, Fact]]:
+    """Which flags apply with which ``--comm`` (``plan``: ``--plan FILE``), ``--autotune``,
+    ``--no-schedule`` and model (:func:`trainsched.cli.common.check_applicable`)."""
+    tuned = ("priority", "bytescheduler")
+    table, facts = size_rules_and_facts(model)
+    table += [
+        Applies(flags=("nproc", "comm"), when={"comm": tuple(COMM_POLICIES)},
+                where="without --plan (the plan file sets them)"),
+        Applies(flags=("partition", "credit", "credit_mode", "backfill"), when={"comm": tuned},
+                where="with --comm priority or bytescheduler"),
+        Applies(flags=("order",), when={"comm": tuple(c for c in COMM_POLICIES if c != "ddp"),
+                                        "no_schedule": (False,)},
+                where="with a --comm other than ddp, without --no-schedule"),
+        Applies(flags=("no_schedule",), when={"comm": SCHEDULER, "autotune": (False,)},
+                where=f"with --comm {', '.join(SCHEDULER)}, without --autotune (it tunes the "
+                "scheduler)"),
+        Applies(flags=("timeline",), when={"comm": (*SCHEDULER, "plan"), "autotune": (False,),
+                                           "no_schedule": (False,)},
+                where=f"with --plan or --comm {', '.join(SCHEDULER)} (the scheduled runtime), "
+                "without --autotune or --no-schedule (give it at the point the tuner reports)"),
+        Applies(flags=("autotune",), when={"comm": tuned},
+                where="with --comm priority or bytescheduler (it tunes their partition and "
+                "credit)"),
+        Applies(flags=(*TUNE_FLAGS, "tune_steps", "tune_confirm"), when={"autotune": (True,)},
+                where="with --autotune"),
+    ]
+    return table, facts
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """Refuse every flag that does not apply to the run the others describe (:func:`rules`),
+    and a learning rate that is not a finite number > 0."""
+    import math
+
+    comm = "plan" if args.plan is not None else args.comm or DEFAULTS["comm"]
+    table, facts = rules(args.model)
+    facts.update(
+        comm=Fact(value=comm, text="with --plan FILE" if comm == "plan" else f"with --comm "
+                  f"{comm}"),
+        autotune=Fact(value=bool(args.autotune), text="with --autotune"),
+        no_schedule=Fact(value=bool(args.no_schedule), text="with --no-schedule"))
+    check_applicable(args, table, facts)
+    if not (math.isfinite(args.lr) and args.lr > 0):
+        raise TrainschedError(f"--lr {args.lr}: give a finite learning rate > 0, e.g. 0.01")
+    check_count("--nproc", args.nproc, 1)
+    check_count("--steps", args.steps, 1)
+    check_count("--warmup", args.warmup, 0)
+    from trainsched.runtime.train import ORDERS
+
+    if args.order is not None and args.order not in ORDERS:
+        raise TrainschedError(f"--order {args.order}: give {' or '.join(ORDERS)}")
+
+
+def warn_oversubscribed(nproc: int) -> None:
+    """A warning on stderr when ``nproc`` ranks are far more than this host's cores (each rank
+    is a process that computes: the step times measure the contention)."""
+    import os
+    import sys
+
+    cores = os.cpu_count() or 1
+    if nproc > 2 * cores:
+        print(f"trainsched: warning: --nproc {nproc} runs {nproc} processes on {cores} cores; "
+              f"the step times will measure their contention", file=sys.stderr, flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
     from trainsched.runtime.train import COMMS, train
     from trainsched.units import parse_size
 
+    check_flags(args)
     if args.timeline is not None:  # fail now, not once the workers have trained
         check_writable_dir(args.timeline, "--timeline")
     if args.plan is not None:
         return _run_plan(args)
+    for option, default in DEFAULTS.items():
+        if getattr(args, option) is None:
+            setattr(args, option, default)
+    warn_oversubscribed(args.nproc)
     if args.comm not in COMMS:
         return _run_registered(args)
     partition = parse_size(args.partition)
@@ -130,15 +217,6 @@ def _autotune(args: argparse.Namespace, partition: int, credit: float) -> int:
     timed steps run there."""
     from trainsched.runtime.train import train
 
-    if args.comm not in ("priority", "bytescheduler"):
-        raise TrainschedError("--autotune tunes the scheduler's partition and credit; drop "
-                              f"--comm {args.comm} (or use --comm priority or bytescheduler)")
-    if args.no_schedule:
-        raise TrainschedError("--autotune tunes the scheduler, which --no-schedule turns off; "
-                              "drop one of them")
-    if args.timeline:
-        raise TrainschedError("--timeline records one run; give it without --autotune, at the "
-                              "partition and credit the tuner reports")
     ranges = tune_ranges(args)
     if args.tune_steps < 1:
         raise TrainschedError(f"--tune-steps must be >= 1, got {args.tune_steps}")
@@ -185,11 +263,6 @@ def _run_plan(args: argparse.Namespace) -> int:
     from trainsched.plan import read_plan_file
     from trainsched.runtime import run as run_plan
 
-    given = [f"--{k.replace('_', '-')}" for k, v in PLAN_REPLACES.items()
-             if getattr(args, k) != v]
-    if given:
-        raise TrainschedError(f"{', '.join(given)}: the plan file sets how the model is run; "
-                              f"drop {'them' if len(given) > 1 else 'it'} or drop --plan")
     plan, prediction = read_plan_file(args.plan)
     result = run_plan(plan, args.model, steps=args.steps, warmup=args.warmup,
                       batch_size=args.batch_size, image_size=args.image_size,
@@ -215,14 +288,6 @@ def _run_registered(args: argparse.Namespace) -> int:
     from trainsched.runtime.run import policy_segment
     from trainsched.runtime.train import run_segments
 
-    given = [f"--{k.replace('_', '-')}" for k in ("partition", "credit", "credit_mode",
-                                                  "backfill", "no_schedule", "autotune")
-             if getattr(args, k) != PLAN_REPLACES[k]]
-    if args.timeline is not None:
-        given.append("--timeline")
-    if given:
-        raise TrainschedError(f"{', '.join(given)}: --comm {args.comm} runs the registered "
-                              f"policy at its defaults; drop {', '.join(given)}")
     segment = policy_segment(comm_policy(args.comm), label=args.comm, order=args.order,
                              steps=args.steps, warmup=args.warmup)
     result = run_segments(args.model, [segment], nproc=args.nproc, batch_size=args.batch_size,

@@ -16,6 +16,7 @@ import dataclasses
 import heapq
 import math
 import numbers
+import operator
 import os
 import sys
 from collections import Counter
@@ -183,6 +184,28 @@ def _check_op(op: Op) -> None:
         object.__setattr__(op, field, _normalised(op.name, field, value, base))
 
 
+#: The cost and size fields whose sums over a graph (step times, memory) must be finite.
+_SUMMED = tuple(f for f, (base, _) in _OP_SPECS.items() if base in ("int", "float")
+                and not f.endswith(("_p10_s", "_p90_s")) and f != "layer_index")
+
+
+def _check_sums(ops: tuple[Op, ...], edges: tuple[Edge, ...]) -> None:
+    """Each cost and size summed over the graph must be a finite float: one op may hold up to
+    1.8e308, but two such would make every step time infinite."""
+    for field in _SUMMED:
+        values = map(operator.attrgetter(field), ops)
+        total = sum(values) if _OP_SPECS[field][1] is False else sum(filter(None, values))
+        if total > _MAX_FLOAT:
+            worst = max(ops, key=lambda op: getattr(op, field) or 0)
+            raise TrainschedError(f"the ops' {field} add up to more than the largest number "
+                                  f"({_MAX_FLOAT:.3g}; the largest is op {worst.name!r} with "
+                                  f"{getattr(worst, field):.3g}): give costs in the field's "
+                                  f"units (seconds, FLOPs, bytes)")
+    if sum(map(operator.attrgetter("size_bytes"), edges)) > _MAX_FLOAT:
+        raise TrainschedError(f"the edges' size_bytes add up to more than the largest number "
+                              f"({_MAX_FLOAT:.3g}): give sizes in bytes")
+
+
 def _normalised(name: str, field: str, value: Any, base: str) -> Any:
     """The slow path of :func:`_check_op`: convert what can be converted, else explain."""
     if base in ("int", "float"):
@@ -224,6 +247,7 @@ class Graph:
             counts = Counter(op.name for op in self._ops)
             names = ", ".join(repr(name) for name, n in counts.items() if n > 1)
             raise TrainschedError(f"duplicate op names: {names}; every op needs a unique name")
+        _check_sums(self._ops, self._edges)
         self._in: list[list[int]] = [[] for _ in self._ops]
         self._out: list[list[int]] = [[] for _ in self._ops]
         self._link_edges()

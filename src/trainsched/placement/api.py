@@ -413,7 +413,7 @@ def _result(graph: Graph, cluster: Cluster, machine: Machine, problem: Problem, 
     meta: dict[str, Any] = {
         "algorithm": algorithm,
         "placer": chosen,
-        "cluster": cluster.name,
+        "cluster": cluster.label,
         **options,
         "predicted_step_s": simulated[0] if simulated else None,
         "placer_makespan_s": schedule.makespan_s,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from trainsched.units import format_duration, format_size
+from trainsched.units import format_duration, format_number, format_size, format_size_flag
 
 
 # -- lists --------------------------------------------------------------------------------------
@@ -42,8 +42,9 @@ def data_plan_lines(doc: Mapping[str, Any]) -> list[str]:
     if tuned is not None:
         lines += trial_lines(tuned["trials"], "step")
         lines.append(f"  best of {len(tuned['trials'])} trials: --partition "
-                     f"{tuned['partition_bytes']} --credit {tuned['credit_bytes']} (small "
-                     f"tensors fused up to one partition)")
+                     f"{format_size_flag(tuned['partition_bytes'])} --credit "
+                     f"{format_size_flag(tuned['credit_bytes'])} (small tensors fused up to "
+                     f"one partition)")
     policy = doc["policy"]
     what = [policy["class"]]
     if policy.get("partition_bytes") is not None:
@@ -99,7 +100,7 @@ def place_report(result: Any, summary: Mapping[str, Any], *, model: str, cluster
     ``cluster_spec`` are the arguments as given, for the follow-up command shown.
     """
     chosen = f"; auto chose {result.placer}" if algorithm == "auto" else ""
-    lines = [f"{model} on {cluster.name} ({cluster.num_devices} devices, "
+    lines = [f"{model} on {cluster.label} ({cluster.num_devices} devices, "
              f"{result.placement.meta['comm']} channels): {algorithm}{chosen}",
              f"  placement time   {format_duration(result.wall_s)} ({result.ops_before} ops, "
              f"{result.ops_after} after reduction)"]
@@ -125,17 +126,23 @@ def place_report(result: Any, summary: Mapping[str, Any], *, model: str, cluster
 
 # -- compare ------------------------------------------------------------------------------------
 def compare_report(rows: Sequence[Any], *, title: str, tier: Any, device: Any,
-                   out_dir: Any) -> str:
-    """``compare``'s table: one row per strategy, fastest first, and where the files went."""
+                   out_dir: Any, skipped: Mapping[str, str] | None = None) -> str:
+    """``compare``'s table: one row per strategy, fastest first, then the strategies that could
+    not be built for this graph and why, and where the files went."""
+    skipped = skipped or {}
     lines = [f"{title}; costs: {tier} ({device})"]
-    width = max(len("strategy"), *(len(r.strategy) for r in rows)) + 2
+    width = max(len("strategy"), *(len(r.strategy) for r in rows),
+                *(len(name) for name in skipped)) + 2
     lines.append(f"  {'strategy':<{width}}{'devices':>8}{'step':>11}{'samples/s':>11}"
                  f"{'speedup':>9}{'peak mem':>11}{'idle':>7}{'exposed comm':>14}")
     for r in rows:
         lines.append(f"  {r.strategy:<{width}}{r.devices:>8}{format_duration(r.step_time_s):>11}"
-                     f"{r.samples_per_s:>11.1f}{r.speedup:>8.2f}x"
+                     f"{format_number(r.samples_per_s, 1):>11}"
+                     f"{format_number(r.speedup, 2) + 'x':>9}"
                      f"{format_size(r.peak_memory_bytes) + (' OOM' if r.oom else ''):>11}"
                      f"{100 * r.idle_fraction:>6.1f}%{format_duration(r.exposed_comm_s):>14}")
+    for name, reason in skipped.items():
+        lines.append(f"  {name:<{width}}  not built: {reason}")
     lines.append(f"\n  wrote {out_dir}/compare.json, compare.png and one trace per strategy "
                  f"(open *.trace.json in ui.perfetto.dev)")
     return "\n".join(lines)
@@ -208,9 +215,8 @@ def autotune_intro(*, model: str, nproc: int, search_trials: int, confirm_trials
 def autotune_report(result: Any, tuned: Mapping[str, Any], *, warmup: int) -> str:
     """``train --autotune``'s text: each trial, the point chosen, and the timed steps there."""
     lines = trial_lines(tuned["trials"], "median step")
-    lines.append(f"  best: --partition {tuned['partition_bytes']} --credit "
-                 f"{tuned['credit_bytes']} ({format_size(tuned['partition_bytes'])}, "
-                 f"{format_size(tuned['credit_bytes'])}; median "
+    lines.append(f"  best: --partition {format_size_flag(tuned['partition_bytes'])} --credit "
+                 f"{format_size_flag(tuned['credit_bytes'])} (median "
                  f"{format_duration(tuned['step_time_s'])} in its trials), from step "
                  f"{tuned['total_steps']} on every rank")
     lines.append(_step_time_line(result.first, warmup, "step time there"))

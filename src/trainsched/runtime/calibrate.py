@@ -238,7 +238,7 @@ def calibrate(*, world_size: int = 2, sizes_bytes: Sequence[int] | None = None, 
 
         if not torch.cuda.is_available():
             raise TrainschedError("backend 'nccl' needs CUDA, which is not available here; "
-                                  "use --backend gloo")
+                                  "use backend 'gloo'")
     measured_at = datetime.now(timezone.utc).replace(microsecond=0).isoformat()
     config = {"world_size": world_size, "sizes": sizes, "repeats": repeats, "warmup": warmup,
               "backend": backend, "port": free_port(), "timeout_s": float(timeout_s),

@@ -18,7 +18,7 @@ OPTIMIZERS = ("sgd", "momentum", "adam")
 
 def check_optimizer(name: str) -> None:
     if name not in OPTIMIZERS:
-        raise TrainschedError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got "
+        raise TrainschedError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got "
                               f"{name!r}")
 
 

@@ -139,7 +139,7 @@ def run(plan: Plan, model: str | None = None, *, steps: int = 10, warmup: int = 
 
         if torchrun_rank() is not None:
             raise TrainschedError("pipeline plans run with trainsched's own launcher for now; "
-                                  "run trainsched train --plan FILE without torchrun")
+                                  "run the plan without torchrun")
         measured = run_pipeline(name, plan.stages, plan.schedule, steps=steps, warmup=warmup,
                                 **common)
         return _traced(RunResult(kind=plan.kind, model=measured.model, ranks=plan.devices,

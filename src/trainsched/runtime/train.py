@@ -122,9 +122,9 @@ class Segment:
             raise TrainschedError(f"segment kind must be one of {', '.join(KINDS)}, got "
                                   f"{self.kind!r}")
         if not (isinstance(self.steps, int) and self.steps >= 1):
-            raise TrainschedError(f"--steps must be at least 1, got {self.steps!r}")
+            raise TrainschedError(f"steps must be at least 1, got {self.steps!r}")
         if not (isinstance(self.warmup, int) and self.warmup >= 0):
-            raise TrainschedError(f"--warmup must be at least 0, got {self.warmup!r}")
+            raise TrainschedError(f"warmup must be at least 0, got {self.warmup!r}")
         if self.kind == "ddp" and not (self.bucket_mb > 0):
             raise TrainschedError(f"the DDP bucket size must be positive, got {self.bucket_mb}")
         if (self.placement is None) != (self.kind != "placed"):
@@ -136,36 +136,37 @@ class Segment:
                 raise TrainschedError(f"sdp policy must be fifo, priority or bytescheduler, "
                                       f"got {self.policy!r}")
             if self.credit_mode not in CREDIT_MODES:
-                raise TrainschedError(f"--credit-mode must be one of "
+                raise TrainschedError(f"credit_mode must be one of "
                                       f"{', '.join(CREDIT_MODES)}, got {self.credit_mode!r}")
             if self.policy in SCHEDULED:
                 check_sizes(self.scheduled_policy())
         if self.backfill and (self.kind != "sdp" or self.policy not in SCHEDULED):
-            raise TrainschedError("--backfill lets a smaller partition use credit the most "
-                                  "urgent one cannot: use --comm priority or bytescheduler")
+            raise TrainschedError("backfill lets a smaller partition use credit the most "
+                                  "urgent one cannot: it applies to comm 'priority' or "
+                                  "'bytescheduler'")
         if self.order not in ORDERS:
-            raise TrainschedError(f"--order must be one of {', '.join(ORDERS)}, got "
+            raise TrainschedError(f"order must be one of {', '.join(ORDERS)}, got "
                                   f"{self.order!r}")
         if self.order != "leader" and self.kind != "sdp":
-            raise TrainschedError("--order sets the scheduled runtime's collective order: use "
-                                  "--comm fifo or --comm priority")
+            raise TrainschedError("order sets the scheduled runtime's collective order; comm "
+                                  "'ddp' is stock DDP, which has none")
         if not self.enabled:
             if self.kind != "sdp":
-                raise TrainschedError("--no-schedule turns the scheduler of --comm fifo or "
-                                      "--comm priority off; --comm ddp is stock DDP already")
-            for given, flag in ((self.order != "leader", "--order static"),
-                                (self.timeline_dir is not None, "--timeline"),
-                                (self.tune is not None, "--autotune")):
+                raise TrainschedError("enabled=False turns the scheduled runtime off; comm "
+                                      "'ddp' is stock DDP already")
+            for given, what in ((self.order != "leader", f"order={self.order!r}"),
+                                (self.timeline_dir is not None, "timeline_dir"),
+                                (self.tune is not None, "tune")):
                 if given:
-                    raise TrainschedError(f"--no-schedule reduces with stock DDP, so {flag} "
+                    raise TrainschedError(f"enabled=False reduces with stock DDP, so {what} "
                                           f"has nothing to act on; drop one of them")
         if self.timeline_dir is not None and self.kind != "sdp":
-            raise TrainschedError("--timeline records the scheduled runtime: use --comm fifo "
-                                  "or --comm priority")
+            raise TrainschedError("timeline_dir records the scheduled runtime; comm 'ddp' is "
+                                  "stock DDP, which it cannot record")
         if self.tune is not None:
             if self.kind != "sdp" or self.policy not in SCHEDULED:
                 raise TrainschedError("online tuning sets the scheduler's partition and credit: "
-                                      "use --comm priority or bytescheduler")
+                                      "it applies to comm 'priority' or 'bytescheduler'")
             try:
                 self.tuner()
             except TypeError as exc:
@@ -211,7 +212,7 @@ def segment_for(comm: str, *, partition_bytes: int | None = 4 * MiB,
     ``order`` and ``enabled`` go to ``ScheduledDataParallel`` (``--order``,
     ``--no-schedule``)."""
     if comm not in COMMS:
-        raise TrainschedError(f"--comm must be one of {', '.join(COMMS)}, got {comm!r}")
+        raise TrainschedError(f"comm must be one of {', '.join(COMMS)}, got {comm!r}")
     kind = "ddp" if comm == "ddp" else "sdp"
     return Segment(label=comm, kind=kind, policy=comm if kind == "sdp" else "priority",
                    partition_bytes=partition_bytes, credit_bytes=credit_bytes,
@@ -279,12 +280,16 @@ def _job_config(model: str, segments: Sequence[Segment], *, nproc: int,
                 port: int | None) -> dict[str, Any]:
     """The checked configuration every worker of a job reads (``port`` None: ``env://``)."""
     if not (isinstance(nproc, int) and not isinstance(nproc, bool) and nproc >= 1):
-        raise TrainschedError(f"--nproc must be a positive integer, got {nproc!r}")
+        raise TrainschedError(f"nproc must be a positive integer, got {nproc!r}")
     check_optimizer(optimizer)
     if not segments:
         raise TrainschedError("nothing to run: no segments")
-    if batch_size is not None and batch_size < 1:
-        raise TrainschedError(f"--batch-size must be at least 1, got {batch_size}")
+    if batch_size is not None and not (isinstance(batch_size, int) and batch_size >= 1):
+        raise TrainschedError(f"batch_size must be an integer of at least 1, got "
+                              f"{batch_size!r}")
+    if isinstance(lr, bool) or not isinstance(lr, int | float) or not (math.isfinite(lr)
+                                                                       and lr > 0):
+        raise TrainschedError(f"lr must be a finite number > 0, got {lr!r}")
     for seg in segments:
         seg.check()
         if seg.timeline_dir is not None:

@@ -94,7 +94,13 @@ from trainsched.errors import TrainschedError
 from trainsched.graph import Graph
 from trainsched.sim.dispatch_gate import DispatchGate
 from trainsched.sim.engine import run_tasks
-from trainsched.sim.executors import _checked_order, _gc_paused, _Lowering, simulate_single
+from trainsched.sim.executors import (
+    _checked_order,
+    _gc_paused,
+    _Lowering,
+    check_inputs,
+    simulate_single,
+)
 from trainsched.sim.result import Allocation, SimResult, _merge, _subtract, build_result
 from trainsched.units import is_int
 
@@ -236,11 +242,13 @@ def crossing_bound_s(graph: Graph, cluster: Cluster, *, ranks: int, algorithm: s
     gradients are reduced, never what the compute stream runs between f and dW_g, so no policy
     beats it (tested on random graphs for every policy, credit, partition and start-up
     overlap); reordering the compute (out-of-order backprop) can. Returns the bound and the
-    gradient that sets it (``(0.0, None)`` for one rank or a graph without gradients).
+    gradient that sets it (``(0.0, None)`` for one rank or a training graph without gradients;
+    a forward-only graph is refused, as by :func:`simulate_data_parallel`).
 
     It says what no communication schedule can hide: a gradient ready last in backward and
     needed first in forward (BERT's word embedding) pays its whole all-reduce in every step.
     """
+    check_inputs(graph, cluster, "crossing_bound_s", allow_forward_only=False)
     _check_ranks(cluster, ranks)
     if ranks == 1:
         return 0.0, None
@@ -289,6 +297,9 @@ def simulate_data_parallel(graph: Graph, cluster: Cluster, *, ranks: int,
     with the transfer of the one before it on the wire (module docstring, *Wire*); off, every
     collective pays its whole start-up on a wire of its own."""
     began = time.perf_counter()
+    check_inputs(graph, cluster, "simulate_data_parallel", allow_forward_only=False)
+    if cluster is None:
+        raise TrainschedError("simulate_data_parallel needs the cluster the ranks run on")
     if not isinstance(startup_overlap, bool):
         raise TrainschedError(f"startup_overlap must be True or False, got "
                               f"{startup_overlap!r}")

@@ -77,11 +77,16 @@ def priority_order(graph: Graph) -> tuple[str, ...]:
 
 
 def simulate_single(graph: Graph, cluster: Cluster | None = None, *, device: int = 0,
-                    order: Sequence[str] | None = None) -> SimResult:
+                    order: Sequence[str] | None = None,
+                    allow_forward_only: bool = False) -> SimResult:
     """Every op of ``graph`` on one compute stream, in ``order`` (a topological order of all
     ops; default ``graph.topological_order()``). ``cluster`` gives the device's name and memory
-    capacity (without one the device is ``device<k>`` and nothing is out of memory)."""
+    capacity (without one the device is ``device<k>`` and nothing is out of memory).
+
+    ``graph`` is a training graph (:func:`trainsched.graph.to_training`); a forward-only graph
+    is refused unless ``allow_forward_only`` says its forward pass is what to simulate."""
     began = time.perf_counter()
+    check_inputs(graph, cluster, "simulate_single", allow_forward_only=allow_forward_only)
     if cluster is not None:
         _check_device(cluster, device, "device")
     elif not (isinstance(device, int) and device >= 0):
@@ -92,12 +97,18 @@ def simulate_single(graph: Graph, cluster: Cluster | None = None, *, device: int
 
 
 def simulate_placed(graph: Graph, cluster: Cluster, placement: Any, *,
-                    order: Sequence[str] | None = None) -> SimResult:
+                    order: Sequence[str] | None = None,
+                    allow_forward_only: bool = False) -> SimResult:
     """Each op on the device ``placement`` gives it (a ``Mapping[str, int]`` from op name to
     device index, or an object with such a ``device_of``), transfers between devices on the
     cluster's channels. ``order`` (a topological order of all ops) sets the priority of ready
-    ops on a device; default :func:`priority_order`."""
+    ops on a device; default :func:`priority_order`. ``allow_forward_only``: as for
+    :func:`simulate_single`."""
     began = time.perf_counter()
+    check_inputs(graph, cluster, "simulate_placed", allow_forward_only=allow_forward_only)
+    if cluster is None:
+        raise TrainschedError("simulate_placed needs the cluster the placement's devices are "
+                              "in")
     with _gc_paused():
         device_of = _checked_placement(graph, cluster, placement)
         order = priority_order(graph) if order is None else _checked_order(graph, order)
@@ -116,6 +127,27 @@ def _gc_paused() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
+
+
+def check_inputs(graph: Any, cluster: Any, where: str, *, allow_forward_only: bool) -> None:
+    """Refuse what an executor cannot simulate: not a :class:`Graph` or :class:`Cluster`, or
+    a forward-only graph where a training step is meant (it has no backward, no gradients)."""
+    if not isinstance(graph, Graph):
+        raise TrainschedError(f"{where} takes a trainsched.graph.Graph, got "
+                              f"{type(graph).__name__} {graph!r:.60}")
+    if cluster is not None and not isinstance(cluster, Cluster):
+        raise TrainschedError(f"{where} takes a trainsched.cluster.Cluster "
+                              f"(trainsched.cluster.resolve_cluster makes one from a preset "
+                              f"name), got {type(cluster).__name__} {cluster!r:.60}")
+    if not isinstance(allow_forward_only, bool):
+        raise TrainschedError(f"allow_forward_only must be True or False, got "
+                              f"{allow_forward_only!r}")
+    if not allow_forward_only and all(op.kind == "forward" for op in graph.ops):
+        raise TrainschedError(
+            f"{where} simulates a training step, but graph "
+            f"{graph.meta.get('model', '(unnamed)')!r} has forward ops only: call "
+            f"trainsched.graph.to_training(graph) first (or use trainsched.sim.simulate, "
+            f"which does), or pass allow_forward_only=True to simulate the forward pass alone")
 
 
 def _check_device(cluster: Cluster, device: Any, where: str) -> None:

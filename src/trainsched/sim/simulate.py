@@ -68,7 +68,8 @@ def simulate(plan: Plan, graph: Graph, cluster: Cluster) -> SimResult:
 def predict_placement(graph: Graph, cluster: Cluster,
                       device_of: Mapping[str, int]) -> tuple[float, tuple[int, ...]]:
     """The simulator's step time of a placement and its peak bytes per cluster device (0 where
-    unused): the predictor :func:`trainsched.placement.place` takes."""
-    result = simulate_placed(graph, cluster, dict(device_of))
+    unused): the predictor :func:`trainsched.placement.place` takes. A forward-only graph (an
+    inference graph, as placers also place) is predicted as its forward pass."""
+    result = simulate_placed(graph, cluster, dict(device_of), allow_forward_only=True)
     peaks = tuple(result.peak_memory_bytes.get(name, 0) for name in cluster.device_names())
     return result.step_time_s, peaks
