@@ -229,11 +229,11 @@ def test_train_warns_when_ranks_far_outnumber_the_cores(monkeypatch, capsys):
     monkeypatch.setattr(os, "cpu_count", lambda: 1)
     # The credit is refused before any process starts: the warning comes first.
     bad = ["--partition", "4MiB", "--credit", "1MiB", "--credit-mode", "strict"]
-    assert main(["train", "mlp", "--nproc", "3", *bad]) == 2
+    assert main(["train", "mlp", "--ranks", "3", *bad]) == 2
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 2
-    assert lines[0] == ("trainsched: warning: --nproc 3 runs 3 processes on 1 cores; the step "
+    assert lines[0] == ("trainsched: warning: --ranks 3 runs 3 processes on 1 cores; the step "
                         "times will measure their contention")
     assert lines[1].startswith("trainsched: error: ")
-    assert main(["train", "mlp", "--nproc", "2", *bad]) == 2  # 2 x the cores: no warning
+    assert main(["train", "mlp", "--ranks", "2", *bad]) == 2  # 2 x the cores: no warning
     assert len(capsys.readouterr().err.splitlines()) == 1

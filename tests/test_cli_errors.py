@@ -398,8 +398,8 @@ def test_train_timeline_that_cannot_be_a_folder(tmp_path, capsys, monkeypatch, c
     blocker = tmp_path / "taken"
     blocker.write_text("mine\n")
     timeline = blocker if case == "file" else blocker / "timeline"
-    assert_failed(*run(capsys, "train", "mlp", "--timeline", str(timeline), "--json"),
-                  f"--timeline {timeline}: ", kind="user_error")
+    assert_failed(*run(capsys, "train", "mlp", "--trace-dir", str(timeline), "--json"),
+                  f"--trace-dir {timeline}: ", kind="user_error")
     assert blocker.read_text() == "mine\n"
 
 
@@ -412,8 +412,8 @@ def test_train_timeline_that_cannot_be_written(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(outputs.tempfile, "mkstemp", _raise(PermissionError(
         errno.EACCES, "Permission denied")))
     timeline = tmp_path / "timeline"
-    assert_failed(*run(capsys, "train", "mlp", "--timeline", str(timeline)),
-                  f"--timeline {timeline}: cannot write in {tmp_path}: Permission denied")
+    assert_failed(*run(capsys, "train", "mlp", "--timeline", str(timeline)),  # former spelling
+                  f"--trace-dir {timeline}: cannot write in {tmp_path}: Permission denied")
     assert not timeline.exists()
 
 

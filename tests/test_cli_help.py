@@ -13,6 +13,7 @@ The terminal width is fixed at 100 columns so argparse wraps the same way everyw
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import os
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from trainsched.cli import VERBS, main
+from trainsched.cli import VERBS, build_parser, main
 
 GOLDEN = Path(__file__).parent / "golden" / "help"
 VERSION_FILE = GOLDEN / "PYTHON_VERSION"
@@ -83,3 +84,48 @@ def test_help_matches_its_golden(name):
     assert help_text(name) == (GOLDEN / f"{name}.txt").read_text(), (
         f"`trainsched {name} --help` changed; if intended, regenerate with "
         "TRAINSCHED_UPDATE_GOLDEN=1 pytest tests/test_cli_help.py and review the diff")
+
+
+def _option_block(help_text: str, option: str) -> str:
+    """The lines of ``--help`` that describe ``option`` (its line and the indented ones after)."""
+    lines = help_text.splitlines()
+    start = next(k for k, line in enumerate(lines) if line.lstrip().startswith(option))
+    block = [lines[start]]
+    for line in lines[start + 1:]:
+        if not line.startswith(" " * 10) or line.lstrip().startswith("-"):
+            break
+        block.append(line)
+    return "\n".join(block)
+
+
+def test_every_option_with_a_default_shows_it(monkeypatch):
+    """Walk every verb's options: one with a default other than None/False says it in --help."""
+    monkeypatch.setenv("COLUMNS", "100")
+    parser = build_parser()
+    checked = 0
+    for verb, sub in parser.verbs.items():
+        text = sub.format_help()
+        for action in sub.options:
+            if (not action.option_strings or action.help == argparse.SUPPRESS
+                    or action.default in (None, False, argparse.SUPPRESS)):
+                continue
+            block = _option_block(text, action.option_strings[-1])
+            assert "default" in block, f"{verb} {action.option_strings[-1]}: {block}"
+            checked += 1
+    assert checked >= 10  # the walk saw the options (a broken walk checks nothing)
+
+
+def test_former_spellings_still_parse_but_are_hidden(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")
+    parser = build_parser()
+    old = parser.parse_args(["train", "mlp", "--nproc", "3", "--comm", "fifo",
+                             "--timeline", "t"])
+    new = parser.parse_args(["train", "mlp", "--ranks", "3", "--comm-policy", "fifo",
+                             "--trace-dir", "t"])
+    assert (old.ranks, old.comm_policy, old.trace_dir) == (new.ranks, new.comm_policy,
+                                                          new.trace_dir) == (3, "fifo", "t")
+    for verb, former in (("train", "--nproc"), ("train", "--timeline"), ("place", "--comm"),
+                         ("cluster", "--comm")):
+        assert former not in parser.verbs[verb].format_help()
+    assert parser.parse_args(["place", "g.json", "--cluster", "cpu", "--comm",
+                              "sequential"]).channels == "sequential"

@@ -99,7 +99,7 @@ def test_train_plan_refuses_another_model_and_flags_the_plan_sets(compared, caps
     assert main(["train", "small-cnn", "--plan", path]) == 2
     assert "made for model 'mlp', not 'small-cnn'" in capsys.readouterr().err
     assert main(["train", "mlp", "--plan", path, "--nproc", "3", "--comm", "fifo"]) == 2
-    assert "--nproc, --comm do not apply with --plan FILE" in capsys.readouterr().err
+    assert "--ranks, --comm-policy do not apply with --plan FILE" in capsys.readouterr().err
 
 
 def test_simulate_plan_reproduces_the_compare_row(compared, capsys):

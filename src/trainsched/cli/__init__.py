@@ -48,16 +48,36 @@ VERBS = (profile, show, cluster, simulate, place, compare, calibrate, train, mod
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="trainsched", description="Schedule deep-learning training on PyTorch: capture "
-        "a model, describe a cluster, and (in later commands) place, order and simulate.")
+        "a model, describe a cluster, compare every strategy's plan, simulate and run plans.")
     parser.add_argument("--version", action="version", version=f"trainsched {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for verb in VERBS:
         verb.add_parser(sub)
+    parser.verbs = dict(sub.choices)  # name -> the verb's parser
     return parser
 
 
+#: ``--flag -3GB`` is the value -3GB, not an unknown option ``-3GB``: no option starts with a
+#: dash and a digit, so argparse's reading of it as an option is only ever wrong.
+def _values_that_look_negative(argv: list[str]) -> list[str]:
+    """``argv`` with each ``--flag -<digit>...`` pair joined as ``--flag=-<digit>...``."""
+    out: list[str] = []
+    k = 0
+    while k < len(argv):
+        token = argv[k]
+        following = argv[k + 1] if k + 1 < len(argv) else ""
+        if (token.startswith("--") and "=" not in token and len(following) > 1
+                and following[0] == "-" and following[1].isdigit()):
+            out.append(f"{token}={following}")
+            k += 2
+            continue
+        out.append(token)
+        k += 1
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = _values_that_look_negative(list(sys.argv[1:] if argv is None else argv))
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

@@ -8,11 +8,13 @@ from trainsched.cli.common import (
     Applies,
     Fact,
     Subcommands,
+    add_alias,
     add_json,
     check_applicable,
     check_count,
     dump,
 )
+from trainsched.cluster import COMM_MODES
 from trainsched.errors import TrainschedError
 from trainsched.report.tables import preset_list
 
@@ -29,9 +31,10 @@ def add_parser(sub: Subcommands) -> None:
     p.add_argument("--memory", default=None, help="memory per device, e.g. 8GiB")
     p.add_argument("--bandwidth", default=None, help="link bandwidth, e.g. 5.7GB/s")
     p.add_argument("--latency", default=None, help="link latency, e.g. 134us")
-    p.add_argument("--comm", choices=("sequential", "parallel"), default=None,
+    p.add_argument("--channels", choices=COMM_MODES, default=None,
                    help="sequential: a device's sends and receives share one channel; "
                    "parallel (default): a channel per direction and peer")
+    add_alias(p, "--comm", "channels", choices=COMM_MODES)
     p.add_argument("--device-kind", default=None, help="catalogue kind for the other numbers")
     p.add_argument("--peak-flops", default=None,
                    help="device FLOP/s: one rate or fp32=...,bf16=... (e.g. 15.7TFLOP/s)")
@@ -45,7 +48,7 @@ def add_parser(sub: Subcommands) -> None:
 
 
 #: The flags that build a cluster (without a preset or file).
-BUILD_FLAGS = ("devices", "memory", "bandwidth", "latency", "comm", "device_kind", "peak_flops",
+BUILD_FLAGS = ("devices", "memory", "bandwidth", "latency", "channels", "device_kind", "peak_flops",
                "memory_bandwidth", "name", "inter_bandwidth", "inter_latency")
 
 #: Which flags apply to a preset or file (``spec``), to a cluster built from flags
@@ -77,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         cluster = clusters.cluster_from_flags(
             devices=args.devices, memory=args.memory, bandwidth=args.bandwidth,
             latency=args.latency, nodes=1 if args.nodes is None else args.nodes,
-            comm=args.comm or "parallel",
+            comm=args.channels or "parallel",
             device_kind=args.device_kind, inter_bandwidth=args.inter_bandwidth,
             inter_latency=args.inter_latency, peak_flops=args.peak_flops,
             memory_bandwidth=args.memory_bandwidth, name=args.name or "custom")

@@ -1,6 +1,6 @@
 """What several verbs share: the ``--json`` and tuner flags, their parsing, and small helpers.
 
-*Which flags apply*: every verb that has modes (``simulate --parallelism``, ``train --comm``,
+*Which flags apply*: every verb that has modes (``simulate --parallelism``, ``train --comm-policy``,
 ``--plan``, a vision or a text model, ``--run``...) declares a table of :class:`Applies` rules,
 one per group of flags, saying in which modes they are used; :func:`check_applicable` refuses
 every flag given outside its mode, naming each and the mode that would take it, so that no flag
@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from trainsched.errors import TrainschedError
+from trainsched.graph import OPTIMIZERS
 
 
 class Subcommands(Protocol):
@@ -113,6 +114,17 @@ def parse_credit(text: str) -> float:
 def given(args: argparse.Namespace, names: Sequence[str]) -> list[str]:
     """Which of the options ``names`` (argparse destinations) were given, as flags."""
     return [flag(n) for n in names if getattr(args, n) not in (None, False)]
+
+
+#: ``--costs`` of ``profile`` and ``compare``: ``auto`` picks the tier from what else is given
+#: (a device kind or cluster to cost for: roofline; else measured on this host).
+COST_CHOICES = ("auto", "measured", "roofline", "static")
+
+
+def add_alias(p: argparse.ArgumentParser, old: str, dest: str, **kwargs: Any) -> None:
+    """``old``: a former spelling of the option whose destination is ``dest``, still accepted
+    for one release and left out of ``--help``."""
+    p.add_argument(old, dest=dest, default=None, help=argparse.SUPPRESS, **kwargs)
 
 
 def flag(dest: str) -> str:
@@ -224,9 +236,9 @@ OPTIMIZER_DEFAULT = "sgd"
 
 def add_optimizer(p: argparse.ArgumentParser) -> None:
     """``--optimizer`` of the verbs that turn a forward graph into a training graph."""
-    p.add_argument("--optimizer", default=None,
-                   help=f"sgd, momentum or adam: the optimizer ops a forward-only graph gets "
-                   f"(default {OPTIMIZER_DEFAULT})")
+    p.add_argument("--optimizer", default=None, choices=OPTIMIZERS,
+                   help=f"the optimizer ops a forward-only graph gets (default "
+                   f"{OPTIMIZER_DEFAULT})")
 
 
 def as_training(graph: Any, args: argparse.Namespace, *, runs: bool = False) -> Any:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from trainsched.cli.common import (
+    COST_CHOICES,
     OPTIMIZER_DEFAULT,
     Applies,
     Fact,
@@ -42,7 +43,7 @@ def add_parser(sub: Subcommands) -> None:
     p.add_argument("--seq-len", type=int, default=None, help="tokens per example")
     p.add_argument("--image-size", type=int, default=None,
                    help="image side of vision models (default 224; >= 32)")
-    p.add_argument("--costs", choices=("auto", "measured", "roofline", "static"), default=None,
+    p.add_argument("--costs", choices=COST_CHOICES, default=None,
                    help="auto (default): measured on a cpu cluster, else roofline for its "
                    "device")
     p.add_argument("--ranks", type=int, default=None,

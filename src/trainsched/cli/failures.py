@@ -52,10 +52,34 @@ class UsageExit(SystemExit):
         self.message = message
 
 
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """``--help`` shows each option's default, unless its help already says it or it has none
+    (``None``, ``False``)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:  # argparse's extension point
+        text = action.help or ""
+        default = action.default
+        if (action.option_strings and default not in (None, False, argparse.SUPPRESS)
+                and "default" not in text):
+            text += " (default: %(default)s)"
+        return text
+
+
 class Parser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose usage errors raise :class:`UsageExit` (after printing what
     argparse prints) so that ``main`` can add the JSON error object; its sub-parsers are of
-    this class too."""
+    this class too. ``--help`` shows defaults (:class:`DefaultsHelpFormatter`); ``options``
+    lists the actions added, in order."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
+        self.options: list[argparse.Action] = []  # before __init__, which adds --help
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        action = super().add_argument(*args, **kwargs)
+        self.options.append(action)
+        return action
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import argparse
 
-from trainsched.cli.common import Subcommands, add_json, add_optimizer, dump, training_graph
+from trainsched.cli.common import (
+    Subcommands,
+    add_alias,
+    add_json,
+    add_optimizer,
+    dump,
+    training_graph,
+)
 from trainsched.cluster import COMM_MODES
 from trainsched.placement import PLACERS
 from trainsched.report.tables import place_report
@@ -21,8 +28,9 @@ def add_parser(sub: Subcommands) -> None:
     p.add_argument("--algorithm", default="auto",
                    choices=("auto", *PLACERS),
                    help="auto (default) runs them all and keeps the fastest predicted")
-    p.add_argument("--comm", choices=COMM_MODES, default=None,
+    p.add_argument("--channels", choices=COMM_MODES, default=None,
                    help="how transfers contend (default: the cluster's)")
+    add_alias(p, "--comm", "channels", choices=COMM_MODES)
     p.add_argument("--no-fusion", action="store_true", help="do not fuse ops inside groups")
     p.add_argument("--no-coplacement", action="store_true",
                    help="do not join an op with its sole consumer")
@@ -42,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
 
     graph = training_graph(args.graph, args)
     cluster = resolve_cluster(args.cluster)
-    result = place(graph, cluster, args.algorithm, comm=args.comm, fusion=not args.no_fusion,
+    result = place(graph, cluster, args.algorithm, comm=args.channels, fusion=not args.no_fusion,
                    coplacement=not args.no_coplacement, forward_only=args.forward_only,
                    predict=predict_placement)
     if args.output:

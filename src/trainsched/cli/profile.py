@@ -6,6 +6,7 @@ import argparse
 import time
 
 from trainsched.cli.common import (
+    COST_CHOICES,
     Applies,
     Fact,
     Subcommands,
@@ -34,9 +35,10 @@ def add_parser(sub: Subcommands) -> None:
     p.add_argument("--module-depth", type=int, default=None,
                    help="with --granularity module: group by module path truncated to this "
                    "many components (e.g. 2 gives ResNet blocks)")
-    p.add_argument("--costs", choices=("measured", "roofline", "static"), default="measured",
-                   help="measured on this machine, roofline for --device-kind, or static "
-                   "(FLOPs and bytes only)")
+    p.add_argument("--costs", choices=COST_CHOICES, default="auto",
+                   help="auto: roofline when --device-kind is given, else measured; measured "
+                   "on this machine, roofline for --device-kind, or static (FLOPs and bytes "
+                   "only)")
     p.add_argument("--device-kind", default=None,
                    help="device of the roofline costs (default H100; see docs/cluster.md)")
     p.add_argument("--device", default=None,
@@ -65,7 +67,10 @@ DEFAULTS = {"repeats": 10, "warmup": 0}
 def check_flags(args: argparse.Namespace) -> None:
     """Refuse every flag that does not apply: the model's sizes it does not take,
     ``--module-depth`` at op granularity, a cost tier's options with another tier
-    (:func:`trainsched.cli.common.check_applicable`)."""
+    (:func:`trainsched.cli.common.check_applicable`). ``--costs auto`` becomes the tier the
+    other flags ask for."""
+    if args.costs == "auto":
+        args.costs = "roofline" if args.device_kind is not None else "measured"
     rules, facts = size_rules_and_facts(args.model)
     rules += [Applies(flags=("module_depth",), when={"granularity": ("module",)},
                       where="with --granularity module"),

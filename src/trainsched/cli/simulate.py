@@ -27,7 +27,7 @@ from trainsched.cli.common import (
     training_graph,
     tune_ranges,
 )
-from trainsched.comm.policy import COMM_POLICIES
+from trainsched.comm.policy import COMM_POLICIES, CREDIT_MODES
 from trainsched.costs import ALGORITHMS
 from trainsched.errors import TrainschedError
 from trainsched.report.progress import ProgressBar
@@ -59,7 +59,8 @@ def add_parser(sub: Subcommands) -> None:
     p.add_argument("--partition", default=None,
                    help="data parallel: partition size (priority, bytescheduler, p3)")
     p.add_argument("--credit", default=None, help="data parallel: bytes in flight (or inf)")
-    p.add_argument("--credit-mode", choices=("overdraft", "strict"), default=None)
+    p.add_argument("--credit-mode", choices=CREDIT_MODES, default=None,
+                   help="data parallel: strict or overdraft (default: the policy's)")
     p.add_argument("--backfill", action="store_true",
                    help="data parallel, strict credit: the most urgent partition that fits "
                    "goes when the head does not")

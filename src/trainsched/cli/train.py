@@ -11,6 +11,7 @@ from trainsched.cli.common import (
     Applies,
     Fact,
     Subcommands,
+    add_alias,
     add_json,
     add_tune_args,
     check_applicable,
@@ -21,8 +22,9 @@ from trainsched.cli.common import (
     tune_ranges,
 )
 from trainsched.cli.outputs import check_writable_dir
-from trainsched.comm.policy import COMM_POLICIES
+from trainsched.comm.policy import COMM_POLICIES, CREDIT_MODES
 from trainsched.errors import TrainschedError
+from trainsched.graph import OPTIMIZERS
 from trainsched.report.tables import (
     autotune_intro,
     autotune_report,
@@ -41,20 +43,22 @@ def add_parser(sub: Subcommands) -> None:
     p.add_argument("--plan", default=None,
                    help="run this plan file (trainsched compare writes one per strategy) and "
                    "print measured beside predicted; under torchrun, this process is one rank")
-    p.add_argument("--nproc", type=int, default=None,
-                   help=f"worker processes (ranks; default {DEFAULTS['nproc']})")
-    p.add_argument("--comm", choices=tuple(COMM_POLICIES), default=None,
+    p.add_argument("--ranks", type=int, default=None,
+                   help=f"worker processes, one rank each (default {DEFAULTS['ranks']})")
+    add_alias(p, "--nproc", "ranks", type=int)
+    p.add_argument("--comm-policy", choices=tuple(COMM_POLICIES), default=None,
                    help="fifo: whole tensors, barrier; ddp: torch DDP; priority (default): "
                    "partitions, credit, crossing the barrier; bytescheduler: priority with "
                    "gradients below 1 MiB fused into one collective; any other registered "
                    "policy at its defaults")
+    add_alias(p, "--comm", "comm_policy", choices=tuple(COMM_POLICIES))
     p.add_argument("--partition", default=None,
                    help=f"priority/bytescheduler: partition size (default "
                    f"{DEFAULTS['partition']})")
     p.add_argument("--credit", default=None,
                    help=f"priority/bytescheduler: bytes in flight (or inf; default "
                    f"{DEFAULTS['credit']})")
-    p.add_argument("--credit-mode", choices=("overdraft", "strict"), default=None,
+    p.add_argument("--credit-mode", choices=CREDIT_MODES, default=None,
                    help=f"priority/bytescheduler (default {DEFAULTS['credit_mode']})")
     p.add_argument("--backfill", action="store_true",
                    help="priority, strict credit: when the most urgent partition does not fit "
@@ -71,11 +75,13 @@ def add_parser(sub: Subcommands) -> None:
     p.add_argument("--batch-size", type=int, default=None, help="examples per rank")
     p.add_argument("--image-size", type=int, default=None, help="vision models: input side")
     p.add_argument("--seq-len", type=int, default=None, help="text models: tokens")
-    p.add_argument("--optimizer", choices=("sgd", "momentum", "adam"), default="sgd")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd",
+                   help="how every rank updates its parameters")
     p.add_argument("--lr", type=float, default=0.01, help="learning rate (default 0.01)")
-    p.add_argument("--timeline", default=None,
+    p.add_argument("--trace-dir", default=None,
                    help="directory for one Chrome trace per rank (first 3 timed steps); with "
                    "--plan also steps.trace.json, the measured steps")
+    add_alias(p, "--timeline", "trace_dir")
     p.add_argument("--timeout", type=float, default=1800, help="seconds before giving up")
     p.add_argument("--autotune", action="store_true",
                    help="priority: pick partition and credit by Bayesian search, online (every "
@@ -94,37 +100,38 @@ def add_parser(sub: Subcommands) -> None:
 
 #: Defaults of the flags that apply in some modes only (given in code, so that a flag given
 #: where it does not apply is seen).
-DEFAULTS = {"nproc": 2, "comm": "priority", "partition": "4MiB", "credit": "16MiB",
+DEFAULTS = {"ranks": 2, "comm_policy": "priority", "partition": "4MiB", "credit": "16MiB",
             "credit_mode": "overdraft", "order": "leader", "tune_steps": 5, "tune_confirm": 2}
 
 #: The policies the scheduled runtime runs (``--no-schedule`` turns its scheduler off, and
-#: ``--timeline`` records it).
+#: ``--trace-dir`` records it).
 SCHEDULER = ("fifo", "priority", "bytescheduler")
 
 
 def rules(model: str) -> tuple[list[Applies], dict[str, Fact]]:
-    """Which flags apply with which ``--comm`` (``plan``: ``--plan FILE``), ``--autotune``,
+    """Which flags apply with which ``--comm-policy`` (``plan``: ``--plan FILE``), ``--autotune``,
     ``--no-schedule`` and model (:func:`trainsched.cli.common.check_applicable`)."""
     tuned = ("priority", "bytescheduler")
     table, facts = size_rules_and_facts(model)
     table += [
-        Applies(flags=("nproc", "comm"), when={"comm": tuple(COMM_POLICIES)},
+        Applies(flags=("ranks", "comm_policy"), when={"comm": tuple(COMM_POLICIES)},
                 where="without --plan (the plan file sets them)"),
         Applies(flags=("partition", "credit", "credit_mode", "backfill"), when={"comm": tuned},
-                where="with --comm priority or bytescheduler"),
+                where="with --comm-policy priority or bytescheduler"),
         Applies(flags=("order",), when={"comm": tuple(c for c in COMM_POLICIES if c != "ddp"),
                                         "no_schedule": (False,)},
-                where="with a --comm other than ddp, without --no-schedule"),
+                where="with a --comm-policy other than ddp, without --no-schedule"),
         Applies(flags=("no_schedule",), when={"comm": SCHEDULER, "autotune": (False,)},
-                where=f"with --comm {', '.join(SCHEDULER)}, without --autotune (it tunes the "
-                "scheduler)"),
-        Applies(flags=("timeline",), when={"comm": (*SCHEDULER, "plan"), "autotune": (False,),
+                where=f"with --comm-policy {', '.join(SCHEDULER)}, without --autotune (it "
+                "tunes the scheduler)"),
+        Applies(flags=("trace_dir",), when={"comm": (*SCHEDULER, "plan"), "autotune": (False,),
                                            "no_schedule": (False,)},
-                where=f"with --plan or --comm {', '.join(SCHEDULER)} (the scheduled runtime), "
-                "without --autotune or --no-schedule (give it at the point the tuner reports)"),
+                where=f"with --plan or --comm-policy {', '.join(SCHEDULER)} (the scheduled "
+                "runtime), without --autotune or --no-schedule (give it at the point the tuner "
+                "reports)"),
         Applies(flags=("autotune",), when={"comm": tuned},
-                where="with --comm priority or bytescheduler (it tunes their partition and "
-                "credit)"),
+                where="with --comm-policy priority or bytescheduler (it tunes their partition "
+                "and credit)"),
         Applies(flags=(*TUNE_FLAGS, "tune_steps", "tune_confirm"), when={"autotune": (True,)},
                 where="with --autotune"),
     ]
@@ -136,17 +143,17 @@ def check_flags(args: argparse.Namespace) -> None:
     and a learning rate that is not a finite number > 0."""
     import math
 
-    comm = "plan" if args.plan is not None else args.comm or DEFAULTS["comm"]
+    comm = "plan" if args.plan is not None else args.comm_policy or DEFAULTS["comm_policy"]
     table, facts = rules(args.model)
     facts.update(
-        comm=Fact(value=comm, text="with --plan FILE" if comm == "plan" else f"with --comm "
-                  f"{comm}"),
+        comm=Fact(value=comm, text="with --plan FILE" if comm == "plan"
+                  else f"with --comm-policy {comm}"),
         autotune=Fact(value=bool(args.autotune), text="with --autotune"),
         no_schedule=Fact(value=bool(args.no_schedule), text="with --no-schedule"))
     check_applicable(args, table, facts)
     if not (math.isfinite(args.lr) and args.lr > 0):
         raise TrainschedError(f"--lr {args.lr}: give a finite learning rate > 0, e.g. 0.01")
-    check_count("--nproc", args.nproc, 1)
+    check_count("--ranks", args.ranks, 1)
     check_count("--steps", args.steps, 1)
     check_count("--warmup", args.warmup, 0)
     from trainsched.runtime.train import ORDERS
@@ -163,7 +170,7 @@ def warn_oversubscribed(nproc: int) -> None:
 
     cores = os.cpu_count() or 1
     if nproc > 2 * cores:
-        print(f"trainsched: warning: --nproc {nproc} runs {nproc} processes on {cores} cores; "
+        print(f"trainsched: warning: --ranks {nproc} runs {nproc} processes on {cores} cores; "
               f"the step times will measure their contention", file=sys.stderr, flush=True)
 
 
@@ -172,31 +179,31 @@ def run(args: argparse.Namespace) -> int:
     from trainsched.units import parse_size
 
     check_flags(args)
-    if args.timeline is not None:  # fail now, not once the workers have trained
-        check_writable_dir(args.timeline, "--timeline")
+    if args.trace_dir is not None:  # fail now, not once the workers have trained
+        check_writable_dir(args.trace_dir, "--trace-dir")
     if args.plan is not None:
         return _run_plan(args)
     for option, default in DEFAULTS.items():
         if getattr(args, option) is None:
             setattr(args, option, default)
-    warn_oversubscribed(args.nproc)
-    if args.comm not in COMMS:
+    warn_oversubscribed(args.ranks)
+    if args.comm_policy not in COMMS:
         return _run_registered(args)
     partition = parse_size(args.partition)
     credit = parse_credit(args.credit)
     if args.autotune:
         return _autotune(args, partition, credit)
     enabled = not args.no_schedule
-    result = train(args.model, args.comm, nproc=args.nproc, steps=args.steps,
+    result = train(args.model, args.comm_policy, nproc=args.ranks, steps=args.steps,
                    warmup=args.warmup, partition_bytes=partition, credit_bytes=credit,
-                   credit_mode=args.credit_mode, timeline_dir=args.timeline,
+                   credit_mode=args.credit_mode, timeline_dir=args.trace_dir,
                    order=args.order, enabled=enabled, backfill=args.backfill,
                    batch_size=args.batch_size, image_size=args.image_size,
                    seq_len=args.seq_len, optimizer=args.optimizer, lr=args.lr,
                    timeout_s=args.timeout)
     seg = result.first
     if args.json:
-        print(dump({"comm": args.comm, "partition_bytes": partition,
+        print(dump({"comm": args.comm_policy, "partition_bytes": partition,
                     "credit_bytes": None if credit == float("inf") else credit,
                     "credit_mode": args.credit_mode, "backfill": args.backfill,
                     "order": args.order, "schedule": enabled, "warmup": args.warmup,
@@ -204,10 +211,10 @@ def run(args: argparse.Namespace) -> int:
                     "p10_s": seg.quantile_s(0.1), "p90_s": seg.quantile_s(0.9),
                     "throughput_samples_per_s": result.throughput(), **result.to_dict()}))
         return 0
-    print(train_report(result, nproc=args.nproc, comm=args.comm, partition_bytes=partition,
+    print(train_report(result, nproc=args.ranks, comm=args.comm_policy, partition_bytes=partition,
                        credit_bytes=credit, credit_mode=args.credit_mode,
                        backfill=args.backfill, order=args.order, scheduled=enabled,
-                       optimizer=args.optimizer, warmup=args.warmup, timeline=args.timeline))
+                       optimizer=args.optimizer, warmup=args.warmup, timeline=args.trace_dir))
     return 0
 
 
@@ -233,11 +240,11 @@ def _autotune(args: argparse.Namespace, partition: int, credit: float) -> int:
 
         tuner = OnlineTuner(**{**options, "partition_range": ranges[0],
                                "credit_range": ranges[1]})
-        print(autotune_intro(model=args.model, nproc=args.nproc,
+        print(autotune_intro(model=args.model, nproc=args.ranks,
                              search_trials=args.tune_trials, confirm_trials=tuner.n_confirm,
                              trial_steps=args.tune_steps, total_steps=tuner.total_steps,
                              warmup=args.warmup, steps=args.steps), flush=True)
-    result = train(args.model, args.comm, nproc=args.nproc, steps=args.steps,
+    result = train(args.model, args.comm_policy, nproc=args.ranks, steps=args.steps,
                    warmup=args.warmup, partition_bytes=partition, credit_bytes=credit,
                    credit_mode=args.credit_mode, tune=options, order=args.order,
                    backfill=args.backfill, batch_size=args.batch_size,
@@ -248,7 +255,7 @@ def _autotune(args: argparse.Namespace, partition: int, credit: float) -> int:
     if tuned is None:
         raise TrainschedError("the tuner reported nothing (rank 0 ran no trial)")
     if args.json:
-        print(dump({"comm": args.comm, "credit_mode": args.credit_mode, "order": args.order,
+        print(dump({"comm": args.comm_policy, "credit_mode": args.credit_mode, "order": args.order,
                     "steps": args.steps,
                     "warmup": args.warmup, "autotune": tuned, "median_s": seg.median_s,
                     "p10_s": seg.quantile_s(0.1), "p90_s": seg.quantile_s(0.9),
@@ -267,7 +274,7 @@ def _run_plan(args: argparse.Namespace) -> int:
     result = run_plan(plan, args.model, steps=args.steps, warmup=args.warmup,
                       batch_size=args.batch_size, image_size=args.image_size,
                       seq_len=args.seq_len, optimizer=args.optimizer, lr=args.lr,
-                      timeout_s=args.timeout, timeline_dir=args.timeline)
+                      timeout_s=args.timeout, timeline_dir=args.trace_dir)
     if result is None:  # one rank of a torchrun job that is not rank 0
         return 0
     doc = {"plan": args.plan, **result.to_dict(),
@@ -277,29 +284,29 @@ def _run_plan(args: argparse.Namespace) -> int:
                if prediction.step_time_s else None}}
     print(dump(doc) if args.json else plan_run_report(args.plan, plan, result, prediction,
                                                       warmup=args.warmup,
-                                                      timeline=args.timeline))
+                                                      timeline=args.trace_dir))
     return 0
 
 
 def _run_registered(args: argparse.Namespace) -> int:
-    """``--comm NAME`` for a registered policy beyond the four the flags describe: the
+    """``--comm-policy NAME`` for a registered policy beyond the four the flags describe: the
     policy at its registered defaults, on the scheduled runtime."""
     from trainsched.comm.policy import comm_policy
     from trainsched.runtime.run import policy_segment
     from trainsched.runtime.train import run_segments
 
-    segment = policy_segment(comm_policy(args.comm), label=args.comm, order=args.order,
-                             steps=args.steps, warmup=args.warmup)
-    result = run_segments(args.model, [segment], nproc=args.nproc, batch_size=args.batch_size,
+    segment = policy_segment(comm_policy(args.comm_policy), label=args.comm_policy,
+                             order=args.order, steps=args.steps, warmup=args.warmup)
+    result = run_segments(args.model, [segment], nproc=args.ranks, batch_size=args.batch_size,
                           image_size=args.image_size, seq_len=args.seq_len,
                           optimizer=args.optimizer, lr=args.lr, timeout_s=args.timeout)
     seg = result.first
     if args.json:
-        print(dump({"comm": args.comm, "order": args.order, "warmup": args.warmup,
+        print(dump({"comm": args.comm_policy, "order": args.order, "warmup": args.warmup,
                     "steps": args.steps, "median_s": seg.median_s,
                     "p10_s": seg.quantile_s(0.1), "p90_s": seg.quantile_s(0.9),
                     "throughput_samples_per_s": result.throughput(), **result.to_dict()}))
         return 0
-    print(registered_report(result, comm=args.comm, nproc=args.nproc, order=args.order,
+    print(registered_report(result, comm=args.comm_policy, nproc=args.ranks, order=args.order,
                             optimizer=args.optimizer, warmup=args.warmup))
     return 0

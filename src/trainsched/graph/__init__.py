@@ -24,10 +24,11 @@ from trainsched.graph.io import (
     read_text_file,
     show_value,
 )
-from trainsched.graph.training import to_training
+from trainsched.graph.training import OPTIMIZERS, to_training
 
 __all__ = [
     "FORMAT",
+    "OPTIMIZERS",
     "OP_KINDS",
     "Edge",
     "Graph",

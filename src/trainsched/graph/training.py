@@ -19,6 +19,8 @@ from trainsched.graph.core import Edge, Graph, Op
 
 # State tensors per parameter: SGD none, SGD with momentum one, Adam two (first and second moment).
 OPTIMIZER_STATE_TENSORS = {"sgd": 0, "momentum": 1, "adam": 2}
+#: The optimizers a training graph (and a real run) can use: the one list of their names.
+OPTIMIZERS = tuple(OPTIMIZER_STATE_TENSORS)
 # Used for optimizer steps when neither the caller nor the graph's meta gives a bandwidth.
 DEFAULT_MEMORY_BANDWIDTH_BYTES_PER_S = 10e9
 

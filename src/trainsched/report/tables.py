@@ -194,7 +194,7 @@ def train_report(result: Any, *, nproc: int, comm: str, partition_bytes: int,
     if comm != "ddp":
         how += (", scheduler off (--no-schedule: stock DDP, 25 MiB buckets)" if not scheduled
                 else f", {order} order")
-    lines = [f"{result.model}: {nproc} gloo ranks x batch {result.batch_size}, --comm "
+    lines = [f"{result.model}: {nproc} gloo ranks x batch {result.batch_size}, --comm-policy "
              f"{comm} ({how}), {optimizer}",
              _step_time_line(result.first, warmup, "step time"),
              f"  throughput {result.throughput():.2f} samples/s"]
@@ -247,10 +247,10 @@ def plan_run_report(path: str, plan: Any, result: Any, prediction: Any, *, warmu
 
 def registered_report(result: Any, *, comm: str, nproc: int, order: str, optimizer: str,
                       warmup: int) -> str:
-    """``train --comm NAME`` for a registered policy at its defaults."""
+    """``train --comm-policy NAME`` for a registered policy at its defaults."""
     seg = result.first
     return "\n".join([
-        f"{result.model}: {nproc} gloo ranks x batch {result.batch_size}, --comm {comm} "
+        f"{result.model}: {nproc} gloo ranks x batch {result.batch_size}, --comm-policy {comm} "
         f"(the registered policy at its defaults, {order} order), {optimizer}",
         _step_time_line(seg, warmup, "step time"),
         f"  throughput {result.throughput():.2f} samples/s"])

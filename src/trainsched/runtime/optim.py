@@ -10,10 +10,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from trainsched.errors import TrainschedError
+from trainsched.graph import OPTIMIZERS
 
 __all__ = ["OPTIMIZERS", "check_optimizer", "make_optimizer", "optimizer_spec"]
-
-OPTIMIZERS = ("sgd", "momentum", "adam")
 
 
 def check_optimizer(name: str) -> None:

@@ -205,7 +205,7 @@ def segment_for(comm: str, *, partition_bytes: int | None = 4 * MiB,
                 bucket_mb: float = 25.0, tune: dict[str, Any] | None = None,
                 order: str = "leader", enabled: bool = True,
                 backfill: bool = False) -> Segment:
-    """The segment ``trainsched train --comm COMM`` runs: ``fifo`` (whole tensors in ready
+    """The segment ``trainsched train --comm-policy COMM`` runs: ``fifo`` (whole tensors in ready
     order, the barrier), ``ddp`` (stock DDP), ``priority`` (partitions, credit, crossing)
     or ``bytescheduler`` (the same, small gradients fused); ``tune``:
     :class:`~trainsched.comm.tune.OnlineTuner` options to tune them online first;
