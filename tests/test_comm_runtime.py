@@ -440,8 +440,9 @@ def test_cli_train_runs_backfill(capsys):
     (["--no-schedule", "--timeline", "."], "--trace-dir does not apply with --no-schedule"),
     (["--no-schedule", "--autotune"], "--no-schedule does not apply with --autotune"),
     (["--backfill"], "it needs credit_mode 'strict'"),
-    (["--comm", "fifo", "--backfill"], "--backfill does not apply with --comm-policy fifo: it applies "
-                                       "only with --comm-policy priority or bytescheduler"),
+    (["--comm", "fifo", "--backfill"], "--backfill does not apply with --comm-policy fifo: it "
+                                       "applies only with --comm-policy priority or "
+                                       "bytescheduler"),
     (["--comm", "ddp", "--backfill"], "--backfill does not apply with --comm-policy ddp"),
     (["--comm", "bytescheduler", "--backfill"], "it needs credit_mode 'strict'"),
     (["--comm", "bytescheduler", "--credit", "1MiB", "--credit-mode", "strict"],

@@ -318,8 +318,9 @@ def test_train_autotune_tunes_online_in_one_job_and_times_the_best(capsys):
 
 
 @pytest.mark.parametrize(("flags", "problem"), [
-    (["--comm", "ddp"], "--autotune does not apply with --comm-policy ddp: it applies only with --comm-policy "
-                        "priority or bytescheduler (it tunes their partition and credit)"),
+    (["--comm", "ddp"], "--autotune does not apply with --comm-policy ddp: it applies only "
+                        "with --comm-policy priority or bytescheduler (it tunes their partition "
+                        "and credit)"),
     (["--tune-partition", "4MiB"], "--tune-partition takes LOW-HIGH"),
     (["--tune-credit", "8MiB-1MiB"], "--tune-credit takes LOW-HIGH with 0 < LOW <= HIGH"),
     (["--tune-trials", "0"], "--tune-trials must be >= 1"),
