@@ -237,3 +237,20 @@ def test_train_warns_when_ranks_far_outnumber_the_cores(monkeypatch, capsys):
     assert lines[1].startswith("trainsched: error: ")
     assert main(["train", "mlp", "--ranks", "2", *bad]) == 2  # 2 x the cores: no warning
     assert len(capsys.readouterr().err.splitlines()) == 1
+
+
+def test_simulate_refuses_micro_batches_smaller_than_one_sample(tmp_path, capsys):
+    from trainsched.graph import Edge, Graph, Op
+
+    ops = [Op(name=f"l{k}", compute_s=1e-3, flops=1e9, param_bytes=1 << 20) for k in range(4)]
+    edges = [Edge(src=f"l{k}", dst=f"l{k + 1}", size_bytes=1 << 10) for k in range(3)]
+    path = tmp_path / "g.json"
+    Graph(ops, edges, {"model": "chain", "batch_size": 4}).save(path)
+    base = ["simulate", str(path), "--cluster", "p3.16xlarge", "--parallelism", "pipeline",
+            "--ranks", "2"]
+    assert main([*base, "--microbatches", "8"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "--microbatches 8: the graph's batch has 4 samples" in err
+    assert main([*base, "--json"]) == 0  # the default: 2 x 2 stages = 4, one sample each
+    assert json.loads(capsys.readouterr().out)["step_time_s"] > 0

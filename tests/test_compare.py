@@ -182,3 +182,17 @@ def test_library_errors_name_parameters_not_flags(call, message):
     with pytest.raises(TrainschedError, match=message) as raised:
         call()
     assert "--" not in str(raised.value)
+
+
+def test_pipelines_never_cut_a_batch_into_micro_batches_below_one_sample():
+    graph = _chain()  # captured at batch 16
+    cluster = resolve_cluster("p3.16xlarge")
+    from trainsched.strategies import default_microbatches, plan_strategies
+
+    assert default_microbatches(8, 16) == 16 and default_microbatches(8, 4) == 4
+    assert default_microbatches(8, None) == 16
+    planned, skipped = plan_strategies(graph, cluster, Options(ranks=4, microbatches=32,
+                                                               batch_size=16))
+    assert set(skipped) == {"pipeline-gpipe", "pipeline-1f1b"}
+    assert "32 micro-batches of a batch of 16" in skipped["pipeline-1f1b"]
+    assert "data-ddp" in planned

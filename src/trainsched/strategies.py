@@ -39,7 +39,8 @@ from trainsched.plan import (
 )
 from trainsched.units import format_size, is_int
 
-__all__ = ["Options", "Planned", "Strategy", "make_plans", "plan_strategies", "strategies"]
+__all__ = ["Options", "Planned", "Strategy", "default_microbatches", "make_plans",
+           "plan_strategies", "strategies"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,8 +114,19 @@ def _data_tuned(name: str) -> Strategy:
     return build
 
 
+def default_microbatches(ranks: int, batch_size: int | None) -> int:
+    """Micro-batches of a pipeline when none are asked for: two per stage, but never more than
+    the batch has samples (a micro-batch holds at least one; ``None``: batch unknown)."""
+    return 2 * ranks if batch_size is None else max(1, min(2 * ranks, batch_size))
+
+
 def _pipeline(name: str) -> Strategy:
     def build(graph: Graph, cluster: Cluster, o: Options) -> Planned:
+        batch = graph.meta.get("batch_size")  # the batch the graph was captured at, if known
+        if is_int(batch) and o.microbatches > batch:
+            raise TrainschedError(f"{o.microbatches} micro-batches of a batch of {batch}: a "
+                                  f"micro-batch needs at least one sample; use at most {batch} "
+                                  f"micro-batches or a larger batch")
         stages = stage_costs_from_graph(graph, o.ranks, o.microbatches)
         plan = PipelinePlan(model=ModelRef.of(graph),
                             stages=stages.ops,

@@ -30,6 +30,7 @@ from trainsched.cli.outputs import OutputDir
 from trainsched.report.chart import write_measured_chart
 from trainsched.report.progress import ProgressBar
 from trainsched.report.tables import compare_report, measured_report
+from trainsched.strategies import default_microbatches
 
 NAME = "compare"
 
@@ -137,8 +138,10 @@ def run(args: argparse.Namespace) -> int:
         files["graph.json"] = graph.save  # the captured graph (a graph file given is an input)
     graph = as_training(graph, args, runs=args.run)
     ranks = args.ranks or cluster.num_devices
-    options = comparing.Options(ranks=ranks, microbatches=args.microbatches or 2 * ranks,
-                                batch_size=int(graph.meta.get("batch_size", 1)))
+    batch = graph.meta.get("batch_size")
+    options = comparing.Options(
+        ranks=ranks, batch_size=int(batch or 1),
+        microbatches=args.microbatches or default_microbatches(ranks, batch))
     if args.run and cluster.device.kind.startswith("cpu"):
         cluster = _host_cluster(args, cluster, out_dir, files)
     planned, skipped = comparing.plan_strategies(graph, cluster, options)

@@ -140,8 +140,13 @@ def build_plan(graph: Any, cluster: Any, args: argparse.Namespace, *, policy: An
                                       steps=steps, startup_overlap=args.startup_overlap)
     from trainsched.backprop.schedules import build_schedule
     from trainsched.backprop.stages import stage_costs_from_graph
+    from trainsched.strategies import default_microbatches
 
-    micro = args.microbatches or 2 * ranks
+    batch = graph.meta.get("batch_size")
+    micro = args.microbatches or default_microbatches(ranks, batch)
+    if isinstance(batch, int) and micro > batch:
+        raise TrainschedError(f"--microbatches {micro}: the graph's batch has {batch} samples "
+                              f"and a micro-batch needs at least one; give at most {batch}")
     schedule = args.schedule or "1f1b"
     stages = stage_costs_from_graph(graph, ranks, micro)
     return plans.PipelinePlan(model=model, stages=stages.ops,
