@@ -254,3 +254,18 @@ def test_simulate_refuses_micro_batches_smaller_than_one_sample(tmp_path, capsys
     assert "--microbatches 8: the graph's batch has 4 samples" in err
     assert main([*base, "--json"]) == 0  # the default: 2 x 2 stages = 4, one sample each
     assert json.loads(capsys.readouterr().out)["step_time_s"] > 0
+
+
+def test_simulate_refuses_costs_of_another_device_and_names_the_tier(tmp_path, capsys):
+    from trainsched.graph import Edge, Graph, Op
+
+    ops = [Op(name=f"l{k}", compute_s=1e-3, flops=1e9, param_bytes=1 << 20) for k in range(3)]
+    edges = [Edge(src=f"l{k}", dst=f"l{k + 1}", size_bytes=1 << 10) for k in range(2)]
+    path = tmp_path / "g.json"
+    Graph(ops, edges, {"model": "chain", "tier": "measured", "device": "cpu"}).save(path)
+    assert main(["simulate", str(path), "--cluster", "p3.16xlarge"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "costs are measured on cpu, but cluster p3.16xlarge has V100-16GB devices" in err
+    assert main(["simulate", str(path), "--cluster", "cpu"]) == 0
+    assert "costs            measured on cpu, fp32" in capsys.readouterr().out

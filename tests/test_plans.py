@@ -198,3 +198,27 @@ def test_simulate_refuses_wrong_types_with_a_clear_error():
         simulate(plan, chain(), "p3.16xlarge")
     with pytest.raises(TrainschedError, match="not a plan"):
         simulate("single", chain(), resolve_cluster("p3.16xlarge"))
+
+
+@pytest.mark.parametrize(("tier", "device", "fits", "refused"), [
+    ("measured", "cpu", "cpu", "p3.16xlarge"),
+    ("roofline", "V100-16GB", "p3.16xlarge", "dgx-h100"),
+    ("measured", "NVIDIA H100 80GB HBM3", "dgx-h100", "p3.16xlarge"),
+    ("measured", "NVIDIA H100 80GB HBM3", "dgx-h100", "cpu"),
+])
+def test_costs_replay_only_on_the_device_they_belong_to(tier, device, fits, refused):
+    graph = chain().with_meta({**chain().meta, "tier": tier, "device": device})
+    plan = SinglePlan(model=ModelRef.of(graph))
+    assert simulate(plan, graph, resolve_cluster(fits)).step_time_s == \
+        simulate_single(graph, resolve_cluster(fits)).step_time_s
+    kind = resolve_cluster(refused).device.kind
+    with pytest.raises(TrainschedError, match=f"costs are {tier} on {device}, but cluster "
+                                              f"{refused} has {kind} devices"):
+        simulate(plan, graph, resolve_cluster(refused))
+
+
+def test_a_graph_that_says_nothing_of_its_costs_simulates_anywhere():
+    graph = chain()  # built by hand: no tier, no device
+    for name in ("cpu", "p3.16xlarge", "dgx-h100"):
+        assert simulate(SinglePlan(model=ModelRef.of(graph)), graph,
+                        resolve_cluster(name)).step_time_s > 0

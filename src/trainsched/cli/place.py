@@ -46,10 +46,11 @@ def add_parser(sub: Subcommands) -> None:
 def run(args: argparse.Namespace) -> int:
     from trainsched.cluster import resolve_cluster
     from trainsched.placement import place
-    from trainsched.sim import predict_placement
+    from trainsched.sim import check_costs_fit, predict_placement
 
     graph = training_graph(args.graph, args)
     cluster = resolve_cluster(args.cluster)
+    check_costs_fit(graph, cluster)
     result = place(graph, cluster, args.algorithm, comm=args.channels, fusion=not args.no_fusion,
                    coplacement=not args.no_coplacement, forward_only=args.forward_only,
                    predict=predict_placement)

@@ -118,6 +118,15 @@ def check_flags(args: argparse.Namespace) -> None:
     check_applicable(args, RULES, facts)
 
 
+def costs_line(graph: Any) -> str | None:
+    """Where the graph's costs come from, for the report's header: tier, device, precision."""
+    tier = graph.meta.get("tier")
+    if tier is None:
+        return None
+    where = graph.meta.get("device")
+    return f"{tier}{f' on {where}' if where and tier != 'static' else ''}, fp32"
+
+
 def build_plan(graph: Any, cluster: Any, args: argparse.Namespace, *, policy: Any = None,
                steps: int = 1) -> Any:
     """The plan the flags describe (``--parallelism`` and its options); data parallelism runs
@@ -267,7 +276,7 @@ def run(args: argparse.Namespace) -> int:
         "bubble_fraction": bubble_fraction(result),
         "peak_memory_bytes": dict(result.peak_memory_bytes),
         "oom": dict(result.oom),
-        "events": result.events,
+        "events": result.events, "costs": costs_line(graph),
         "trace": args.trace,
     }
     if args.parallelism == "data":
@@ -300,7 +309,7 @@ def _run_plan_file(args: argparse.Namespace) -> int:
            "step_time_s": result.step_time_s, "dependency_bound_s": result.dependency_bound_s,
            "exposed_comm_s": result.exposed_comm_s, "bubble_fraction": bubble_fraction(result),
            "peak_memory_bytes": dict(result.peak_memory_bytes), "oom": dict(result.oom),
-           "events": result.events, "trace": args.trace}
+           "events": result.events, "costs": costs_line(graph), "trace": args.trace}
     if isinstance(plan, DataParallelPlan):
         bound, gradient = crossing_bound_s(graph, cluster, ranks=plan.ranks,
                                            algorithm=plan.algorithm)

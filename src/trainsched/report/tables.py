@@ -69,6 +69,9 @@ def data_plan_lines(doc: Mapping[str, Any]) -> list[str]:
 def simulate_report(doc: Mapping[str, Any], model: str) -> str:
     """``simulate``'s text from its JSON document ``doc``; ``model`` names the graph."""
     lines = [f"{model} on {doc['cluster']}, {doc['parallelism']}:"]
+    costs = doc.get("costs")
+    if costs:
+        lines.append(f"  costs            {costs}")
     data = doc["parallelism"] == "data"
     if data:
         lines += data_plan_lines(doc)

@@ -33,7 +33,12 @@ from trainsched.sim.result import (
     TaskRecord,
     build_result,
 )
-from trainsched.sim.simulate import predict_placement, simulate, training_graph
+from trainsched.sim.simulate import (
+    check_costs_fit,
+    predict_placement,
+    simulate,
+    training_graph,
+)
 from trainsched.sim.trace import chrome_trace, trace_json, write_trace
 
 __all__ = [
@@ -51,6 +56,7 @@ __all__ = [
     "TaskRecord",
     "bubble_fraction",
     "build_result",
+    "check_costs_fit",
     "chrome_trace",
     "collective_link",
     "collective_s",

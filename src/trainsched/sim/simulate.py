@@ -27,7 +27,7 @@ from trainsched.sim.executors import simulate_placed, simulate_single
 from trainsched.sim.pipeline import simulate_pipeline
 from trainsched.sim.result import SimResult
 
-__all__ = ["predict_placement", "simulate", "training_graph"]
+__all__ = ["check_costs_fit", "predict_placement", "simulate", "training_graph"]
 
 
 def training_graph(graph: Graph) -> Graph:
@@ -37,13 +37,50 @@ def training_graph(graph: Graph) -> Graph:
     return graph
 
 
+def _squashed(text: str) -> str:
+    return "".join(ch for ch in text.lower() if ch.isalnum())
+
+
+def check_costs_fit(graph: Graph, cluster: Cluster) -> None:
+    """Refuse a graph whose costs belong to another device than the cluster's.
+
+    ``graph.meta`` says how its costs were made (``tier``) and for which device (``device``):
+    roofline costs for a catalogue kind fit clusters of that kind; costs measured on this
+    host's CPU fit ``cpu`` clusters (the preset, a calibrated file); costs measured on a GPU
+    fit clusters whose device kind names that GPU (``H100-80GB`` for an "NVIDIA H100 80GB
+    HBM3"). A graph that says nothing (built by hand, static costs) is not checked.
+    """
+    tier, where = graph.meta.get("tier"), graph.meta.get("device")
+    if tier not in ("measured", "roofline") or not isinstance(where, str) or not where:
+        return
+    kind = cluster.device.kind
+    cpu_cluster = kind.lower().startswith("cpu")
+    if tier == "roofline":
+        fits = where == kind
+    elif where.lower() == "cpu":
+        fits = cpu_cluster
+    else:
+        fits = not cpu_cluster and _squashed(kind.split("-")[0]) in _squashed(where)
+    if fits:
+        return
+    elsewhere = ("a cpu cluster (the cpu preset, or this host calibrated: trainsched calibrate)"
+                 if where.lower() == "cpu" else f"a cluster of {where} devices")
+    raise TrainschedError(
+        f"the graph's costs are {tier} on {where}, but cluster {cluster.label} has {kind} "
+        f"devices, so its step would be {where}'s, not {kind}'s: capture roofline costs for "
+        f"{kind} (capture(..., costs='roofline', device_kind='{kind}'); trainsched profile and "
+        f"compare do it for a cluster), or simulate on {elsewhere}")
+
+
 def simulate(plan: Plan, graph: Graph, cluster: Cluster) -> SimResult:
-    """Predict one step of ``plan`` for ``graph`` on ``cluster`` (module docstring)."""
+    """Predict one step of ``plan`` for ``graph`` on ``cluster`` (module docstring); a graph
+    whose costs belong to another device kind is refused (:func:`check_costs_fit`)."""
     if not isinstance(graph, Graph):
         raise TrainschedError(f"simulate needs a Graph, got {type(graph).__name__}")
     if not isinstance(cluster, Cluster):
         raise TrainschedError(f"simulate needs a Cluster (trainsched.cluster.resolve_cluster "
                               f"makes one from a preset name), got {type(cluster).__name__}")
+    check_costs_fit(graph, cluster)
     graph = training_graph(graph)
     if isinstance(plan, SinglePlan):
         plan.validate(graph, cluster)
