@@ -48,10 +48,17 @@ def capture(model: torch.nn.Module, example_inputs: tuple | Any = (), *,
     (default H100). ``device`` is where measured costs run (default: CUDA when available, else
     CPU); the model is moved there. Each measured phase runs ``warmup`` untimed calls, then up
     to ``repeats`` timed calls: at least 3, and no more once they add up to a quarter second.
-    ``threads`` sets torch's intra-op threads for the capture (restored afterwards).
+    ``threads`` sets torch's intra-op threads for the capture (restored afterwards); measured
+    costs on the CPU default to one thread, the way the runtime runs every rank there (two
+    ranks sharing a host's cores, or a busy host, inflate multi-threaded op times many-fold).
+    A measured phase whose samples spread wider than
+    :data:`~trainsched.graph.core.SPREAD_LIMIT` is timed again; the graph's meta counts
+    the phases re-measured and those still spread (``remeasured_phases``, ``noisy_phases``).
     """
     if threads is not None and threads < 1:
         raise TrainschedError(f"threads must be at least 1, got {threads}")
+    if threads is None and costs == "measured" and measure_device(device).type == "cpu":
+        threads = 1
     previous = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
@@ -131,6 +138,7 @@ def _capture(model: torch.nn.Module, example_inputs: Any, example_kwargs: Any,
     if measure:
         graph_meta.update(device=_device_name(run_device), threads=torch.get_num_threads(),
                           warmup=warmup, repeats=repeats, timed_signatures=len(timer.timed),
+                          remeasured_phases=timer.remeasured, noisy_phases=timer.noisy,
                           memory_bandwidth_bytes_per_s=_copy_bandwidth(run_device))
     elif spec is not None:
         graph_meta.update(device=spec.kind,

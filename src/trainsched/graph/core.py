@@ -29,6 +29,10 @@ from trainsched.errors import TrainschedError
 
 OP_KINDS = ("forward", "backward_input", "backward_weight", "optimizer")
 
+#: A measured phase whose p90 exceeds this many times its p10 was disturbed while it was timed
+#: (another process, a frequency change): capture times it again, ``show`` counts what is left.
+SPREAD_LIMIT = 2.0
+
 
 @dataclass(frozen=True, kw_only=True)
 class Op:
@@ -60,7 +64,7 @@ class Op:
     backward_weight_s: float | None = None
     backward_input_flops: float | None = None
     backward_weight_flops: float | None = None
-    # Spread of measured times (None unless measured).
+    # Spread of measured times (None unless measured; see SPREAD_LIMIT).
     compute_p10_s: float | None = None
     compute_p90_s: float | None = None
     backward_input_p10_s: float | None = None
