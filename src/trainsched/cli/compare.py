@@ -19,6 +19,7 @@ from trainsched.cli.common import (
     Subcommands,
     add_json,
     add_optimizer,
+    add_precision,
     as_training,
     check_applicable,
     check_count,
@@ -27,6 +28,7 @@ from trainsched.cli.common import (
     size_rules_and_facts,
 )
 from trainsched.cli.outputs import OutputDir
+from trainsched.errors import TrainschedError
 from trainsched.report.chart import write_measured_chart
 from trainsched.report.progress import ProgressBar
 from trainsched.report.tables import compare_report, measured_report
@@ -47,6 +49,7 @@ def add_parser(sub: Subcommands) -> None:
     p.add_argument("--costs", choices=COST_CHOICES, default=None,
                    help="auto (default): measured on a cpu cluster, else roofline for its "
                    "device")
+    add_precision(p)
     p.add_argument("--ranks", type=int, default=None,
                    help="ranks / pipeline stages (default: all devices)")
     p.add_argument("--microbatches", type=int, default=None,
@@ -77,13 +80,16 @@ def check_flags(args: argparse.Namespace) -> None:
     without it (:func:`trainsched.cli.common.check_applicable`)."""
     graph_file = args.model.endswith(".json")
     rules, facts = size_rules_and_facts(None if graph_file else args.model)
-    rules += [Applies(flags=("batch_size", "costs"), when={"model": (True,)},
+    rules += [Applies(flags=("batch_size", "costs", "precision"), when={"model": (True,)},
                       where="to a model (a graph file has its batch and costs)"),
               Applies(flags=("steps", "warmup", "calibration"), when={"run": (True,)},
                       where="with --run")]
     facts.update(model=Fact(value=not graph_file, text="to a graph file"),
                  run=Fact(value=bool(args.run), text="without --run"))
     check_applicable(args, rules, facts)
+    if args.run and args.precision not in (None, "fp32"):
+        raise TrainschedError(f"--run trains in fp32: drop --precision {args.precision} to "
+                              "run, or compare without --run to predict it")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -129,12 +135,11 @@ def run(args: argparse.Namespace) -> int:
             meta["image_size"] = args.image_size
         with ProgressBar(f"capturing {zoo.name}", enabled=not args.json) as bar, \
                 error_context(zoo.name):
-            # --run trains each rank on one thread (ranks share this host's cores): measure
-            # the costs the same way, so that predicted and measured time the same work
+            # measured on the CPU: one thread, as --run trains each rank
             graph = capture(zoo.model, zoo.args, example_kwargs=zoo.kwargs, costs=costs,
                             device_kind=cluster.device if costs == "roofline" else None,
                             name=zoo.name, meta=meta, progress=bar.update,
-                            threads=1 if args.run and costs == "measured" else None)
+                            precision=args.precision or "fp32")
         files["graph.json"] = graph.save  # the captured graph (a graph file given is an input)
     graph = as_training(graph, args, runs=args.run)
     ranks = args.ranks or cluster.num_devices

@@ -12,6 +12,7 @@ from trainsched.cli.common import (
     Fact,
     Subcommands,
     add_json,
+    add_precision,
     check_applicable,
     check_output_dir,
     dump,
@@ -43,6 +44,7 @@ def add_parser(sub: Subcommands) -> None:
                    "only)")
     p.add_argument("--device-kind", default=None,
                    help="device of the roofline costs (default H100; see docs/cluster.md)")
+    add_precision(p)
     p.add_argument("--device", default=None,
                    help="where measured costs run: cpu or cuda (default cuda where present)")
     p.add_argument("--repeats", type=int, default=None,
@@ -110,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
                         granularity=args.granularity, module_depth=args.module_depth,
                         costs=args.costs, device_kind=args.device_kind, device=args.device,
                         warmup=args.warmup, repeats=args.repeats, name=zoo.name, meta=meta,
-                        threads=args.threads,
+                        threads=args.threads, precision=args.precision or "fp32",
                         progress=bar.update)
     elapsed = time.perf_counter() - started
     noisy = graph.meta.get("noisy_phases", 0)

@@ -124,7 +124,8 @@ def costs_line(graph: Any) -> str | None:
     if tier is None:
         return None
     where = graph.meta.get("device")
-    return f"{tier}{f' on {where}' if where and tier != 'static' else ''}, fp32"
+    precision = graph.meta.get("precision", "fp32")
+    return f"{tier}{f' on {where}' if where and tier != 'static' else ''}, {precision}"
 
 
 def build_plan(graph: Any, cluster: Any, args: argparse.Namespace, *, policy: Any = None,
