@@ -160,7 +160,12 @@ def run(args: argparse.Namespace) -> int:
             save_plan, planned[name].plan,
             prediction=Prediction(cluster=cluster.label, step_time_s=result.step_time_s,
                                   samples_per_step=planned[name].samples_per_step))
-    title = f"{model} (batch {options.batch_size}) on {cluster.label}, {ranks} devices"
+    sizes = [f"batch {options.batch_size} per rank"]
+    if graph.meta.get("seq_len") is not None:
+        sizes.append(f"seq {graph.meta['seq_len']}")
+    if any(planned[name].plan.kind == "pipeline" for name in planned):
+        sizes.append(f"{options.microbatches} micro-batches per pipeline step")
+    title = f"{model} ({', '.join(sizes)}) on {cluster.label}, {ranks} devices"
     files["compare.png"] = lambda path: write_chart(str(path), rows, title)
     doc = {"model": model, "cluster": cluster.label, "ranks": ranks,
            "microbatches": options.microbatches, "batch_size": options.batch_size,
@@ -186,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(compare_report(rows, title=title, tier=graph.meta.get("tier"),
                          device=graph.meta.get("device", "?"), out_dir=out_dir,
-                         skipped=skipped))
+                         skipped=skipped, precision=graph.meta.get("precision", "fp32")))
     if measured is not None:
         print(measured_report(rows, measured, out_dir=out_dir))
     return 0

@@ -129,17 +129,21 @@ def place_report(result: Any, summary: Mapping[str, Any], *, model: str, cluster
 
 # -- compare ------------------------------------------------------------------------------------
 def compare_report(rows: Sequence[Any], *, title: str, tier: Any, device: Any,
-                   out_dir: Any, skipped: Mapping[str, str] | None = None) -> str:
-    """``compare``'s table: one row per strategy, fastest first, then the strategies that could
-    not be built for this graph and why, and where the files went."""
+                   out_dir: Any, skipped: Mapping[str, str] | None = None,
+                   precision: str = "fp32") -> str:
+    """``compare``'s table: one row per strategy, fastest first (with the samples each step
+    trains), then the strategies that could not be built for this graph and why, and where the
+    files went."""
     skipped = skipped or {}
-    lines = [f"{title}; costs: {tier} ({device})"]
+    lines = [f"{title}; costs: {tier} ({device}, {precision})"]
     width = max(len("strategy"), *(len(r.strategy) for r in rows),
                 *(len(name) for name in skipped)) + 2
-    lines.append(f"  {'strategy':<{width}}{'devices':>8}{'step':>11}{'samples/s':>11}"
-                 f"{'speedup':>9}{'peak mem':>11}{'idle':>7}{'exposed comm':>14}")
+    lines.append(f"  {'strategy':<{width}}{'devices':>8}{'samples/step':>13}{'step':>11}"
+                 f"{'samples/s':>11}{'speedup':>9}{'peak mem':>11}{'idle':>7}"
+                 f"{'exposed comm':>14}")
     for r in rows:
-        lines.append(f"  {r.strategy:<{width}}{r.devices:>8}{format_duration(r.step_time_s):>11}"
+        lines.append(f"  {r.strategy:<{width}}{r.devices:>8}{r.samples_per_step:>13}"
+                     f"{format_duration(r.step_time_s):>11}"
                      f"{format_number(r.samples_per_s, 1):>11}"
                      f"{format_number(r.speedup, 2) + 'x':>9}"
                      f"{format_size(r.peak_memory_bytes) + (' OOM' if r.oom else ''):>11}"
