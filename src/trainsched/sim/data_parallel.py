@@ -161,7 +161,7 @@ def _straggler_factors(ranks: int, stragglers: Mapping[int, float] | None) -> di
 def collective_link(cluster: Cluster, ranks: int, algorithm: str = "ring") -> Link:
     """The link a collective over ranks ``0..ranks-1`` runs at (module docstring)."""
     _check_ranks(cluster, ranks)
-    intra = cluster.intra_node
+    intra = cluster.collective_link
     if ranks <= cluster.devices_per_node:
         return intra
     inter = cluster.inter_node
@@ -206,7 +206,7 @@ def collective_s(size_bytes: float, ranks: int, cluster: Cluster,
         if algorithm == "ps":
             return parameter_server_s(size_bytes, ranks, cluster.parameter_servers,
                                       _worker_link(cluster), cluster.ps_link)
-        local = ring_allreduce_s(size_bytes, min(ranks, per_node), cluster.intra_node)
+        local = ring_allreduce_s(size_bytes, min(ranks, per_node), cluster.collective_link)
         if nodes == 1:
             return local
         assert cluster.inter_node is not None  # more than one node
@@ -215,7 +215,7 @@ def collective_s(size_bytes: float, ranks: int, cluster: Cluster,
     link = collective_link(cluster, ranks, algorithm)
     if algorithm == "tree":
         return tree_allreduce_s(size_bytes, ranks, link)
-    return ring_allreduce_nodes_s(size_bytes, ranks, nodes, cluster.intra_node, link)
+    return ring_allreduce_nodes_s(size_bytes, ranks, nodes, cluster.collective_link, link)
 
 
 def collective_startup_s(ranks: int, cluster: Cluster, algorithm: str = "ring") -> float:
