@@ -278,12 +278,15 @@ def _build_graph(traced: Traced, step_costs: list[StepCost], phase_s: Any,
     for cost in step_costs:
         step = steps[cost.name]
         param_bytes = buffer_bytes = 0
+        tied: list[str] = []
         for fqn in step.state:
             tensor = traced.state.get(fqn)
             if not isinstance(tensor, torch.Tensor):
                 continue
             sharers.setdefault(fqn, []).append(step.name)
             if fqn in owner:
+                if fqn in traced.trainable and owner[fqn] not in tied:
+                    tied.append(owner[fqn])   # a tied weight: its gradient adds into owner's
                 continue
             owner[fqn] = step.name
             nbytes = tensor.numel() * tensor.element_size()
@@ -309,7 +312,7 @@ def _build_graph(traced: Traced, step_costs: list[StepCost], phase_s: Any,
             backward_input_p90_s=cost.dx.p90_s if cost.dx else None,
             backward_weight_p10_s=cost.dw.p10_s if cost.dw else None,
             backward_weight_p90_s=cost.dw.p90_s if cost.dw else None,
-            samples=cost.forward.samples,
+            samples=cost.forward.samples, tied_to=tuple(tied),
         )
         if param_bytes:
             layer += 1

@@ -71,6 +71,8 @@ def to_training(
             mine.append(_backward(op, "backward_input", sum(grad_bytes[op.name].values())))
         if op.param_bytes > 0:
             mine.append(_backward(op, "backward_weight", op.param_bytes))
+        elif op.tied_to:
+            mine.append(_tied_backward(op, graph, bandwidth))
         backward += mine
         grads[op.name] = [b.name for b in mine]
     master = master_weights(graph.meta.get("precision", "fp32"))
@@ -93,6 +95,13 @@ def to_training(
              tensor=f"{op.name}:grad")
         for op in forward
         if op.param_bytes > 0
+    ]  # fmt: skip
+    # A tied weight's gradient is whole once every reader's dW has added its share into it.
+    edges += [
+        Edge(src=f"{op.name}:dW", dst=f"{owner}:dW", size_bytes=graph.op(owner).param_bytes,
+             tensor=f"{op.name}:grad>{owner}")
+        for op in forward if op.param_bytes == 0
+        for owner in op.tied_to
     ]  # fmt: skip
     meta = graph.meta
     meta["training"] = {"optimizer": optimizer, "memory_bandwidth_bytes_per_s": bandwidth}
@@ -151,6 +160,21 @@ def _backward(op: Op, kind: str, output_bytes: int) -> Op:
         compute_p90_s=getattr(op, f"{kind}_p90_s") if measured else None,
         samples=op.samples if measured else 0,
     )  # fmt: skip
+
+
+def _tied_backward(op: Op, graph: Graph, bandwidth_bytes_per_s: float) -> Op:
+    """``v:dW`` of an op that reads tied weights it does not own: its weight-gradient work plus
+    adding the result into each owner's gradient (read both, write one: memory-bound). It
+    produces no gradient of its own (``output_bytes`` 0): the owners' gradients hold the sum."""
+    missing = [t for t in op.tied_to if t not in graph or graph.op(t).param_bytes == 0]
+    if missing:
+        raise TrainschedError(f"op {op.name!r} is tied to {missing[0]!r}, which is not an op "
+                              f"owning parameters in this graph; tied_to must name the ops "
+                              f"that own the shared parameters")
+    shared = sum(graph.op(t).param_bytes for t in op.tied_to)
+    dw = _backward(op, "backward_weight", 0)
+    return replace(dw, compute_s=dw.compute_s + 3 * shared / bandwidth_bytes_per_s,
+                   bytes_accessed=dw.bytes_accessed + 3 * shared)
 
 
 def _optimizer(op: Op, optimizer: str, bandwidth_bytes_per_s: float, master: bool) -> Op:

@@ -82,6 +82,7 @@ from trainsched.comm.policy import (
     check_policy,
     comm_policy,
     graph_gradients,
+    produces_gradient,
 )
 from trainsched.costs import (
     ALGORITHMS,
@@ -422,7 +423,7 @@ def _lower(low: _Lowering, graph: Graph, order: Sequence[str], plan: Sequence[An
                                    policy=policy.queue)
                 for k, name in enumerate(low.names)] if plan else []  # fmt: skip
     # The k-th gradient comes from the k-th backward_weight op of the order.
-    weight_ops = [p for p, op in enumerate(ops) if op.kind == "backward_weight"]
+    weight_ops = [p for p, op in enumerate(ops) if produces_gradient(op)]
     grad_pos = {g.name: p for g, p in zip(gradients, weight_ops, strict=True)}
     grad_of_op = {ops[p].name: name for name, p in grad_pos.items()}
     holders: dict[str, list[int]] = {g.name: [] for g in gradients}  # gradient -> collectives
