@@ -244,12 +244,16 @@ def zb_h2(num_ranks: int, num_microbatches: int) -> Schedule:
 
 
 def zero_bubble(num_ranks: int, num_microbatches: int, *, stages: StageCosts | None = None,
-                **options: object) -> Schedule:
+                p2p_s: float | Sequence[float] = 0.0,
+                memory_limit_bytes: int | Sequence[int] | None = None,
+                input_grad_only_fraction: float = 0.5) -> Schedule:
     """The registered form: :func:`zero_bubble_greedy` on ``stages`` (unit costs if ``None``)."""
     p = check_count("num_ranks", num_ranks)
     if stages is None:
         stages = uniform_stages(p, 1.0, 1.0, 1.0)
-    elif stages.num_stages != p:
-        raise TrainschedError(f"the zero-bubble greedy puts one stage on each rank: got "
-                              f"{stages.num_stages} stage costs for {p} ranks")
-    return zero_bubble_greedy(stages, num_microbatches, **options).schedule  # type: ignore[arg-type]
+    elif not isinstance(stages, StageCosts) or stages.num_stages != p:
+        raise TrainschedError(f"the zero-bubble greedy puts one stage on each rank: give "
+                              f"StageCosts of {p} stages, got {stages!r:.80}")
+    return zero_bubble_greedy(stages, num_microbatches, p2p_s=p2p_s,
+                              memory_limit_bytes=memory_limit_bytes,
+                              input_grad_only_fraction=input_grad_only_fraction).schedule
