@@ -64,7 +64,7 @@ def test_registry_and_unknown_names():
     assert SCHEDULES.tagged("compare") == ("gpipe", "1f1b")
     assert build_schedule("gpipe", 3, 2) == gpipe(3, 2)
     with pytest.raises(TrainschedError, match="unknown pipeline schedule 'zb'; known "
-                                              "schedules: gpipe, 1f1b, interleaved-1f1b"):  # fmt: skip
+                                              "schedules: gpipe, 1f1b, interleaved-1f1b"):
         build_schedule("zb", 2, 2)
 
 

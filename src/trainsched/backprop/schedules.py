@@ -125,8 +125,8 @@ def schedule_stage_count(name: str, num_ranks: int, **options: Any) -> int:
     generator = SCHEDULES.lookup(name)
     tags = SCHEDULES.tags(name.strip().lower())
     if "chunks" in options and "chunks" not in _options(generator):
-        raise TrainschedError(f"pipeline schedule {name!r} has one stage per rank; it takes no "
-                              "chunks option")
+        raise TrainschedError(f"pipeline schedule {name!r} runs {tags.get('chunks', 1)} "
+                              "stage(s) per rank; it takes no chunks option")
     return num_ranks * options.get("chunks", tags.get("chunks", 1))
 
 
