@@ -3,6 +3,7 @@ is cut into the schedule's stage count (two per rank for the interleaved and V s
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -17,7 +18,7 @@ def graph_path(tmp_path_factory):
     names = [f"l{k}" for k in range(6)]
     g = Graph([Op(name=n, compute_s=1e-3 * (k + 1), param_bytes=400, flops=10.0)
                for k, n in enumerate(names)],
-              [Edge(src=a, dst=b, size_bytes=100) for a, b in zip(names, names[1:])],
+              [Edge(src=a, dst=b, size_bytes=100) for a, b in itertools.pairwise(names)],
               {"model": "chain"})
     path = tmp_path_factory.mktemp("g") / "g.json"
     g.save(path)
