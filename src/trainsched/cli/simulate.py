@@ -148,7 +148,7 @@ def build_plan(graph: Any, cluster: Any, args: argparse.Namespace, *, policy: An
         return plans.DataParallelPlan(model=model, ranks=ranks, comm=_comm_policy_name(args),
                                       policy=policy, algorithm=args.algorithm or "ring",
                                       steps=steps, startup_overlap=args.startup_overlap)
-    from trainsched.backprop.schedules import build_schedule
+    from trainsched.backprop.schedules import build_schedule, schedule_stage_count
     from trainsched.backprop.stages import stage_costs_from_graph
     from trainsched.strategies import default_microbatches
 
@@ -158,9 +158,9 @@ def build_plan(graph: Any, cluster: Any, args: argparse.Namespace, *, policy: An
         raise TrainschedError(f"--microbatches {micro}: the graph's batch has {batch} samples "
                               f"and a micro-batch needs at least one; give at most {batch}")
     schedule = args.schedule or "1f1b"
-    stages = stage_costs_from_graph(graph, ranks, micro)
+    stages = stage_costs_from_graph(graph, schedule_stage_count(schedule, ranks), micro)
     return plans.PipelinePlan(model=model, stages=stages.ops,
-                              schedule=build_schedule(schedule, ranks, micro),
+                              schedule=build_schedule(schedule, ranks, micro, stages=stages),
                               schedule_name=schedule.strip().lower())
 
 
