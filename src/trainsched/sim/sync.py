@@ -358,12 +358,15 @@ def simulate_sync(policy: SyncPolicy | SyncProtocol, workload: SyncWorkload, *,
 
 def sync_workload(graph: Graph, cluster: Cluster, *, ranks: int, batch_per_rank: int,
                   algorithm: str = "ring", noise_cv: float = 0.0,
-                  stragglers: Sequence[Straggler] = ()) -> SyncWorkload:
+                  stragglers: Sequence[Straggler] = (),
+                  allreduce_s: float | None = None) -> SyncWorkload:
     """The workload of a training graph on ``cluster``: the local step is the graph's one-device
     step time (:func:`~trainsched.sim.simulate_single`), the all-reduce moves every gradient at
     once (:func:`~trainsched.sim.collective_s`), a push or pull moves them over a worker's
     share of the node's NIC, and the server spends their bytes over its link (the cluster's
-    parameter-server link shared by its servers; without servers, a worker link)."""
+    parameter-server link shared by its servers; without servers, a worker link).
+    ``allreduce_s`` overrides the all-reduce time (e.g. the exposed communication the step
+    simulator predicts for the plan's comm policy, so BSP here matches its step time)."""
     compute = simulate_single(graph, cluster).step_time_s
     size = float(sum(g.size_bytes for g in graph_gradients(graph)))
     link = _worker_link(cluster)
@@ -373,7 +376,8 @@ def sync_workload(graph: Graph, cluster: Cluster, *, ranks: int, batch_per_rank:
     else:
         server = size / link.bandwidth_bytes_per_s
     return SyncWorkload(ranks=ranks, batch_per_rank=batch_per_rank, compute_s=compute,
-                        noise_cv=noise_cv, allreduce_s=collective_s(size, ranks, cluster,
-                                                                    algorithm),
+                        noise_cv=noise_cv,
+                        allreduce_s=collective_s(size, ranks, cluster, algorithm)
+                        if allreduce_s is None else allreduce_s,
                         push_s=transfer, pull_s=transfer, server_s=server,
                         stragglers=tuple(stragglers))
