@@ -262,21 +262,25 @@ class _Run:
                 done += take
                 self.log(self.now, take, 0, 1.0)
 
-    def server(self, quota: int, bound: float) -> None:
-        """ASP (``bound`` = inf) or SSP(s): the parameter-server loop of the docstring."""
+    def server(self, quota: float, bound: float, *,
+               on_apply: Callable[[int, float], bool] | None = None) -> int:
+        """ASP (``bound`` = inf) or SSP(s): the parameter-server loop of the docstring. After
+        each applied gradient ``on_apply(rank, its local time)`` may answer True to close the
+        phase (no new steps start; those under way are applied). Returns the samples
+        applied."""
         w, b = self.w, self.w.batch_per_rank
         lr = 1.0 / w.ranks
         phase_clock = [0] * w.ranks
         read = [0] * w.ranks
-        version, reserved, server_free = 0, 0, self.now
-        events: list[tuple[float, int, int]] = []  # (time, sequence, rank): a push arrives
+        version, reserved, server_free, closed = 0, 0, self.now, False
+        events: list[tuple[float, int, int, float]] = []  # a push arrives: (time, seq, rank, local)
         waiting: list[int] = []
         seq = 0
         ready_at = [self.now] * w.ranks
 
         def start(r: int, t: float) -> bool:
             nonlocal reserved, seq
-            if reserved >= quota:
+            if reserved >= quota or closed:
                 return False
             if phase_clock[r] - min(phase_clock) > bound:
                 waiting.append(r)
@@ -284,7 +288,7 @@ class _Run:
             reserved += b
             compute = self.local(r, self.clock[r])
             self.clock[r] += 1
-            heapq.heappush(events, (t + compute + w.push_s, seq, r))
+            heapq.heappush(events, (t + compute + w.push_s, seq, r, compute))
             seq += 1
             return True
 
@@ -292,16 +296,19 @@ class _Run:
             start(r, self.now)
         applied = 0
         while events:
-            arrival, _, r = heapq.heappop(events)
+            arrival, _, r, compute = heapq.heappop(events)
             server_free = max(server_free, arrival) + w.server_s
             staleness = version - read[r]
             version += 1
-            take = min(b, quota - applied)
+            take = int(min(b, quota - applied))
             applied += take
             self.log(server_free, take, staleness, lr)
             phase_clock[r] += 1
             read[r] = version
             ready_at[r] = server_free + w.pull_s
+            if on_apply is not None and not closed:
+                self.now = server_free
+                closed = on_apply(r, compute)
             start(r, ready_at[r])
             for other in sorted(waiting):
                 if phase_clock[other] - min(phase_clock) <= bound:
@@ -311,6 +318,7 @@ class _Run:
                     ready_at[other] = max(ready_at[other], server_free + w.pull_s)
                     start(other, ready_at[other])
         self.now = max(ready_at)
+        return applied
 
 
 def simulate_sync(policy: SyncPolicy | SyncProtocol, workload: SyncWorkload, *,
