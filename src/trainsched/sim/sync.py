@@ -7,7 +7,8 @@ a second reach the shared model. A :class:`SyncWorkload` gives each rank's mean 
 (compute until its gradient is ready), the run-to-run spread and the communication times; its
 per-step local times are drawn once per ``(seed, rank, step)`` (common random numbers: every
 protocol sees the same draws) and stretched by the injected stragglers
-(:class:`trainsched.sync.Straggler`, windows in the rank's own step count).
+(:class:`trainsched.sync.Straggler`, windows in the rank's own step count: under ASP a slowed
+rank takes longer in wall time to get through its window than under BSP).
 
 Per protocol (each phase starts with every rank at a barrier):
 
