@@ -90,7 +90,34 @@ def simulate_report(doc: Mapping[str, Any], model: str) -> str:
     lines.append(f"  peak memory      {shown}{' ...' if len(peaks) > 8 else ''}")
     if doc["trace"]:
         lines.append(f"  trace            {doc['trace']} (open in ui.perfetto.dev)")
+    if doc.get("sync"):
+        lines += sync_lines(doc["sync"])
     return "\n".join(lines)
+
+
+def sync_lines(sync: Mapping[str, Any]) -> list[str]:
+    """``simulate``'s protocol simulation: the setting, then one row per policy (BSP first)
+    with its phases under it."""
+    stragglers = ", ".join(sync["stragglers"]) or "none"
+    lines = [f"  sync policy      {sync['policy']}: {sync['steps']} BSP steps' worth of samples "
+             f"({sync['samples']}), step noise {100 * sync['step_noise']:.0f}%, stragglers "
+             f"{stragglers}, switch {format_duration(sync['switch_s'])}",
+             f"  {'':<17}{'policy':<28}{'time':>10}{'per step':>11}{'per sample':>12}"
+             f"{'staleness':>11}{'vs bsp':>8}"]
+    base = sync["rows"][0]["time_s"]
+    for row in sync["rows"]:
+        speedup = base / row["time_s"] if row["time_s"] else float("inf")
+        stale = f"{row['mean_staleness']:.1f}/{row['max_staleness']}"
+        lines.append(f"  {'':<17}{row['policy']:<28}{format_duration(row['time_s']):>10}"
+                     f"{format_duration(row['step_time_s']):>11}"
+                     f"{format_duration(row['time_per_sample_s']):>12}{stale:>11}"
+                     f"{speedup:>7.2f}x")
+        if len(row["phases"]) > 1:
+            for phase in row["phases"]:
+                lines.append(f"  {'':<19}{'phase ' + phase['protocol']:<26}"
+                             f"{format_duration(phase['time_s']):>10}  {phase['samples']} "
+                             f"samples, {phase['updates']} updates")
+    return lines
 
 
 # -- place --------------------------------------------------------------------------------------
