@@ -258,6 +258,18 @@ def autotune_report(result: Any, tuned: Mapping[str, Any], *, warmup: int) -> st
     return "\n".join(lines)
 
 
+def auto_report(choice: Any, cluster: str) -> str:
+    """``train --comm-policy auto``'s choice: every candidate's predicted step, fastest first,
+    and why the one run was chosen."""
+    lines = [f"auto: every data-parallel strategy simulated on {cluster}:"]
+    width = max(len(n) for n in choice.predicted_s) + 2
+    for name, step_s in sorted(choice.predicted_s.items(), key=lambda kv: (kv[1], kv[0])):
+        mark = "  <- runs" if name == choice.strategy else ""
+        lines.append(f"  {name:<{width}}{format_duration(step_s):>11}{mark}")
+    lines.append(f"  {choice.strategy}: {choice.reason}")
+    return "\n".join(lines)
+
+
 def plan_run_report(path: str, plan: Any, result: Any, prediction: Any, *, warmup: int,
                     timeline: str | None = None) -> str:
     """``train --plan``'s text: what ran, measured step times, and the plan's prediction."""
