@@ -47,14 +47,14 @@ def add_parser(sub: Subcommands) -> None:
     p.add_argument("--ranks", type=int, default=None,
                    help=f"worker processes, one rank each (default {DEFAULTS['ranks']})")
     add_alias(p, "--nproc", "ranks", type=int)
-    p.add_argument("--comm-policy", choices=COMM_CHOICES, default=None,
+    p.add_argument("--comm-policy", choices=comm_choices(), default=None,
                    help="fifo: whole tensors, barrier; ddp: torch DDP; priority (default): "
                    "partitions, credit, crossing the barrier; bytescheduler: priority with "
                    "gradients below 1 MiB fused into one collective; any other registered "
                    "policy at its defaults; auto: capture this model's costs, simulate every "
                    "data-parallel strategy on this host's calibration and run the fastest "
                    "(stock DDP unless another is predicted over 5%% faster)")
-    add_alias(p, "--comm", "comm_policy", choices=COMM_CHOICES)
+    add_alias(p, "--comm", "comm_policy", choices=comm_choices())
     p.add_argument("--calibration", default=None,
                    help="--comm-policy auto: a cluster file from trainsched calibrate to "
                    "predict with (default: calibrate this host first)")
@@ -109,9 +109,10 @@ def add_parser(sub: Subcommands) -> None:
 DEFAULTS = {"ranks": 2, "comm_policy": "priority", "partition": "4MiB", "credit": "16MiB",
             "credit_mode": "overdraft", "order": "leader", "tune_steps": 5, "tune_confirm": 2}
 
-#: ``--comm-policy``'s choices: the registered policies, and ``auto`` (simulate, then run the
-#: strategy predicted fastest).
-COMM_CHOICES = (*COMM_POLICIES, "auto")
+def comm_choices() -> tuple[str, ...]:
+    """``--comm-policy``'s choices: the policies registered now, and ``auto`` (simulate, then
+    run the strategy predicted fastest)."""
+    return (*COMM_POLICIES, "auto")
 
 #: The policies the scheduled runtime runs (``--no-schedule`` turns its scheduler off, and
 #: ``--trace-dir`` records it).
@@ -124,7 +125,7 @@ def rules(model: str) -> tuple[list[Applies], dict[str, Fact]]:
     tuned = ("priority", "bytescheduler")
     table, facts = size_rules_and_facts(model)
     table += [
-        Applies(flags=("ranks", "comm_policy"), when={"comm": COMM_CHOICES},
+        Applies(flags=("ranks", "comm_policy"), when={"comm": comm_choices()},
                 where="without --plan (the plan file sets them)"),
         Applies(flags=("calibration",), when={"comm": ("auto",)},
                 where="with --comm-policy auto"),
