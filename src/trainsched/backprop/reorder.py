@@ -88,18 +88,22 @@ def _ordered(graph: Graph, key: dict[str, float]) -> tuple[str, ...]:
 
 def reverse_first_k(graph: Graph, k: int) -> tuple[str, ...]:
     """The compute order of reverse-first-k (module docstring): program order, with the dW ops
-    of layers ``< k`` moved after the last ``backward_input`` op, in forward order. ``k = 0``
-    returns ``graph.topological_order()`` itself."""
+    of layers ``< k`` moved after the rest of the backward chain (the last ``backward_input``
+    op and the dW of layers ``>= k`` that follows it), in forward order. ``k = 0`` returns
+    ``graph.topological_order()`` itself. When the first layer has no dX (its input needs no
+    gradient), its dW ends the chain already: k = 1 gives the order of k = 0."""
     check_k(graph, k)
     base = graph.topological_order()
     if k == 0:
         return base
     moved = weight_ops(graph)[:k]
     key = {name: float(p) for p, name in enumerate(base)}
-    inputs = [p for p, name in enumerate(base) if graph.op(name).kind == "backward_input"]
-    if not inputs:  # no dX chain (one layer): nothing to move past
+    deferred = set(moved)
+    chain = [p for p, name in enumerate(base) if name not in deferred
+             and graph.op(name).kind in ("backward_input", "backward_weight")]
+    if not chain:  # nothing left in the chain to move past
         return base
-    last = inputs[-1]
+    last = chain[-1]  # the last dX, or the dW of a layer >= k right after it
     for i, name in enumerate(moved):  # right after the last dX, layer 0 first
         key[name] = last + (i + 1) / (len(moved) + 1)
     return _ordered(graph, key)

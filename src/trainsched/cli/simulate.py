@@ -2,7 +2,8 @@
 
 One executor per ``--parallelism``; data parallelism takes a comm policy's flags, or
 ``--autotune`` to pick the bytescheduler policy's partition and credit by Bayesian search on the
-simulator itself.
+simulator itself, and ``--backprop ooo [--k K]`` for out-of-order backprop (reverse-first-k; k
+chosen by simulating every k when not given, ``trainsched.sim.sweep_k``).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from trainsched.backprop.reorder import BACKPROP_ORDERS
 from trainsched.backprop.schedules import SCHEDULES
 from trainsched.cli.common import (
     TUNE_FLAGS,
@@ -55,7 +57,8 @@ def add_parser(sub: Subcommands) -> None:
     p.add_argument("--ranks", type=int, default=None,
                    help="data-parallel ranks or pipeline stages (default: all devices)")
     p.add_argument("--comm-policy", default=None,
-                   help=f"data parallel: {', '.join(COMM_POLICIES)} (default ddp)")
+                   help=f"data parallel: {', '.join(COMM_POLICIES)} (default ddp; bytescheduler "
+                   f"with --autotune or an out-of-order --backprop)")
     p.add_argument("--partition", default=None,
                    help="data parallel: partition size (priority, bytescheduler, p3)")
     p.add_argument("--credit", default=None, help="data parallel: bytes in flight (or inf)")
@@ -76,6 +79,13 @@ def add_parser(sub: Subcommands) -> None:
                    help="data parallel: pick the bytescheduler policy's partition and credit "
                    "by Bayesian search on the simulator")
     add_tune_args(p, "--autotune")
+    p.add_argument("--backprop", choices=tuple(BACKPROP_ORDERS), default=None,
+                   help="data parallel: in-order backprop (default) or ooo, reverse-first-k: "
+                   "the weight gradients of the first k layers run after the last input "
+                   "gradient, their updates just before their next forward")
+    p.add_argument("--k", type=int, default=None,
+                   help="data parallel, --backprop ooo: layers deferred (default: the fastest "
+                   "k the simulator finds within the device's memory)")
     p.add_argument("--schedule", default=None,
                    help=f"pipeline schedule: {', '.join(SCHEDULES)} (default 1f1b)")
     p.add_argument("--microbatches", type=int, default=None,
@@ -101,6 +111,11 @@ RULES = (
             where="with --parallelism data, without --autotune (the tuner picks them)"),
     Applies(flags=TUNE_FLAGS, when={"parallelism": ("data",), "autotune": (True,)},
             where="with --parallelism data --autotune"),
+    Applies(flags=("backprop",), when={"parallelism": ("data",), "autotune": (False,)},
+            where="with --parallelism data, without --autotune"),
+    Applies(flags=("k",), when={"parallelism": ("data",), "autotune": (False,),
+                                "backprop": tuple(n for n in BACKPROP_ORDERS if n != "inorder")},
+            where="with --parallelism data --backprop ooo (in-order backprop defers no layer)"),
     Applies(flags=("schedule", "microbatches"), when={"parallelism": ("pipeline",)},
             where="with --parallelism pipeline"),
 )
@@ -114,6 +129,8 @@ def check_flags(args: argparse.Namespace) -> None:
                             if mode == "plan" else f"with --parallelism {mode}"),
         "autotune": Fact(value=bool(args.autotune),
                          text="with --autotune" if args.autotune else "without --autotune"),
+        "backprop": Fact(value=args.backprop or "inorder",
+                         text=f"with --backprop {args.backprop or 'inorder'}"),
     }
     check_applicable(args, RULES, facts)
 
@@ -128,9 +145,10 @@ def costs_line(graph: Any) -> str | None:
 
 
 def build_plan(graph: Any, cluster: Any, args: argparse.Namespace, *, policy: Any = None,
-               steps: int = 1) -> Any:
+               steps: int = 1, k: int = 0) -> Any:
     """The plan the flags describe (``--parallelism`` and its options); data parallelism runs
-    ``policy`` for ``steps`` steps."""
+    ``policy`` for ``steps`` steps, deferring ``k`` layers with an out-of-order
+    ``--backprop``."""
     from trainsched import plan as plans
 
     model = plans.ModelRef.of(graph)
@@ -146,7 +164,8 @@ def build_plan(graph: Any, cluster: Any, args: argparse.Namespace, *, policy: An
     if parallelism == "data":
         return plans.DataParallelPlan(model=model, ranks=ranks, comm=_comm_policy_name(args),
                                       policy=policy, algorithm=args.algorithm or "ring",
-                                      steps=steps, startup_overlap=args.startup_overlap)
+                                      steps=steps, startup_overlap=args.startup_overlap,
+                                      backprop=args.backprop or "inorder", k=k)
     from trainsched.backprop.schedules import build_schedule
     from trainsched.backprop.stages import stage_costs_from_graph
     from trainsched.strategies import default_microbatches
@@ -187,10 +206,13 @@ def _data_policy(args: argparse.Namespace) -> Any:
 
 
 def _comm_policy_name(args: argparse.Namespace) -> str:
-    """``--comm-policy``; by default ddp, or bytescheduler with ``--autotune``."""
+    """``--comm-policy``; by default ddp, or bytescheduler with ``--autotune`` or an
+    out-of-order ``--backprop`` (its deferred layers update lazily: a policy crossing the
+    barrier)."""
     if args.comm_policy is not None:
         return args.comm_policy.strip().lower()
-    return "bytescheduler" if args.autotune else "ddp"
+    ooo = (args.backprop or "inorder") != "inorder"
+    return "bytescheduler" if args.autotune or ooo else "ddp"
 
 
 def _data_steps(args: argparse.Namespace, policy: Any) -> int:
@@ -261,7 +283,10 @@ def run(args: argparse.Namespace) -> int:
     elif args.parallelism == "data":
         policy = _data_policy(args)
         steps = _data_steps(args, policy)
-    plan = build_plan(graph, cluster, args, policy=policy, steps=steps)
+    k, sweep = 0, None
+    if args.parallelism == "data" and (args.backprop or "inorder") != "inorder":
+        k, sweep = _choose_k(graph, cluster, args, policy, steps)
+    plan = build_plan(graph, cluster, args, policy=policy, steps=steps, k=k)
     result = simulate(plan, graph, cluster)
     if args.trace:
         write_trace(args.trace, result, title=f"{graph.meta.get('model', 'graph')} "
@@ -287,9 +312,43 @@ def run(args: argparse.Namespace) -> int:
         bound, gradient = crossing_bound_s(graph, cluster, ranks=ranks, algorithm=algorithm)
         doc.update(ranks=ranks, algorithm=algorithm, steps=steps,
                    policy=_policy_doc(policy), crossing_bound_s=bound,
-                   crossing_bound_gradient=gradient, autotune=autotune)
+                   crossing_bound_gradient=gradient, autotune=autotune,
+                   backprop=_backprop_doc(plan, graph, sweep))
     print(dump(doc) if args.json else simulate_report(doc, graph.meta.get("model", args.graph)))
     return 0
+
+
+def _choose_k(graph: Any, cluster: Any, args: argparse.Namespace, policy: Any,
+              steps: int) -> tuple[int, Any]:
+    """``--k`` checked against the model's layers, or (without it) the k the simulator picks
+    within the device's memory (``sim.sweep_k``) and the sweep."""
+    from trainsched.backprop.reorder import check_k
+    from trainsched.plan import DataParallelPlan, ModelRef
+
+    # the policy must suit out-of-order backprop before anything is simulated
+    DataParallelPlan(model=ModelRef.of(graph), ranks=1, comm=_comm_policy_name(args),
+                     policy=policy, backprop=args.backprop)
+    if args.k is not None:
+        check_k(graph, args.k, "--k")
+        return args.k, None
+    from trainsched.sim import sweep_k
+
+    sweep = sweep_k(graph, cluster, ranks=_ranks(args, cluster), policy=policy,
+                    algorithm=args.algorithm or "ring", steps=steps,
+                    startup_overlap=args.startup_overlap,
+                    memory_cap_bytes=cluster.device.memory_bytes)
+    return sweep.k, sweep
+
+
+def _backprop_doc(plan: Any, graph: Any, sweep: Any) -> dict[str, Any]:
+    """The backprop order of a data-parallel plan for the report: its name, k, the layer
+    count and, when the simulator chose k, the sweep (step time of every k)."""
+    from trainsched.backprop.reorder import layers
+
+    doc: dict[str, Any] = {"name": plan.backprop, "k": plan.k, "layers": len(layers(graph))}
+    if sweep is not None:
+        doc["sweep"] = sweep.to_dict()
+    return doc
 
 
 def _run_plan_file(args: argparse.Namespace) -> int:
@@ -315,6 +374,7 @@ def _run_plan_file(args: argparse.Namespace) -> int:
                                            algorithm=plan.algorithm)
         doc.update(ranks=plan.ranks, algorithm=plan.algorithm, steps=plan.steps,
                    policy=_policy_doc(plan.policy), crossing_bound_s=bound,
-                   crossing_bound_gradient=gradient, autotune=None)
+                   crossing_bound_gradient=gradient, autotune=None,
+                   backprop=_backprop_doc(plan, graph, None))
     print(dump(doc) if args.json else simulate_report(doc, graph.meta.get("model", args.graph)))
     return 0

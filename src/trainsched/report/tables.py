@@ -63,7 +63,28 @@ def data_plan_lines(doc: Mapping[str, Any]) -> list[str]:
     steady = f", steady step of {doc['steps']}" if doc["steps"] > 1 else ""
     lines.append(f"  policy           {', '.join(what)}; {doc['ranks']} ranks, "
                  f"{doc['algorithm']}{steady}")
+    lines += backprop_lines(doc.get("backprop"))
     return lines
+
+
+def backprop_lines(backprop: Mapping[str, Any] | None) -> list[str]:
+    """``simulate``'s backprop line: in-order, or the k deferred and, when the simulator chose
+    it, the k sweep's summary (k = 0, the best k, the slowest k)."""
+    if backprop is None or backprop["name"] == "inorder":
+        return [] if backprop is None else ["  backprop         in-order"]
+    line = (f"  backprop         {backprop['name']}: reverse-first-k, k = {backprop['k']} of "
+            f"{backprop['layers']} layers")
+    sweep = backprop.get("sweep")
+    if sweep is None:
+        return [line + " (given)"]
+    times = sweep["step_time_s"]
+    worst = max(range(len(times)), key=lambda k: (times[k], -k))
+    cap = sweep["memory_cap_bytes"]
+    return [line + f" (chosen: every k in 0..{sweep['layers']} simulated"
+            + (f", within {format_size(cap)})" if cap is not None else ")"),
+            f"  k sweep          k=0 {format_duration(times[0])}, k={sweep['k']} "
+            f"{format_duration(times[sweep['k']])} ({sweep['speedup']:.3f}x), slowest "
+            f"k={worst} {format_duration(times[worst])}"]
 
 
 def simulate_report(doc: Mapping[str, Any], model: str) -> str:
