@@ -27,7 +27,6 @@ from trainsched.sim import (
     choose_slots,
     run_tasks,
     simulate,
-    simulate_data_parallel,
     simulate_single,
     simulate_slots,
     sweep_k,
@@ -283,7 +282,7 @@ def test_plan_k_above_the_layer_count_fails_validation():
     g = hand_graph(MB, MB)
     plan = DataParallelPlan(model=ModelRef.of(g), ranks=2, comm="bytescheduler",
                             policy=comm_policy("bytescheduler"), backprop="ooo", k=3)
-    with pytest.raises(TrainschedError, match="k 3 is not a layer count .* 2 layers"):
+    with pytest.raises(TrainschedError, match=r"k 3 is not a layer count .* 2 layers"):
         plan.validate(g)
 
 
