@@ -1,4 +1,4 @@
-"""Simulated out-of-order backprop (reverse-first-k) on the data-parallel setups it was published on.
+"""Simulated out-of-order backprop (reverse-first-k) on the published data-parallel setups.
 
 ResNet-50 at batch 128 and ResNet-101 at batch 96 per GPU, captured with roofline costs for a
 V100 in two precisions: ``fp32`` (fp32 compute and gradients) and ``fp16`` (the model in half

@@ -8,6 +8,7 @@ import json
 import math
 
 import pytest
+import tomllib
 
 from trainsched.backprop.reorder import (
     Slot,
@@ -335,3 +336,14 @@ def test_cli_reports_the_chosen_k_and_the_sweep(capsys, graph_file):
     assert len(sweep["step_time_s"]) == 4 and backprop["k"] == sweep["k"]
     assert doc["step_time_s"] == sweep["step_time_s"][sweep["k"]]
     assert math.isclose(sweep["speedup"], sweep["step_time_s"][0] / doc["step_time_s"])
+
+
+def test_cluster_files_carry_the_two_stream_figures():
+    text = ('format = "trainsched.cluster/1"\nname = "lab"\n[device]\nkind = "V100"\ncount = 2\n'
+            'stream_slowdown = 0.3\nstream_fit = "40us"\n'
+            '[intra_node]\nbandwidth = "100GB/s"\nlatency = "10us"\n')
+    cluster = Cluster.from_dict(tomllib.loads(text), "lab.toml")
+    assert cluster.device.stream_slowdown == 0.3
+    assert cluster.device.stream_fit_s == pytest.approx(40e-6, rel=1e-12)
+    assert Cluster.from_dict(json.loads(cluster.to_json())) == cluster
+    assert device_kind("V100").stream_fit_s == 100e-6  # the catalogue's GPUs

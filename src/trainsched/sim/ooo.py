@@ -7,9 +7,11 @@ that layer in the next step, which the executor already enforces). Each k's step
 memory are kept. Memory held by deferred dW needs no separate model: the training graph's edges
 ``forward_i -> v_i:dW`` (the saved input x_i) and ``dX -> v_i:dW`` (the output gradient gy_i)
 keep both buffers allocated until the dW ends, wherever the order puts it. The chosen k is the
-fastest among those that *fit* (ties to the smaller k): a k fits when its peak is at most the
-memory cap, or at most the peak of k = 0 (deferring must not be what runs a device out of
-memory; a baseline over the cap already is the baseline's problem, said by its ``oom``).
+fastest among those that *fit*, ties to the smaller k (step times within a relative
+:data:`TIE` of the fastest tie: summation order alone must not pick a k). A k fits when its
+peak is at most the memory cap, or at most the peak of k = 0 (deferring must not be what runs
+a device out of memory; a baseline over the cap already is the baseline's problem, said by
+its ``oom``).
 
 **Slots** (:func:`choose_slots`) follow ``specs/backprop.md`` §2a's rule: start with every
 layer ``overlap_backward``; in backprop order (last layer first), a layer whose dW still runs
@@ -34,8 +36,10 @@ from trainsched.sim.result import SimResult
 from trainsched.sim.streams import simulate_slots
 from trainsched.units import is_int
 
-__all__ = ["FORWARD_CANDIDATES", "KSweep", "SlotChoice", "choose_slots", "sweep_k"]
+__all__ = ["FORWARD_CANDIDATES", "TIE", "KSweep", "SlotChoice", "choose_slots", "sweep_k"]
 
+#: Step times within this relative distance of the fastest are a tie (module docstring).
+TIE = 1e-9
 #: ``overlap_forward(j)`` candidates tried for layer i: ``j = floor(f * i)`` for each f, and i-1.
 FORWARD_CANDIDATES = (0.0, 0.25, 0.5, 0.75)
 
@@ -105,7 +109,9 @@ def sweep_k(graph: Graph, cluster: Cluster, *, ranks: int, policy: CommPolicy | 
         peaks.append(_peak(result))
     sweep = KSweep(k=0, layers=count, step_time_s=tuple(times), peak_memory_bytes=tuple(peaks),
                    memory_cap_bytes=memory_cap_bytes)
-    best = min((k for k in range(count + 1) if sweep.fits(k)), key=lambda k: (times[k], k))
+    fitting = [k for k in range(count + 1) if sweep.fits(k)]
+    fastest = min(times[k] for k in fitting)
+    best = next(k for k in fitting if times[k] <= fastest * (1 + TIE))
     return KSweep(k=best, layers=count, step_time_s=sweep.step_time_s,
                   peak_memory_bytes=sweep.peak_memory_bytes, memory_cap_bytes=memory_cap_bytes)
 
