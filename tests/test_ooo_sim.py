@@ -347,3 +347,21 @@ def test_cluster_files_carry_the_two_stream_figures():
     assert cluster.device.stream_fit_s == pytest.approx(40e-6, rel=1e-12)
     assert Cluster.from_dict(json.loads(cluster.to_json())) == cluster
     assert device_kind("V100").stream_fit_s == 100e-6  # the catalogue's GPUs
+
+
+def test_cli_chooses_single_device_slots_and_reports_them(capsys, tmp_path):
+    graph = tmp_path / "hand.json"
+    hand_graph(MB, MB, MB).save(graph)
+    cluster = tmp_path / "lab.toml"
+    cluster.write_text('format = "trainsched.cluster/1"\nname = "lab"\n[device]\nkind = "V100"\n'
+                       'count = 1\nstream_slowdown = 0.25\nstream_fit = "2ms"\n'
+                       '[intra_node]\nbandwidth = "100GB/s"\nlatency = "10us"\n')
+    assert main(["simulate", str(graph), "--cluster", str(cluster), "--backprop", "ooo",
+                 "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    # every dW on the side stream: L2:dW (needing only L2's output) beside L2:dX, L1:dW beside
+    # L1:dX, 1.25 ms each pair, then L0:dW alone: 3 + 1.25 + 1.25 + 1 = 6.5 ms, against 8 ms
+    # inline; L0:dW, the one dW after the last dX, has no earlier forward to defer behind.
+    assert doc["slots"]["inline_step_time_s"] == pytest.approx(8 * MS, abs=1e-7)
+    assert doc["step_time_s"] == pytest.approx(6.5 * MS, abs=1e-7)
+    assert doc["slots"]["slots"] == ["overlap_backward"] * 3

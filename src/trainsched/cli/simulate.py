@@ -80,9 +80,10 @@ def add_parser(sub: Subcommands) -> None:
                    "by Bayesian search on the simulator")
     add_tune_args(p, "--autotune")
     p.add_argument("--backprop", choices=tuple(BACKPROP_ORDERS), default=None,
-                   help="data parallel: in-order backprop (default) or ooo, reverse-first-k: "
-                   "the weight gradients of the first k layers run after the last input "
-                   "gradient, their updates just before their next forward")
+                   help="in-order backprop (default) or ooo: on one device, weight gradients "
+                   "on a second stream (slots chosen by the simulator); data parallel, "
+                   "reverse-first-k: the weight gradients of the first k layers run after the "
+                   "last input gradient, their updates just before their next forward")
     p.add_argument("--k", type=int, default=None,
                    help="data parallel, --backprop ooo: layers deferred (default: the fastest "
                    "k the simulator finds within the device's memory)")
@@ -111,8 +112,8 @@ RULES = (
             where="with --parallelism data, without --autotune (the tuner picks them)"),
     Applies(flags=TUNE_FLAGS, when={"parallelism": ("data",), "autotune": (True,)},
             where="with --parallelism data --autotune"),
-    Applies(flags=("backprop",), when={"parallelism": ("data",), "autotune": (False,)},
-            where="with --parallelism data, without --autotune"),
+    Applies(flags=("backprop",), when={"parallelism": ("single", "data"), "autotune": (False,)},
+            where="with --parallelism single or data, without --autotune"),
     Applies(flags=("k",), when={"parallelism": ("data",), "autotune": (False,),
                                 "backprop": tuple(n for n in BACKPROP_ORDERS if n != "inorder")},
             where="with --parallelism data --backprop ooo (in-order backprop defers no layer)"),
@@ -145,16 +146,16 @@ def costs_line(graph: Any) -> str | None:
 
 
 def build_plan(graph: Any, cluster: Any, args: argparse.Namespace, *, policy: Any = None,
-               steps: int = 1, k: int = 0) -> Any:
+               steps: int = 1, k: int = 0, slots: tuple[Any, ...] = ()) -> Any:
     """The plan the flags describe (``--parallelism`` and its options); data parallelism runs
     ``policy`` for ``steps`` steps, deferring ``k`` layers with an out-of-order
-    ``--backprop``."""
+    ``--backprop``; one device runs its weight gradients in ``slots``."""
     from trainsched import plan as plans
 
     model = plans.ModelRef.of(graph)
     parallelism = args.parallelism or "single"
     if parallelism == "single":
-        return plans.SinglePlan(model=model)
+        return plans.SinglePlan(model=model, slots=slots)
     if parallelism == "placed":
         if not args.placement:
             raise TrainschedError("--parallelism placed needs --placement FILE "
@@ -283,10 +284,16 @@ def run(args: argparse.Namespace) -> int:
     elif args.parallelism == "data":
         policy = _data_policy(args)
         steps = _data_steps(args, policy)
-    k, sweep = 0, None
-    if args.parallelism == "data" and (args.backprop or "inorder") != "inorder":
+    k, sweep, choice = 0, None, None
+    ooo = (args.backprop or "inorder") != "inorder"
+    if args.parallelism == "data" and ooo:
         k, sweep = _choose_k(graph, cluster, args, policy, steps)
-    plan = build_plan(graph, cluster, args, policy=policy, steps=steps, k=k)
+    if args.parallelism == "single" and ooo:
+        from trainsched.sim import choose_slots
+
+        choice = choose_slots(graph, cluster)
+    plan = build_plan(graph, cluster, args, policy=policy, steps=steps, k=k,
+                      slots=choice.slots if choice is not None else ())
     result = simulate(plan, graph, cluster)
     if args.trace:
         write_trace(args.trace, result, title=f"{graph.meta.get('model', 'graph')} "
@@ -304,6 +311,8 @@ def run(args: argparse.Namespace) -> int:
         "events": result.events, "costs": costs_line(graph),
         "trace": args.trace,
     }
+    if choice is not None:
+        doc["slots"] = _slots_doc(choice)
     if args.parallelism == "data":
         from trainsched.sim import crossing_bound_s
 
@@ -338,6 +347,13 @@ def _choose_k(graph: Any, cluster: Any, args: argparse.Namespace, policy: Any,
                     startup_overlap=args.startup_overlap,
                     memory_cap_bytes=cluster.device.memory_bytes)
     return sweep.k, sweep
+
+
+def _slots_doc(choice: Any) -> dict[str, Any]:
+    """The single-device slots the simulator chose, for the report."""
+    return {"slots": [str(s) for s in choice.slots], "step_time_s": choice.step_time_s,
+            "inline_step_time_s": choice.inline_step_time_s, "speedup": choice.speedup,
+            "simulations": choice.simulations}
 
 
 def _backprop_doc(plan: Any, graph: Any, sweep: Any) -> dict[str, Any]:

@@ -67,6 +67,20 @@ def data_plan_lines(doc: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def slot_lines(slots: Mapping[str, Any]) -> list[str]:
+    """``simulate --backprop ooo`` on one device: how many layers each slot got, and the step
+    against every weight gradient inline."""
+    kinds: dict[str, int] = {}
+    for slot in slots["slots"]:
+        kind = slot.split("(")[0]
+        kinds[kind] = kinds.get(kind, 0) + 1
+    shown = ", ".join(f"{kind} {count}" for kind, count in kinds.items())
+    return [f"  dW slots         {shown} (chosen by the simulator, {slots['simulations']} "
+            f"simulations)",
+            f"  against inline   {format_duration(slots['inline_step_time_s'])} -> "
+            f"{format_duration(slots['step_time_s'])} ({slots['speedup']:.3f}x)"]
+
+
 def backprop_lines(backprop: Mapping[str, Any] | None) -> list[str]:
     """``simulate``'s backprop line: in-order, or the k deferred and, when the simulator chose
     it, the k sweep's summary (k = 0, the best k, the slowest k)."""
@@ -96,6 +110,8 @@ def simulate_report(doc: Mapping[str, Any], model: str) -> str:
     data = doc["parallelism"] == "data"
     if data:
         lines += data_plan_lines(doc)
+    if doc.get("slots"):
+        lines += slot_lines(doc["slots"])
     steps = doc.get("steps", 1)
     lines.append(f"  step time        {format_duration(doc['step_time_s'])} "
                  f"(dependency bound {format_duration(doc['dependency_bound_s'])}"
