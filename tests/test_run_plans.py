@@ -42,6 +42,9 @@ def test_compare_run_measures_every_row_this_host_runs(compared):
     cores = os.cpu_count() or 1
     for row in doc["rows"]:
         measured = doc["measured"][row["strategy"]]
+        if row["strategy"].endswith("+ooo"):  # the runtime does not run it from a plan yet
+            assert "is simulated only" in measured["skipped"]
+            continue
         if row["devices"] > cores:
             assert measured["skipped"].startswith(f"needs {row['devices']} ranks; this host "
                                                   f"has {cores} core")

@@ -53,7 +53,9 @@ __all__ = [
     "DEVICE_KINDS",
     "DTYPES",
     "FORMAT",
+    "GPU_STREAM_FIT_S",
     "PRESETS",
+    "STREAM_SLOWDOWN_DEFAULT",
     "Cluster",
     "DeviceSpec",
     "Link",
@@ -90,6 +92,14 @@ class DeviceSpec:
     run beside the compute (DMA engines, a spare core), about 1 where the process that computes
     also drives the transfers on the cores it computes with (gloo on a CPU host with no spare
     core); ``trainsched calibrate`` measures it.
+
+    Two compute streams (out-of-order backprop on one device, ``sim.streams``): while kernels
+    run on both, each runs at ``1/(1 + stream_slowdown)`` of its speed alone when both *fit*
+    on the device together (each at most ``stream_fit_s`` long alone: short, launch- or
+    latency-bound kernels leave compute units free), else at 1/2 (two kernels that fill the
+    device take turns: a + b). Defaults: ε = 0.1 and a fit of 0 s (nothing fits: a second
+    stream gains nothing until a profile says otherwise); the catalogue GPUs fit kernels of up
+    to 100 µs.
     """
 
     kind: str
@@ -98,6 +108,8 @@ class DeviceSpec:
     memory_bandwidth_bytes_per_s: float
     launch_overhead_s: float = 0.0
     comm_compute_share: float = 0.0
+    stream_slowdown: float = 0.1
+    stream_fit_s: float = 0.0
 
     def __post_init__(self) -> None:
         where = f"device {self.kind!r}"
@@ -120,6 +132,13 @@ class DeviceSpec:
         _require(_finite(self.comm_compute_share) and 0 <= self.comm_compute_share <= 4,
                  f"{where}: comm_compute_share must be a number in [0, 4] (seconds of compute "
                  f"lost per second of communication), got {self.comm_compute_share!r}")
+        _require(_finite(self.stream_slowdown) and 0 <= self.stream_slowdown <= 1,
+                 f"{where}: stream_slowdown must be a number in [0, 1] (each of two kernels "
+                 f"that fit together runs 1 + it times slower), got {self.stream_slowdown!r}")
+        _require(_finite(self.stream_fit_s) and self.stream_fit_s >= 0,
+                 f"{where}: stream_fit_s must be seconds >= 0, got {self.stream_fit_s!r}")
+        object.__setattr__(self, "stream_slowdown", float(self.stream_slowdown))
+        object.__setattr__(self, "stream_fit_s", float(self.stream_fit_s))
         ordered = {d: float(flops[d]) for d in DTYPES if d in flops}
         object.__setattr__(self, "peak_flops_per_s", MappingProxyType(ordered))
         object.__setattr__(self, "memory_bandwidth_bytes_per_s", float(bandwidth))
@@ -134,7 +153,7 @@ class DeviceSpec:
     def __hash__(self) -> int:
         return hash((self.kind, self.memory_bytes, tuple(self.peak_flops_per_s.items()),
                      self.memory_bandwidth_bytes_per_s, self.launch_overhead_s,
-                     self.comm_compute_share))
+                     self.comm_compute_share, self.stream_slowdown, self.stream_fit_s))
 
     def __reduce__(self) -> tuple[Any, ...]:
         # A mappingproxy cannot be pickled; rebuild from a plain dict instead.
@@ -291,6 +310,9 @@ class Cluster:
                 "launch_overhead": dev.launch_overhead_s,
                 **({"comm_compute_share": dev.comm_compute_share}
                    if dev.comm_compute_share else {}),
+                **({"stream_slowdown": dev.stream_slowdown}
+                   if dev.stream_slowdown != STREAM_SLOWDOWN_DEFAULT else {}),
+                **({"stream_fit": dev.stream_fit_s} if dev.stream_fit_s else {}),
             },
             "intra_node": _link_dict(self.intra_node),
         }
@@ -366,9 +388,16 @@ def _toml_value(value: Any) -> str:
 # ---------------------------------------------------------------------------------------------
 # Device catalogue
 
+#: The default ε of two compute streams (:class:`DeviceSpec`), and the kernel length that fits
+#: beside another on a catalogue GPU.
+STREAM_SLOWDOWN_DEFAULT = 0.1
+GPU_STREAM_FIT_S = 100e-6
+
+
 def _gpu(kind: str, memory_gib: int, flops: dict[str, float], bandwidth: float) -> DeviceSpec:
     return DeviceSpec(kind=kind, memory_bytes=memory_gib * 2**30, peak_flops_per_s=flops,
-                      memory_bandwidth_bytes_per_s=bandwidth, launch_overhead_s=5e-6)
+                      memory_bandwidth_bytes_per_s=bandwidth, launch_overhead_s=5e-6,
+                      stream_fit_s=GPU_STREAM_FIT_S)
 
 
 DEVICE_KINDS: Mapping[str, DeviceSpec] = MappingProxyType({
@@ -594,6 +623,13 @@ def _share(value: Any) -> float:
     return float(value)
 
 
+def _slowdown(value: Any) -> float:
+    _require(isinstance(value, int | float) and not isinstance(value, bool),
+             f"expected a number (how much slower each of two kernels sharing the device runs), "
+             f"got {value!r}")
+    return float(value)
+
+
 def _comm(value: Any) -> str:
     _require(value in COMM_MODES, f"expected 'sequential' or 'parallel', got {value!r}")
     return value
@@ -642,6 +678,8 @@ def _device(kind: str | None, values: dict[str, Any], where: str,
             memory_bandwidth_bytes_per_s=pick("memory_bandwidth", "memory_bandwidth_bytes_per_s"),
             launch_overhead_s=pick("launch_overhead", "launch_overhead_s", 0.0),
             comm_compute_share=pick("comm_compute_share", "comm_compute_share", 0.0),
+            stream_slowdown=pick("stream_slowdown", "stream_slowdown", STREAM_SLOWDOWN_DEFAULT),
+            stream_fit_s=pick("stream_fit", "stream_fit_s", 0.0),
         )
     except TrainschedError as exc:
         raise TrainschedError(f"{where}: {exc}") from None
@@ -668,7 +706,8 @@ def _cluster_from_dict(data: Mapping[str, Any], source: str) -> Cluster:
         return _Table(data[key], source, key, allowed) if key in data else None
 
     dev = table("device", ("kind", "count", "memory", "peak_flops", "memory_bandwidth",
-                           "launch_overhead", "comm_compute_share"))
+                           "launch_overhead", "comm_compute_share", "stream_slowdown",
+                           "stream_fit"))
     intra = table("intra_node", _LINK_KEYS)
     inter = table("inter_node", _LINK_KEYS, required=False)
     collectives = table("collectives", _LINK_KEYS, required=False)
@@ -680,6 +719,8 @@ def _cluster_from_dict(data: Mapping[str, Any], source: str) -> Cluster:
         "memory_bandwidth": dev.get("memory_bandwidth", parse_bandwidth, None),
         "launch_overhead": dev.get("launch_overhead", parse_duration, None),
         "comm_compute_share": dev.get("comm_compute_share", _share, None),
+        "stream_slowdown": dev.get("stream_slowdown", _slowdown, None),
+        "stream_fit": dev.get("stream_fit", parse_duration, None),
     }
     device = _device(dev.get("kind", _string, None), values, f"{source}: [device]", str)
     try:

@@ -9,6 +9,10 @@ registered with ``compare=True`` is a row without any other edit:
 - ``data-<policy>`` for each communication policy tagged ``compare`` (a policy whose updates
   cross the barrier is simulated for its steady step of 3), and ``data-<policy>-tuned`` for
   those tagged ``tuned``: the partition and credit the tuner picks on the simulator;
+- ``data-<policy>+<backprop>`` for each backprop order tagged ``compare``
+  (:data:`trainsched.backprop.reorder.BACKPROP_ORDERS`: ``ooo``, reverse-first-k) and each
+  comm policy tagged ``compare`` whose updates cross the barrier (the deferred layers update
+  lazily): k chosen by simulating every k (``sim.sweep_k``) within the device's memory;
 - ``pipeline-<schedule>`` for each schedule tagged ``compare``: stages balanced by compute;
 - ``placed-auto``: the placers run on ``ranks`` devices, the fastest predicted kept.
 
@@ -22,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from trainsched.backprop.reorder import BACKPROP_ORDERS
 from trainsched.backprop.schedules import SCHEDULES, build_schedule, schedule_stage_count
 from trainsched.backprop.stages import stage_costs_from_graph
 from trainsched.cluster import Cluster
@@ -114,6 +119,26 @@ def _data_tuned(name: str) -> Strategy:
     return build
 
 
+def _data_backprop(name: str, backprop: str) -> Strategy:
+    """Comm policy ``name`` with the out-of-order backprop order ``backprop``, k chosen on the
+    simulator (every k, the steady step, within the device's memory)."""
+    def build(graph: Graph, cluster: Cluster, o: Options) -> Planned:
+        from trainsched.sim.ooo import sweep_k
+
+        policy = comm_policy(name)
+        steps = default_steps(policy)
+        sweep = sweep_k(graph, cluster, ranks=o.ranks, policy=policy, steps=steps,
+                        memory_cap_bytes=cluster.device.memory_bytes)
+        return Planned(
+            plan=DataParallelPlan(model=ModelRef.of(graph), ranks=o.ranks, comm=name,
+                                  policy=policy, steps=steps, backprop=backprop, k=sweep.k),
+            samples_per_step=o.ranks * o.batch_size,
+            description=f"{o.ranks} replicas, ring all-reduce, {name} gradient communication, "
+                        f"{backprop} backprop deferring k = {sweep.k} of {sweep.layers} layers "
+                        f"(chosen on the simulator), steady step of {steps}")
+    return build
+
+
 def default_microbatches(ranks: int, batch_size: int | None) -> int:
     """Micro-batches of a pipeline when none are asked for: two per stage, but never more than
     the batch has samples (a micro-batch holds at least one; ``None``: batch unknown)."""
@@ -164,6 +189,10 @@ def strategies() -> dict[str, Strategy]:
         out[f"data-{name}"] = _data(name)
         if COMM_POLICIES.tags(name).get("tuned"):
             out[f"data-{name}-tuned"] = _data_tuned(name)
+    for backprop in BACKPROP_ORDERS.tagged("compare"):
+        for name in COMM_POLICIES.tagged("compare"):
+            if comm_policy(name).cross_barrier:
+                out[f"data-{name}+{backprop}"] = _data_backprop(name, backprop)
     for name in SCHEDULES.tagged("compare"):
         out[f"pipeline-{name}"] = _pipeline(name)
     out["placed-auto"] = _placed("auto")

@@ -1,6 +1,8 @@
 """Out-of-order backprop policies: backward orders and pipeline schedule generators.
 
 Plain Python (no torch): the policies produce plan parts (``trainsched.plan.Schedule``) that the
-simulator predicts and the runtime executes. ``schedules`` holds the pipeline generators and
-``stages`` cuts a model into the contiguous stages they run, with each stage's costs.
+simulator predicts and the runtime executes. ``schedules`` holds the pipeline generators,
+``stages`` cuts a model into the contiguous stages they run, with each stage's costs, and
+``reorder`` the out-of-order orders of weight gradients: reverse-first-k for data parallelism
+and the per-layer slots of one device (``BACKPROP_ORDERS``).
 """

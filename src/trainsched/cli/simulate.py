@@ -2,9 +2,11 @@
 
 One executor per ``--parallelism``; data parallelism takes a comm policy's flags, or
 ``--autotune`` to pick the bytescheduler policy's partition and credit by Bayesian search on the
-simulator itself. ``--sync POLICY`` (or a plan file whose sync policy is not plain BSP, or a
-``--straggler``) adds the multi-step protocol simulation (:mod:`trainsched.sim.sync`): the
-policy beside pure BSP, time per step and per sample, staleness.
+simulator itself, and ``--backprop ooo [--k K]`` for out-of-order backprop (reverse-first-k; k
+chosen by simulating every k when not given, ``trainsched.sim.sweep_k``). ``--sync POLICY``
+(or a plan file whose sync policy is not plain BSP, or a ``--straggler``) adds the multi-step
+protocol simulation (:mod:`trainsched.sim.sync`): the policy beside pure BSP, time per step
+and per sample, staleness.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from trainsched.backprop.reorder import BACKPROP_ORDERS
 from trainsched.backprop.schedules import SCHEDULES
 from trainsched.cli.common import (
     TUNE_FLAGS,
@@ -63,7 +66,8 @@ def add_parser(sub: Subcommands) -> None:
     p.add_argument("--ranks", type=int, default=None,
                    help="data-parallel ranks or pipeline stages (default: all devices)")
     p.add_argument("--comm-policy", default=None,
-                   help=f"data parallel: {', '.join(COMM_POLICIES)} (default ddp)")
+                   help=f"data parallel: {', '.join(COMM_POLICIES)} (default ddp; bytescheduler "
+                   f"with --autotune or an out-of-order --backprop)")
     p.add_argument("--partition", default=None,
                    help="data parallel: partition size (priority, bytescheduler, p3)")
     p.add_argument("--credit", default=None, help="data parallel: bytes in flight (or inf)")
@@ -84,6 +88,14 @@ def add_parser(sub: Subcommands) -> None:
                    help="data parallel: pick the bytescheduler policy's partition and credit "
                    "by Bayesian search on the simulator")
     add_tune_args(p, "--autotune")
+    p.add_argument("--backprop", choices=tuple(BACKPROP_ORDERS), default=None,
+                   help="in-order backprop (default) or ooo: on one device, weight gradients "
+                   "on a second stream (slots chosen by the simulator); data parallel, "
+                   "reverse-first-k: the weight gradients of the first k layers run after the "
+                   "last input gradient, their updates just before their next forward")
+    p.add_argument("--k", type=int, default=None,
+                   help="data parallel, --backprop ooo: layers deferred (default: the fastest "
+                   "k the simulator finds within the device's memory)")
     p.add_argument("--schedule", default=None,
                    help=f"pipeline schedule: {', '.join(SCHEDULES)} (default 1f1b)")
     p.add_argument("--microbatches", type=int, default=None,
@@ -127,6 +139,11 @@ RULES = (
             where="with --parallelism data, without --autotune (the tuner picks them)"),
     Applies(flags=TUNE_FLAGS, when={"parallelism": ("data",), "autotune": (True,)},
             where="with --parallelism data --autotune"),
+    Applies(flags=("backprop",), when={"parallelism": ("single", "data"), "autotune": (False,)},
+            where="with --parallelism single or data, without --autotune"),
+    Applies(flags=("k",), when={"parallelism": ("data",), "autotune": (False,),
+                                "backprop": tuple(n for n in BACKPROP_ORDERS if n != "inorder")},
+            where="with --parallelism data --backprop ooo (in-order backprop defers no layer)"),
     Applies(flags=("schedule", "microbatches"), when={"parallelism": ("pipeline",)},
             where="with --parallelism pipeline"),
 )
@@ -140,6 +157,8 @@ def check_flags(args: argparse.Namespace) -> None:
                             if mode == "plan" else f"with --parallelism {mode}"),
         "autotune": Fact(value=bool(args.autotune),
                          text="with --autotune" if args.autotune else "without --autotune"),
+        "backprop": Fact(value=args.backprop or "inorder",
+                         text=f"with --backprop {args.backprop or 'inorder'}"),
     }
     check_applicable(args, RULES, facts)
 
@@ -155,15 +174,16 @@ def costs_line(graph: Any) -> str | None:
 
 
 def build_plan(graph: Any, cluster: Any, args: argparse.Namespace, *, policy: Any = None,
-               steps: int = 1) -> Any:
+               steps: int = 1, k: int = 0, slots: tuple[Any, ...] = ()) -> Any:
     """The plan the flags describe (``--parallelism`` and its options); data parallelism runs
-    ``policy`` for ``steps`` steps."""
+    ``policy`` for ``steps`` steps, deferring ``k`` layers with an out-of-order
+    ``--backprop``; one device runs its weight gradients in ``slots``."""
     from trainsched import plan as plans
 
     model = plans.ModelRef.of(graph)
     parallelism = args.parallelism or "single"
     if parallelism == "single":
-        return plans.SinglePlan(model=model)
+        return plans.SinglePlan(model=model, slots=slots)
     if parallelism == "placed":
         if not args.placement:
             raise TrainschedError("--parallelism placed needs --placement FILE "
@@ -174,6 +194,7 @@ def build_plan(graph: Any, cluster: Any, args: argparse.Namespace, *, policy: An
         return plans.DataParallelPlan(model=model, ranks=ranks, comm=_comm_policy_name(args),
                                       policy=policy, algorithm=args.algorithm or "ring",
                                       steps=steps, startup_overlap=args.startup_overlap,
+                                      backprop=args.backprop or "inorder", k=k,
                                       sync=args.sync or "bsp")
     from trainsched.backprop.schedules import build_schedule, schedule_stage_count
     from trainsched.backprop.stages import stage_costs_from_graph
@@ -215,10 +236,13 @@ def _data_policy(args: argparse.Namespace) -> Any:
 
 
 def _comm_policy_name(args: argparse.Namespace) -> str:
-    """``--comm-policy``; by default ddp, or bytescheduler with ``--autotune``."""
+    """``--comm-policy``; by default ddp, or bytescheduler with ``--autotune`` or an
+    out-of-order ``--backprop`` (its deferred layers update lazily: a policy crossing the
+    barrier)."""
     if args.comm_policy is not None:
         return args.comm_policy.strip().lower()
-    return "bytescheduler" if args.autotune else "ddp"
+    ooo = (args.backprop or "inorder") != "inorder"
+    return "bytescheduler" if args.autotune or ooo else "ddp"
 
 
 def _data_steps(args: argparse.Namespace, policy: Any) -> int:
@@ -289,7 +313,16 @@ def run(args: argparse.Namespace) -> int:
     elif args.parallelism == "data":
         policy = _data_policy(args)
         steps = _data_steps(args, policy)
-    plan = build_plan(graph, cluster, args, policy=policy, steps=steps)
+    k, sweep, choice = 0, None, None
+    ooo = (args.backprop or "inorder") != "inorder"
+    if args.parallelism == "data" and ooo:
+        k, sweep = _choose_k(graph, cluster, args, policy, steps)
+    if args.parallelism == "single" and ooo:
+        from trainsched.sim import choose_slots
+
+        choice = choose_slots(graph, cluster)
+    plan = build_plan(graph, cluster, args, policy=policy, steps=steps, k=k,
+                      slots=choice.slots if choice is not None else ())
     result = simulate(plan, graph, cluster)
     if args.trace:
         write_trace(args.trace, result, title=f"{graph.meta.get('model', 'graph')} "
@@ -307,6 +340,8 @@ def run(args: argparse.Namespace) -> int:
         "events": result.events, "costs": costs_line(graph),
         "trace": args.trace,
     }
+    if choice is not None:
+        doc["slots"] = _slots_doc(choice)
     if args.parallelism == "data":
         from trainsched.sim import crossing_bound_s
 
@@ -316,9 +351,50 @@ def run(args: argparse.Namespace) -> int:
         doc.update(ranks=ranks, algorithm=algorithm, steps=steps,
                    policy=_policy_doc(policy), crossing_bound_s=bound,
                    crossing_bound_gradient=gradient, autotune=autotune,
+                   backprop=_backprop_doc(plan, graph, sweep),
                    sync=_sync_doc(plan, graph, cluster, result, args))
     print(dump(doc) if args.json else simulate_report(doc, graph.meta.get("model", args.graph)))
     return 0
+
+
+def _choose_k(graph: Any, cluster: Any, args: argparse.Namespace, policy: Any,
+              steps: int) -> tuple[int, Any]:
+    """``--k`` checked against the model's layers, or (without it) the k the simulator picks
+    within the device's memory (``sim.sweep_k``) and the sweep."""
+    from trainsched.backprop.reorder import check_k
+    from trainsched.plan import DataParallelPlan, ModelRef
+
+    # the policy must suit out-of-order backprop before anything is simulated
+    DataParallelPlan(model=ModelRef.of(graph), ranks=1, comm=_comm_policy_name(args),
+                     policy=policy, backprop=args.backprop)
+    if args.k is not None:
+        check_k(graph, args.k, "--k")
+        return args.k, None
+    from trainsched.sim import sweep_k
+
+    sweep = sweep_k(graph, cluster, ranks=_ranks(args, cluster), policy=policy,
+                    algorithm=args.algorithm or "ring", steps=steps,
+                    startup_overlap=args.startup_overlap,
+                    memory_cap_bytes=cluster.device.memory_bytes)
+    return sweep.k, sweep
+
+
+def _slots_doc(choice: Any) -> dict[str, Any]:
+    """The single-device slots the simulator chose, for the report."""
+    return {"slots": [str(s) for s in choice.slots], "step_time_s": choice.step_time_s,
+            "inline_step_time_s": choice.inline_step_time_s, "speedup": choice.speedup,
+            "simulations": choice.simulations}
+
+
+def _backprop_doc(plan: Any, graph: Any, sweep: Any) -> dict[str, Any]:
+    """The backprop order of a data-parallel plan for the report: its name, k, the layer
+    count and, when the simulator chose k, the sweep (step time of every k)."""
+    from trainsched.backprop.reorder import layers
+
+    doc: dict[str, Any] = {"name": plan.backprop, "k": plan.k, "layers": len(layers(graph))}
+    if sweep is not None:
+        doc["sweep"] = sweep.to_dict()
+    return doc
 
 
 def _run_plan_file(args: argparse.Namespace) -> int:
@@ -345,6 +421,7 @@ def _run_plan_file(args: argparse.Namespace) -> int:
         doc.update(ranks=plan.ranks, algorithm=plan.algorithm, steps=plan.steps,
                    policy=_policy_doc(plan.policy), crossing_bound_s=bound,
                    crossing_bound_gradient=gradient, autotune=None,
+                   backprop=_backprop_doc(plan, graph, None),
                    sync=_sync_doc(plan, graph, cluster, result, args))
     elif given(args, list(SYNC_FLAGS)):
         raise TrainschedError(f"{', '.join(given(args, list(SYNC_FLAGS)))}: the plan in "

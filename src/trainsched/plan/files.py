@@ -4,7 +4,9 @@
 ``plan_from_json(plan_to_json(p)) == p`` and equal plans give equal bytes; every problem is a
 :class:`TrainschedError` naming the file and the field. The document's ``strategy`` object has
 a ``kind``; a composed plan (a data-parallel pipeline) will be the kind ``"composed"`` holding
-its parts, which this reader refuses by name until it exists. ``predicted`` optionally keeps
+its parts, which this reader refuses by name until it exists. Fields added later (a data plan's
+``backprop`` and ``k``, a single plan's ``slots``) default when a file lacks them, so older
+files still load. ``predicted`` optionally keeps
 what the simulator predicted for the plan (:class:`~trainsched.plan.plans.Prediction`).
 """
 
@@ -16,6 +18,7 @@ import math
 import os
 from typing import Any
 
+from trainsched.backprop.reorder import format_slot
 from trainsched.comm.policy import CommPolicy, comm_policy
 from trainsched.errors import TrainschedError
 from trainsched.graph import atomic_write_text, nesting_guard, parse_json, read_text_file
@@ -53,6 +56,8 @@ def _policy_doc(policy: CommPolicy) -> dict[str, Any]:
 
 def _strategy_doc(plan: Plan) -> dict[str, Any]:
     if isinstance(plan, SinglePlan):
+        if plan.slots:
+            return {"kind": plan.kind, "slots": [format_slot(s) for s in plan.slots]}
         return {"kind": plan.kind}
     if isinstance(plan, PlacedPlan):
         return {"kind": plan.kind, "num_devices": plan.placement.num_devices,
@@ -61,7 +66,8 @@ def _strategy_doc(plan: Plan) -> dict[str, Any]:
         return {"kind": plan.kind, "ranks": plan.ranks,
                 "comm": {"name": plan.comm, **_policy_doc(plan.policy)},
                 "algorithm": plan.algorithm, "order": plan.order, "sync": plan.sync,
-                "steps": plan.steps, "startup_overlap": plan.startup_overlap}
+                "steps": plan.steps, "startup_overlap": plan.startup_overlap,
+                "backprop": plan.backprop, "k": plan.k}
     if isinstance(plan, PipelinePlan):
         schedule = plan.schedule
         return {"kind": plan.kind, "stages": [list(ops) for ops in plan.stages],
@@ -155,21 +161,28 @@ def _read_strategy(r: _Reader, model: ModelRef) -> Plan:
     if kind not in PLAN_KINDS:
         raise r.fail("kind", f"unknown plan kind {kind!r}; known: {', '.join(PLAN_KINDS)}")
     if kind == "single":
-        r.only("kind")
-        return SinglePlan(model=model)
+        r.only("kind", "slots")
+        slots = r.get("slots", list, [])
+        if not all(isinstance(s, str) for s in slots):
+            raise r.fail("slots", "expected a list of strings (inline, overlap_backward, "
+                                  "overlap_forward(j)), one per layer")
+        return SinglePlan(model=model, slots=tuple(slots))
     if kind == "placed":
         r.only("kind", "num_devices", "device_of", "meta")
         placement = Placement(device_of=r.get("device_of", dict),
                               num_devices=r.get("num_devices", int), meta=r.get("meta", dict, {}))
         return PlacedPlan(model=model, placement=placement)
     if kind == "data":
-        r.only("kind", "ranks", "comm", "algorithm", "order", "sync", "steps", "startup_overlap")
+        r.only("kind", "ranks", "comm", "algorithm", "order", "sync", "steps", "startup_overlap",
+               "backprop", "k")
         comm, policy = _read_policy(r.sub("comm"))
         return DataParallelPlan(model=model, ranks=r.get("ranks", int), comm=comm, policy=policy,
                                 algorithm=r.get("algorithm", str, "ring"),
                                 order=r.get("order", str, "leader"),
                                 sync=r.get("sync", str, "bsp"), steps=r.get("steps", int, 1),
-                                startup_overlap=r.get("startup_overlap", bool, False))
+                                startup_overlap=r.get("startup_overlap", bool, False),
+                                backprop=r.get("backprop", str, "inorder"),
+                                k=r.get("k", int, 0))
     r.only("kind", "stages", "schedule_name", "num_stages", "num_microbatches", "stage_to_rank",
            "actions")
     actions = r.get("actions", list)

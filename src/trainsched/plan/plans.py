@@ -2,11 +2,14 @@
 
 Four kinds, one per way of running a training step:
 
-- :class:`SinglePlan`: every op on one device.
+- :class:`SinglePlan`: every op on one device; ``slots`` say where each layer's weight gradient
+  runs (in program order, or on a second stream: out-of-order backprop on one device).
 - :class:`PlacedPlan`: ops on several devices (a :class:`~trainsched.plan.Placement`).
 - :class:`DataParallelPlan`: ``ranks`` replicas; the gradients are reduced by a communication
   policy object (with its parameters), a collective algorithm and a collective order; ``sync``
-  is the sync policy's text (``bsp``, ``bsp:0.125,asp:0.875``: :mod:`trainsched.sync.policy`).
+  is the sync policy's text (``bsp``, ``bsp:0.125,asp:0.875``: :mod:`trainsched.sync.policy`);
+  ``backprop`` and ``k`` the backprop order (in-order, or reverse-first-k:
+  :mod:`trainsched.backprop.reorder`).
 - :class:`PipelinePlan`: the forward ops cut into contiguous stages, a
   :class:`~trainsched.plan.Schedule` and its micro-batches.
 
@@ -23,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from trainsched.backprop.reorder import BACKPROP_ORDERS, Slot, check_k, check_slots, parse_slot
 from trainsched.comm.policy import COMM_POLICIES, CommPolicy, check_policy
 from trainsched.costs import ALGORITHMS
 from trainsched.errors import TrainschedError
@@ -122,10 +126,22 @@ def _check_count(what: str, value: Any, minimum: int) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class SinglePlan:
-    """Every op on one device: the baseline every speedup is measured against."""
+    """Every op on one device: the baseline every speedup is measured against.
+
+    ``slots`` holds one :class:`~trainsched.backprop.reorder.Slot` per layer with a weight
+    gradient (layer order), or nothing: every dW inline, in program order. Strings
+    (``"overlap_forward(3)"``) are read as slots."""
 
     model: ModelRef
+    slots: tuple[Slot, ...] = ()
     kind: ClassVar[str] = "single"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.slots, list | tuple):
+            raise TrainschedError(f"single plan: slots must be a list of dW slots, got "
+                                  f"{self.slots!r}")
+        object.__setattr__(self, "slots", tuple(
+            s if isinstance(s, Slot) else parse_slot(s) for s in self.slots))
 
     @property
     def devices(self) -> int:
@@ -133,6 +149,8 @@ class SinglePlan:
 
     def validate(self, graph: Graph, cluster: Cluster | None = None) -> None:
         self.model.check(graph)
+        if self.slots:
+            check_slots(graph, self.slots)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -187,6 +205,8 @@ class DataParallelPlan:
     sync: str = "bsp"
     steps: int = 1
     startup_overlap: bool = False
+    backprop: str = "inorder"
+    k: int = 0
     kind: ClassVar[str] = "data"
 
     def __post_init__(self) -> None:
@@ -214,6 +234,20 @@ class DataParallelPlan:
         if not isinstance(self.startup_overlap, bool):
             raise TrainschedError(f"data-parallel plan: startup_overlap must be true or false, "
                                   f"got {self.startup_overlap!r}")
+        if self.backprop not in BACKPROP_ORDERS:
+            raise TrainschedError(f"data-parallel plan: unknown backprop order "
+                                  f"{self.backprop!r}; known: {', '.join(BACKPROP_ORDERS)}")
+        _check_count("data-parallel plan: k", self.k, 0)
+        if self.backprop == "inorder" and self.k:
+            raise TrainschedError(f"data-parallel plan: k = {self.k} with in-order backprop; "
+                                  f"k counts the layers out-of-order backprop defers (backprop "
+                                  f"'ooo'), in-order backprop has k = 0")
+        if self.backprop != "inorder" and not self.policy.cross_barrier:
+            raise TrainschedError(
+                f"data-parallel plan: backprop {self.backprop!r} updates the deferred layers "
+                f"lazily, just before their next forward, which needs a comm policy whose "
+                f"updates cross the step barrier; {self.comm!r} does not (use one of "
+                f"{', '.join(_cross_barrier_policies())})")
 
     @property
     def devices(self) -> int:
@@ -226,10 +260,23 @@ class DataParallelPlan:
 
     def validate(self, graph: Graph, cluster: Cluster | None = None) -> None:
         self.model.check(graph)
+        check_k(graph, self.k, "data-parallel plan: k")
         if cluster is not None and self.ranks > cluster.num_devices:
             raise TrainschedError(f"the plan has {self.ranks} ranks but cluster "
                                   f"{cluster.name!r} has {cluster.num_devices} devices; use a "
                                   f"larger cluster or a plan with fewer ranks")
+
+
+def _cross_barrier_policies() -> list[str]:
+    """The registered comm policies whose updates cross the step barrier (at defaults)."""
+    names = []
+    for name in COMM_POLICIES:
+        try:
+            if COMM_POLICIES[name]().cross_barrier:
+                names.append(name)
+        except TypeError:  # a policy that needs arguments: not listed
+            continue
+    return names
 
 
 @dataclass(frozen=True, kw_only=True)

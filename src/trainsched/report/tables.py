@@ -63,7 +63,42 @@ def data_plan_lines(doc: Mapping[str, Any]) -> list[str]:
     steady = f", steady step of {doc['steps']}" if doc["steps"] > 1 else ""
     lines.append(f"  policy           {', '.join(what)}; {doc['ranks']} ranks, "
                  f"{doc['algorithm']}{steady}")
+    lines += backprop_lines(doc.get("backprop"))
     return lines
+
+
+def slot_lines(slots: Mapping[str, Any]) -> list[str]:
+    """``simulate --backprop ooo`` on one device: how many layers each slot got, and the step
+    against every weight gradient inline."""
+    kinds: dict[str, int] = {}
+    for slot in slots["slots"]:
+        kind = slot.split("(")[0]
+        kinds[kind] = kinds.get(kind, 0) + 1
+    shown = ", ".join(f"{kind} {count}" for kind, count in kinds.items())
+    return [f"  dW slots         {shown} (chosen by the simulator, {slots['simulations']} "
+            f"simulations)",
+            f"  against inline   {format_duration(slots['inline_step_time_s'])} -> "
+            f"{format_duration(slots['step_time_s'])} ({slots['speedup']:.3f}x)"]
+
+
+def backprop_lines(backprop: Mapping[str, Any] | None) -> list[str]:
+    """``simulate``'s backprop line: in-order, or the k deferred and, when the simulator chose
+    it, the k sweep's summary (k = 0, the best k, the slowest k)."""
+    if backprop is None or backprop["name"] == "inorder":
+        return [] if backprop is None else ["  backprop         in-order"]
+    line = (f"  backprop         {backprop['name']}: reverse-first-k, k = {backprop['k']} of "
+            f"{backprop['layers']} layers")
+    sweep = backprop.get("sweep")
+    if sweep is None:
+        return [line + " (given)"]
+    times = sweep["step_time_s"]
+    worst = max(range(len(times)), key=lambda k: (times[k], -k))
+    cap = sweep["memory_cap_bytes"]
+    return [line + f" (chosen: every k in 0..{sweep['layers']} simulated"
+            + (f", within {format_size(cap)})" if cap is not None else ")"),
+            f"  k sweep          k=0 {format_duration(times[0])}, k={sweep['k']} "
+            f"{format_duration(times[sweep['k']])} ({sweep['speedup']:.3f}x), slowest "
+            f"k={worst} {format_duration(times[worst])}"]
 
 
 def simulate_report(doc: Mapping[str, Any], model: str) -> str:
@@ -75,6 +110,8 @@ def simulate_report(doc: Mapping[str, Any], model: str) -> str:
     data = doc["parallelism"] == "data"
     if data:
         lines += data_plan_lines(doc)
+    if doc.get("slots"):
+        lines += slot_lines(doc["slots"])
     steps = doc.get("steps", 1)
     lines.append(f"  step time        {format_duration(doc['step_time_s'])} "
                  f"(dependency bound {format_duration(doc['dependency_bound_s'])}"

@@ -83,9 +83,23 @@ def runnable(plan: Plan, model: str | None = None) -> str | None:
     name = model or plan.model.name
     if name not in MODELS and ":" not in name:
         return f"model {name!r} is not in the zoo (trainsched models lists it)"
+    pending = _not_run_yet(plan)
+    if pending is not None:
+        return pending
     cores = os.cpu_count() or 1
     if plan.devices > cores:
         return f"needs {plan.devices} ranks; this host has {cores} core{'s' if cores != 1 else ''}"
+    return None
+
+
+def _not_run_yet(plan: Plan) -> str | None:
+    """Why the runtime cannot run ``plan``'s out-of-order backprop yet (``None``: nothing out
+    of order), so that no run silently measures in-order backprop under its name."""
+    if isinstance(plan, DataParallelPlan) and plan.backprop != "inorder":
+        return (f"backprop {plan.backprop!r} (k = {plan.k}) is simulated only: the runtime does "
+                f"not run out-of-order backprop from a plan yet")
+    if isinstance(plan, SinglePlan) and plan.slots:
+        return "dW slots on a second stream are simulated only: the runtime does not run them yet"
     return None
 
 
@@ -126,6 +140,9 @@ def run(plan: Plan, model: str | None = None, *, steps: int = 10, warmup: int = 
     from trainsched.runtime.launch import torchrun_rank
     from trainsched.runtime.train import Segment, run_segments, run_segments_here
 
+    pending = _not_run_yet(plan)
+    if pending is not None:
+        raise TrainschedError(f"cannot run this plan: {pending}")
     ref = plan.model
     name = model or ref.name
     if model is not None and model != ref.name:

@@ -19,11 +19,13 @@ from trainsched.sim.engine import (
     Release,
     Replay,
     Resource,
+    StreamPair,
     TaskGraph,
     longest_path_s,
     run_tasks,
 )
 from trainsched.sim.executors import priority_order, simulate_placed, simulate_single
+from trainsched.sim.ooo import FORWARD_CANDIDATES, KSweep, SlotChoice, choose_slots, sweep_k
 from trainsched.sim.pipeline import PipelineResult, bubble_fraction, simulate_pipeline
 from trainsched.sim.result import (
     Allocation,
@@ -39,12 +41,15 @@ from trainsched.sim.simulate import (
     simulate,
     training_graph,
 )
+from trainsched.sim.streams import simulate_slots
 from trainsched.sim.trace import chrome_trace, trace_json, write_trace
 
 __all__ = [
     "ALGORITHMS",
+    "FORWARD_CANDIDATES",
     "Allocation",
     "Gate",
+    "KSweep",
     "PathStep",
     "PipelineResult",
     "Release",
@@ -52,11 +57,14 @@ __all__ = [
     "Resource",
     "ResourceRecord",
     "SimResult",
+    "SlotChoice",
+    "StreamPair",
     "TaskGraph",
     "TaskRecord",
     "bubble_fraction",
     "build_result",
     "check_costs_fit",
+    "choose_slots",
     "chrome_trace",
     "collective_link",
     "collective_s",
@@ -72,6 +80,8 @@ __all__ = [
     "simulate_pipeline",
     "simulate_placed",
     "simulate_single",
+    "simulate_slots",
+    "sweep_k",
     "trace_json",
     "training_graph",
     "write_trace",

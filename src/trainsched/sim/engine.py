@@ -23,6 +23,21 @@ priority queue chooses among all tasks that became ready at that instant. Nothin
 wall clock, hashes or set order. A heap that empties with tasks left (a cycle, an impossible
 dependency) raises :class:`TrainschedError` naming the blocked tasks and what they wait for.
 
+**Stream pairs.** Two exclusive resources of one device may form a *pair*
+(:meth:`TaskGraph.add_stream_pair`): a device's main and side compute streams, where kernels
+of both run at once and share the device. A task's duration is then its *work* at the full
+rate. While both streams of a pair hold a task, each runs at rate ``1/(1+ε)`` when both tasks
+*fit* together (each at most ``fit_s`` of work: short kernels leave room on the device), else at
+rate 1/2; alone, a task runs at rate 1. Whenever a pair's active set changes (a start or an end
+on either stream), the engine takes the work each running task has done at its old rate, and
+re-posts its end at the new rate; the end it had posted is dropped when popped (the heap entry
+is remembered per task). So two tasks of work ``a <= b`` started together end at
+``(1+ε)a`` and ``b + ε·a`` when they fit (equal tasks: ``max(a, b)·(1+ε)``), and at ``2a``
+and ``a + b`` when they do not. A zero-work task never changes its partner's rate. The replay
+rule above is unchanged (start = max(ready, resource free)): only when a running task ends
+moves; ties, queues and the stuck-run error behave as without pairs, and a replay without
+pairs costs what it did. ``busy_s`` of a paired stream is the time its tasks held it.
+
 **Gates.** An executor whose tasks follow a rule the queues cannot express (the data-parallel
 collectives: issue at a rendezvous, a queue, a byte credit, a wire) attaches a :class:`Gate`.
 The gate *holds* some tasks: when one becomes ready the engine tells the gate
@@ -49,8 +64,8 @@ from typing import Any, Protocol
 
 from trainsched.errors import TrainschedError
 
-__all__ = ["POLICIES", "Gate", "Release", "Replay", "Resource", "TaskGraph", "longest_path_s",
-           "run_tasks"]
+__all__ = ["POLICIES", "Gate", "Release", "Replay", "Resource", "StreamPair", "TaskGraph",
+           "longest_path_s", "run_tasks"]
 
 POLICIES = ("fifo", "priority")
 _SHOWN_BLOCKED = 10  # blocked tasks named in a stuck-simulation error
@@ -80,6 +95,18 @@ class Resource:
                                   f"got {self.capacity!r}")
 
 
+@dataclass(frozen=True, kw_only=True)
+class StreamPair:
+    """Two resources that run at once and share a device (module docstring, *Stream pairs*):
+    ``slowdown`` is ε (each runs at ``1/(1+ε)`` when the two tasks fit), ``fit_s`` the most
+    work a task may have and still fit beside another."""
+
+    first: int
+    second: int
+    slowdown: float
+    fit_s: float
+
+
 class TaskGraph:
     """A mutable builder of tasks, resources and dependencies, kept as flat parallel lists.
 
@@ -101,6 +128,7 @@ class TaskGraph:
         self.category: list[str] = []
         self.device: list[int] = []
         self.args: list[Mapping[str, Any]] = []
+        self.pairs: list[StreamPair] = []
 
     def __len__(self) -> int:
         return len(self.duration_s)
@@ -135,6 +163,24 @@ class TaskGraph:
         self.device.append(device)
         self.args.append(args if args is not None else {})
         return len(self.duration_s) - 1
+
+    def add_stream_pair(self, first: int, second: int, *, slowdown: float,
+                        fit_s: float) -> None:
+        """Make resources ``first`` and ``second`` (exclusive, in no other pair) a stream pair
+        (module docstring, *Stream pairs*)."""
+        taken = {x for p in self.pairs for x in (p.first, p.second)}
+        count = len(self.resources)
+        if first == second or not (0 <= first < count and 0 <= second < count) or \
+                {first, second} & taken:
+            raise TrainschedError(f"a stream pair needs two distinct resources in no other "
+                                  f"pair, got {first!r} and {second!r}")
+        if self.resources[first].capacity != 1 or self.resources[second].capacity != 1:
+            raise TrainschedError("the resources of a stream pair must have capacity 1")
+        if not (0.0 <= slowdown < math.inf and 0.0 <= fit_s < math.inf):
+            raise TrainschedError(f"a stream pair needs slowdown >= 0 and fit_s >= 0, got "
+                                  f"{slowdown!r} and {fit_s!r}")
+        self.pairs.append(StreamPair(first=first, second=second, slowdown=float(slowdown),
+                                     fit_s=float(fit_s)))
 
     def add_dependency(self, before: int, after: int) -> None:
         """``after`` may start only once ``before`` has ended."""
@@ -234,7 +280,8 @@ def run_tasks(tasks: TaskGraph, gates: Sequence[Gate] = ()) -> Replay:
     task_bits = max(ids - 1, 0).bit_length()
     mask = (1 << task_bits) - 1
     unit = 1 << task_bits  # adding it to an entry adds 1 to its seq
-    seq_bits = (ids + sum(map(len, needs)) + 1).bit_length()
+    paired = _Pairs(tasks) if tasks.pairs else None
+    seq_bits = (ids + sum(map(len, needs)) + 1 + (2 * n if paired else 0)).bit_length()
     # prio · 2 ** (seq_bits + task_bits) + t, built in C rather than a Python loop.
     keyed = list(map(operator.add, map(operator.mul, prio, itertools.repeat(unit << seq_bits)),
                      range(n)))
@@ -350,6 +397,13 @@ def run_tasks(tasks: TaskGraph, gates: Sequence[Gate] = ()) -> Replay:
                             via[t] = True
                     started[t] = True
                     start[t] = now
+                    if paired is not None and paired.partner[r] >= 0:
+                        for u, at in paired.start(t, r, now):
+                            end[u] = at
+                            paired.entry[u] = e = keyed[u] + stamp
+                            push(heap, (at, e))
+                            stamp += unit
+                        continue
                     end[t] = d = now + d
                     push(heap, (d, keyed[t] + stamp))
                     stamp += unit
@@ -357,6 +411,17 @@ def run_tasks(tasks: TaskGraph, gates: Sequence[Gate] = ()) -> Replay:
         if not heap:
             break
         now, t = pop(heap)
+        if paired is not None and (t & mask) < n and paired.on[t & mask]:
+            e, t = t, t & mask
+            if e != paired.entry[t]:  # an end re-posted since: this one is stale
+                continue
+            for x in needs[t]:
+                busy[x] += (now - start[t]) - dur[t]  # held longer than its work alone
+            for u, at in paired.end(t, now):
+                end[u] = at
+                paired.entry[u] = e = keyed[u] + stamp
+                push(heap, (at, e))
+                stamp += unit
         t &= mask
         if gated:
             if t >= n:  # a released task's wake-up: it joins its queues now
@@ -419,6 +484,63 @@ def run_tasks(tasks: TaskGraph, gates: Sequence[Gate] = ()) -> Replay:
         makespan_s=max(end, default=0.0),
         events=done,
     )
+
+
+class _Pairs:
+    """The state of the stream pairs during one replay (module docstring, *Stream pairs*):
+    per resource its partner (-1: none) and running task; per paired task its work left, rate,
+    since when, and the heap entry of its posted end."""
+
+    def __init__(self, tasks: TaskGraph) -> None:
+        nres, n = len(tasks.resources), len(tasks)
+        self.partner = [-1] * nres
+        self.param: list[tuple[float, float]] = [(0.0, 0.0)] * nres
+        for p in tasks.pairs:
+            self.partner[p.first], self.partner[p.second] = p.second, p.first
+            self.param[p.first] = self.param[p.second] = (p.slowdown, p.fit_s)
+        self.dur = tasks.duration_s
+        self.running = [-1] * nres
+        self.on = [False] * n  # the task runs on a paired resource
+        for t, rs in enumerate(tasks.needs):
+            if any(self.partner[x] >= 0 for x in rs):
+                assert len(rs) == 1, f"task {tasks.label[t]!r}: a paired stream is its only need"
+                self.on[t] = True
+        self.where = [-1] * n
+        self.left = [0.0] * n
+        self.rate = [1.0] * n
+        self.since = [0.0] * n
+        self.entry = [-1] * n
+
+    def _shared(self, t: int, u: int, r: int) -> float:
+        slowdown, fit = self.param[r]
+        return 1.0 / (1.0 + slowdown) if self.dur[t] <= fit and self.dur[u] <= fit else 0.5
+
+    def _advance(self, u: int, now: float) -> None:
+        self.left[u] = max(0.0, self.left[u] - self.rate[u] * (now - self.since[u]))
+        self.since[u] = now
+
+    def start(self, t: int, r: int, now: float) -> list[tuple[int, float]]:
+        """Task ``t`` starts on paired resource ``r``: the (task, end) pairs to post."""
+        self.running[r], self.where[t] = t, r
+        self.left[t], self.since[t], self.rate[t] = self.dur[t], now, 1.0
+        u = self.running[self.partner[r]]
+        if u < 0 or self.dur[t] == 0.0 or self.left[u] == 0.0:
+            return [(t, now + self.dur[t])]
+        self._advance(u, now)
+        rate = self._shared(t, u, r)
+        self.rate[t] = self.rate[u] = rate
+        return [(u, now + self.left[u] / rate), (t, now + self.dur[t] / rate)]
+
+    def end(self, t: int, now: float) -> list[tuple[int, float]]:
+        """Task ``t`` ended: its partner, if running shared, goes on at rate 1."""
+        r = self.where[t]
+        self.running[r] = -1
+        u = self.running[self.partner[r]]
+        if u < 0 or self.rate[u] == 1.0:
+            return []
+        self._advance(u, now)
+        self.rate[u] = 1.0
+        return [(u, now + self.left[u])]
 
 
 def _gate_tables(tasks: TaskGraph, gates: Sequence[Gate]

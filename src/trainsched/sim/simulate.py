@@ -5,10 +5,12 @@ ranks than devices, a schedule for other stage counts: a clear error). A forward
 gets its backward and optimizer ops (:func:`trainsched.graph.to_training`, plain SGD), as the
 command line does. Each kind of plan goes to its executor:
 
-- single device: :func:`simulate_single`;
+- single device: :func:`simulate_single`, or with dW slots the two-stream executor
+  :func:`simulate_slots`;
 - placed: :func:`simulate_placed` on the cluster's first ``placement.num_devices`` devices;
-- data parallel: :func:`simulate_data_parallel` with the plan's policy, algorithm, steps and
-  start-up overlap;
+- data parallel: :func:`simulate_data_parallel` with the plan's policy, algorithm, steps,
+  start-up overlap and compute order (its backprop order and k,
+  :func:`trainsched.backprop.reorder.backprop_order`);
 - pipeline: the stages the plan's cuts make (:func:`stage_costs_from_graph`) under its
   schedule, :func:`simulate_pipeline`.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from trainsched.backprop.reorder import backprop_order
 from trainsched.backprop.stages import stage_costs_from_graph
 from trainsched.cluster import Cluster
 from trainsched.errors import TrainschedError
@@ -26,6 +29,7 @@ from trainsched.sim.data_parallel import simulate_data_parallel
 from trainsched.sim.executors import simulate_placed, simulate_single
 from trainsched.sim.pipeline import simulate_pipeline
 from trainsched.sim.result import SimResult
+from trainsched.sim.streams import simulate_slots
 
 __all__ = ["check_costs_fit", "predict_placement", "simulate", "training_graph"]
 
@@ -84,6 +88,8 @@ def simulate(plan: Plan, graph: Graph, cluster: Cluster) -> SimResult:
     graph = training_graph(graph)
     if isinstance(plan, SinglePlan):
         plan.validate(graph, cluster)
+        if plan.slots:
+            return simulate_slots(graph, cluster, plan.slots)
         return simulate_single(graph, cluster)
     if isinstance(plan, PlacedPlan):
         plan.validate(graph, cluster)
@@ -91,9 +97,10 @@ def simulate(plan: Plan, graph: Graph, cluster: Cluster) -> SimResult:
         return simulate_placed(graph, devices, plan.placement)
     if isinstance(plan, DataParallelPlan):
         plan.validate(graph, cluster)
+        order = backprop_order(plan.backprop, graph, plan.k)
         return simulate_data_parallel(graph, cluster, ranks=plan.ranks, policy=plan.policy,
                                       algorithm=plan.algorithm, steps=plan.steps,
-                                      startup_overlap=plan.startup_overlap)
+                                      startup_overlap=plan.startup_overlap, order=order)
     if isinstance(plan, PipelinePlan):
         plan.validate(graph, cluster)
         stages = stage_costs_from_graph(graph, plan.num_stages, plan.num_microbatches,
