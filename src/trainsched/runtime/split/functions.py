@@ -45,7 +45,7 @@ class Slot:
 
     def forward_call(self) -> tuple[int, int]:
         """(layer, micro-batch) of a forward that records a graph."""
-        return self.queue.forward_call(self)
+        return self.queue.forward_call(self, [p for _, p in self.params])
 
     def push(self, layer: int, microbatch: int, tensors: tuple[torch.Tensor | None, ...],
              run: Callable[[], None]) -> None:

@@ -166,6 +166,9 @@ class SplitModel(nn.Module):
         self.queue = WGradQueue(order, auto_end=auto_end, listener=listener)
         self.layers = tuple(SplitLayer(path=p, kind=type(m).__name__, backend=b)
                             for p, m, b in found)
+        unique = {id(p): p for _, m, _ in found for p in m.parameters() if p.requires_grad}
+        #: The trainable parameters of the split layers (their dW go through the queue).
+        self.split_params = tuple(unique.values())
         self._installed: list[tuple[nn.Module, Any]] = []
         for path, m, how in found:
             slot = Slot(self.queue, path, m)

@@ -35,6 +35,9 @@ __all__ = ["QueueListener", "WGradQueue", "storage_sizes"]
 class QueueListener(Protocol):
     """Who wants to know what the queue did (the scheduled data-parallel runtime)."""
 
+    def layer_forward(self, params: Sequence[torch.nn.Parameter]) -> None:
+        """A split layer holding ``params`` ran forward with gradients (an entry will come)."""
+
     def backward_started(self) -> None:
         """The first entry of a backward pass was pushed."""
 
@@ -102,12 +105,15 @@ class WGradQueue:
 
     # -- forward -------------------------------------------------------------------------------
 
-    def forward_call(self, key: object) -> tuple[int, int]:
-        """A split layer (identified by the object ``key``) runs forward with gradients:
-        its layer index and this call's micro-batch."""
+    def forward_call(self, key: object, params: Sequence[torch.nn.Parameter] = ()
+                     ) -> tuple[int, int]:
+        """A split layer (identified by the object ``key``, holding ``params``) runs forward
+        with gradients: its layer index and this call's micro-batch."""
         layer = self._layers.setdefault(id(key), len(self._layers))
         microbatch = self._calls.get(layer, 0)
         self._calls[layer] = microbatch + 1
+        if self.listener is not None:
+            self.listener.layer_forward(params)
         return layer, microbatch
 
     @property
