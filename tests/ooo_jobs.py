@@ -151,6 +151,7 @@ def job_equivalence(cfg: dict) -> dict:
     # k = 0 is today's runtime: the same bits as the wrapper without the option
     out["k0_default/adam"] = train_sdp(rank, 0, "adam")
     out["static_order/k2"] = train_sdp(rank, 2, "adam", order="static")
+    out["graph_backend/k4"] = train_sdp(rank, 4, "adam", split_backend="graph")
     return out
 
 

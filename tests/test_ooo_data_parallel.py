@@ -70,10 +70,13 @@ def test_k_zero_is_the_runtime_without_the_option_bit_for_bit(equivalence):
 
 
 @pytest.mark.timeout(450)
-def test_the_static_order_runs_deferred_layers_too(equivalence):
+@pytest.mark.parametrize("run", ["static_order/k2", "graph_backend/k4"])
+def test_the_static_order_and_the_graph_backend_equal_bsp_too(equivalence, run):
     for result in equivalence:
-        np.testing.assert_allclose(flat(result["static_order/k2"][1]),
-                                   flat(result["plain/adam"][1]), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(result[run][0], result["plain/adam"][0], rtol=1e-5,
+                                   atol=1e-6)
+        np.testing.assert_allclose(flat(result[run][1]), flat(result["plain/adam"][1]),
+                                   rtol=1e-5, atol=1e-6)
 
 
 @pytest.fixture(scope="module")
