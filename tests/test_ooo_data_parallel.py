@@ -168,3 +168,16 @@ def test_options_check_backprop_k_and_the_backends_agree_with_the_split():
         DataParallelOptions(backprop_k=1, split_backend="fx")
     with pytest.raises(Exception, match="backprop_k must be an integer"):
         DataParallelOptions(backprop_k=True)
+
+
+def test_a_training_segment_takes_backprop_k_on_the_scheduled_runtime_only():
+    from trainsched.errors import TrainschedError
+    from trainsched.runtime.train import Segment
+
+    Segment(label="ooo", kind="sdp", backprop_k=3).check()
+    with pytest.raises(TrainschedError, match=r"backprop_k .* needs comm other than 'ddp'"):
+        Segment(label="ooo", kind="ddp", backprop_k=3).check()
+    with pytest.raises(TrainschedError, match=r"backprop_k .* scheduling on"):
+        Segment(label="ooo", kind="sdp", enabled=False, backprop_k=3).check()
+    with pytest.raises(TrainschedError, match="backprop_k must be an integer >= 0"):
+        Segment(label="ooo", kind="sdp", backprop_k=-2).check()
