@@ -435,3 +435,29 @@ def test_stock_ddp_refuses_a_split_model_in_a_real_gloo_group():
         assert line.startswith("refused: this model's backward is split")
         assert "ScheduledDataParallel" in line
     assert lines[2] == "unsplit accepted"
+
+
+@pytest.mark.parametrize(("name", "options"), [
+    ("tiny-gpt2", {"batch_size": 2, "seq_len": 8}),  # transformers: Conv1D, tied lm_head
+    ("mobilenet_v3_large", {"batch_size": 2, "image_size": 32}),  # depthwise convs, BN
+])
+def test_zoo_models_split_to_the_autograd_gradients(name, options):
+    from trainsched.capture.zoo import build
+
+    zoo = build(name, **options)
+    ref = zoo.model.double().train()
+    model = copy.deepcopy(ref)
+    args = tuple(a.double() if a.is_floating_point() else a for a in zoo.args)
+
+    def loss(out) -> torch.Tensor:
+        logits = out if isinstance(out, torch.Tensor) else out.logits
+        return loss_of(logits)
+
+    split = split_backward(model, order="fifo")
+    for net in (ref, split):
+        torch.manual_seed(5)  # the same dropout masks
+        loss(net(*args, **zoo.kwargs)).backward()
+    assert len(split.queue) == len(split.layers)
+    split.drain()
+    for (n, p_ref), p in zip(ref.named_parameters(), model.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, p_ref.grad, rtol=0, atol=1e-12, msg=n)
