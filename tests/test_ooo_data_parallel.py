@@ -181,3 +181,31 @@ def test_a_training_segment_takes_backprop_k_on_the_scheduled_runtime_only():
         Segment(label="ooo", kind="sdp", enabled=False, backprop_k=3).check()
     with pytest.raises(TrainschedError, match="backprop_k must be an integer >= 0"):
         Segment(label="ooo", kind="sdp", backprop_k=-2).check()
+
+
+@pytest.mark.timeout(300)
+def test_the_training_runtime_runs_a_plan_segment_with_backprop_k():
+    from trainsched.comm import PriorityPolicy
+    from trainsched.runtime.run import policy_segment
+    from trainsched.runtime.train import run_segments
+
+    segment = policy_segment(PriorityPolicy(cross_barrier=True), label="ooo", steps=2, warmup=1,
+                             backprop_k=4)
+    result = run_segments("mlp", [segment], nproc=2, timeout_s=240)
+    assert len(result.first.step_times_s) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_training_runtime_refuses_k_above_the_layers_in_one_line():
+    from trainsched.comm import PriorityPolicy
+    from trainsched.errors import TrainschedError
+    from trainsched.runtime.run import policy_segment
+    from trainsched.runtime.train import run_segments
+
+    segment = policy_segment(PriorityPolicy(cross_barrier=True), label="ooo", steps=1, warmup=0,
+                             backprop_k=5)
+    with pytest.raises(TrainschedError, match="backprop_k=5 is above the model's 4 split "
+                                              "layers") as caught:
+        run_segments("mlp", [segment], nproc=2, timeout_s=240)
+    assert "\n" not in str(caught.value)
