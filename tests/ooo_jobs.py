@@ -48,13 +48,30 @@ class Net(nn.Module):
         return self.fc3(torch.relu(self.fc2(y)))
 
 
-def net() -> Net:
+class Tied(nn.Module):
+    """An embedding tied to the output projection (the tied weight waits for both dW)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(11, 6)
+        self.mix = nn.Linear(6, 6)
+        self.out = nn.Linear(6, 11, bias=False)
+        self.out.weight = self.emb.weight
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.tanh(self.mix(self.emb(idx))))
+
+
+def net(kind: str = "net") -> nn.Module:
     torch.manual_seed(0)
-    return Net()
+    return Tied() if kind == "tied" else Net()
 
 
-def batch(step: int, rank: int) -> torch.Tensor:
-    return torch.randn(5, 2, 6, generator=torch.Generator().manual_seed(100 * step + rank))
+def batch(step: int, rank: int, kind: str = "net") -> torch.Tensor:
+    g = torch.Generator().manual_seed(100 * step + rank)
+    if kind == "tied":
+        return torch.randint(0, 11, (3, 4), generator=g)
+    return torch.randn(5, 2, 6, generator=g)
 
 
 def loss_of(out: torch.Tensor) -> torch.Tensor:
@@ -65,15 +82,16 @@ def params(m: nn.Module) -> list[list[float]]:
     return [p.detach().flatten().tolist() for p in m.parameters()]
 
 
-def train_plain(rank: int, world: int, optimizer: str) -> tuple[list[float], list]:
+def train_plain(rank: int, world: int, optimizer: str, kind: str = "net",
+                ) -> tuple[list[float], list]:
     """BSP: backward, all-reduce every gradient, divide, one optimizer step."""
-    m = net()
+    m = net(kind)
     cls, kwargs = OPTIMIZERS[optimizer]
     opt = cls(m.parameters(), **kwargs)
     losses = []
     for s in range(STEPS):
         opt.zero_grad()
-        loss = loss_of(m(batch(s, rank)))
+        loss = loss_of(m(batch(s, rank, kind)))
         losses.append(loss.item())
         loss.backward()
         for p in m.parameters():
@@ -84,15 +102,15 @@ def train_plain(rank: int, world: int, optimizer: str) -> tuple[list[float], lis
 
 
 def train_sdp(rank: int, k: int, optimizer: str, policy=None, steps: int = STEPS,
-              **kw) -> tuple[list[float], list]:
-    m = net()
+              kind: str = "net", **kw) -> tuple[list[float], list]:
+    m = net(kind)
     cls, kwargs = OPTIMIZERS[optimizer]
     policy = policy or PriorityPolicy(cross_barrier=True)
     losses = []
     with ScheduledDataParallel(m, policy, optimizer=cls, optimizer_kwargs=kwargs,
                                timeout_s=60, backprop_k=k, **kw) as sdp:
         for s in range(steps):
-            loss = loss_of(sdp(batch(s, rank)))
+            loss = loss_of(sdp(batch(s, rank, kind)))
             losses.append(loss.item())
             loss.backward()
         sdp.drain()
@@ -152,6 +170,11 @@ def job_equivalence(cfg: dict) -> dict:
     out["k0_default/adam"] = train_sdp(rank, 0, "adam")
     out["static_order/k2"] = train_sdp(rank, 2, "adam", order="static")
     out["graph_backend/k4"] = train_sdp(rank, 4, "adam", split_backend="graph")
+    out["partitions/k2"] = train_sdp(rank, 2, "adam", PriorityPolicy(
+        partition_bytes=256, credit_bytes=1024, cross_barrier=True))
+    out["tied/plain"] = train_plain(rank, world, "momentum", kind="tied")
+    for k in (1, 3):
+        out[f"tied/k{k}"] = train_sdp(rank, k, "momentum", kind="tied")
     return out
 
 

@@ -70,12 +70,22 @@ def test_k_zero_is_the_runtime_without_the_option_bit_for_bit(equivalence):
 
 
 @pytest.mark.timeout(450)
-@pytest.mark.parametrize("run", ["static_order/k2", "graph_backend/k4"])
-def test_the_static_order_and_the_graph_backend_equal_bsp_too(equivalence, run):
+@pytest.mark.parametrize("run", ["static_order/k2", "graph_backend/k4", "partitions/k2"])
+def test_the_static_order_the_graph_backend_and_partitions_equal_bsp_too(equivalence, run):
     for result in equivalence:
         np.testing.assert_allclose(result[run][0], result["plain/adam"][0], rtol=1e-5,
                                    atol=1e-6)
         np.testing.assert_allclose(flat(result[run][1]), flat(result["plain/adam"][1]),
+                                   rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.timeout(450)
+@pytest.mark.parametrize("k", [1, 3])
+def test_a_tied_embedding_and_output_weight_under_reverse_first_k_equals_bsp(equivalence, k):
+    for result in equivalence:
+        np.testing.assert_allclose(result[f"tied/k{k}"][0], result["tied/plain"][0],
+                                   rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(flat(result[f"tied/k{k}"][1]), flat(result["tied/plain"][1]),
                                    rtol=1e-5, atol=1e-6)
 
 

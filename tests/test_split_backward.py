@@ -51,6 +51,8 @@ LAYERS = {
                   lambda g: torch.randint(0, 7, (3, 4), generator=g)),
     "embedding-scaled": (lambda: nn.Embedding(7, 5, scale_grad_by_freq=True),
                          lambda g: torch.tensor([[1, 1, 3], [1, 6, 0]])),
+    "embedding-max-norm": (lambda: nn.Embedding(7, 5, max_norm=0.5),
+                           lambda g: torch.tensor([[1, 1, 3], [4, 6, 0]])),
 }
 TOLERANCE = {torch.float64: {"rtol": 0, "atol": 1e-12},
              torch.float32: {"rtol": 1e-5, "atol": 1e-6}}
