@@ -229,6 +229,17 @@ def job_refused(cfg: dict) -> dict:
                                                               enabled=False)),
            "negative": error_of(lambda: ScheduledDataParallel(net(), "priority",
                                                               backprop_k=-1))}
+    class Outside(Net):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return super().forward(x) + self.fc3.bias.sum() * 0.5  # fc3.bias used outside
+
+    for backend in ("auto", "graph"):
+        torch.manual_seed(0)
+        sdp = ScheduledDataParallel(Outside(), "priority", backprop_k=1, timeout_s=30,
+                                    split_backend=backend)
+        out[f"outside/{backend}"] = error_of(
+            lambda sdp=sdp: loss_of(sdp(batch(0, cfg["rank"]))).backward())
+        out[f"outside_close/{backend}"] = error_of(sdp.close)
     m = net()
     with ScheduledDataParallel(m, "priority", backprop_k=4, timeout_s=30) as sdp:
         out["ddp_inside"] = error_of(lambda: nn.parallel.DistributedDataParallel(m))

@@ -135,3 +135,13 @@ def test_queue_accumulates_micro_batches_into_grad_with_their_tags():
     queue.drain()
     assert p.grad.tolist() == [7.0, 7.0]
     assert queue.forward_call(key) == (0, 0)  # micro-batches count again after a drain
+
+
+def test_discard_drops_waiting_entries_without_running_them():
+    ran = []
+    queue = WGradQueue(fifo())
+    queue.push(layer=0, microbatch=0, params=[], tensors=(fresh(2),),
+               run=lambda: ran.append(0), in_backward=False)
+    queue.discard()
+    queue.drain()
+    assert ran == [] and queue.held_bytes == 0

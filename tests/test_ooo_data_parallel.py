@@ -169,6 +169,12 @@ def test_bad_input_is_refused_in_one_line(rest):
         assert "refuses backprop_k" in result["disabled"]
         assert "backprop_k must be an integer >= 0" in result["negative"]
         assert "ScheduledDataParallel with backprop_k" in result["ddp_inside"]
+        for backend in ("auto", "graph"):
+            assert result[f"outside/{backend}"] == (
+                "TrainschedError: parameter 'fc3.bias' belongs to a split layer but is also "
+                "used outside it (autograd brought it a gradient); with backprop_k > 0 every "
+                "use of a split layer's parameter must go through that layer")
+            assert result[f"outside_close/{backend}"] == "no error"  # closes cleanly after
 
 
 def test_options_check_backprop_k_and_the_backends_agree_with_the_split():

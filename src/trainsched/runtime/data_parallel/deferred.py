@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-import torch
 from torch import nn
 
 from trainsched.backprop.deferral import reverse_first_k
@@ -52,7 +51,6 @@ class DeferredWeights:
     def __init__(self, module: nn.Module, k: int, backend: str, index: dict[int, int]) -> None:
         self._index = index
         self._expected = [0] * len(index)  # dW entries still to run per parameter, this step
-        self._left: dict[int, tuple[int, int]] = {}  # per parameter: its .grad as last left
         self._begin: Callable[[], None] = lambda: None
         self._ready: Callable[[int], None] = lambda k: None
         self.split = SplitModel(module, backend=backend, order=reverse_first_k(k),
@@ -72,8 +70,9 @@ class DeferredWeights:
         self.split.queue.end_backward()
 
     def close(self) -> None:
-        """Put the module's own forwards back."""
-        self.split.unsplit()
+        """Put the module's own forwards back (every backward pass ran its dW by its end;
+        what still waits belongs to a failed one and is dropped)."""
+        self.split.unsplit(drain=False)
 
     # -- the queue's listener ------------------------------------------------------------------
 
@@ -84,15 +83,9 @@ class DeferredWeights:
     def backward_started(self) -> None:
         self._begin()
 
-    def produced(self, k: int, grad: torch.Tensor) -> bool:
-        """``grad`` is parameter ``k``'s gradient as the queue last left it."""
-        return self._left.get(k) == (id(grad), grad._version)
-
     def ran(self, params: Sequence[nn.Parameter]) -> None:
         for p in params:
             k = self._index[id(p)]
-            if p.grad is not None:
-                self._left[k] = (id(p.grad), p.grad._version)
             self._expected[k] -= 1
             if self._expected[k] == 0:
                 self._ready(k)

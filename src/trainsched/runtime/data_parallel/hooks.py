@@ -11,8 +11,8 @@
   task table.
 - With a timeline, the hooks record ``FWD``, ``BWD`` and ``WAIT`` spans.
 - With out-of-order backprop (:mod:`.deferred`), a split layer's parameters are handed over
-  by the dW queue instead of by autograd's accumulation (their accumulation hook refuses a
-  use outside the split layer), and the end-of-backward callback runs the deferred dW first.
+  by the dW queue instead of by autograd's accumulation (their gradient hook refuses a use
+  outside the split layer), and the end-of-backward callback runs the deferred dW first.
 
 The owner is told of each forward and of the first backward through :class:`StepListener`.
 """
@@ -80,9 +80,12 @@ class Hooks:
         deferred = self._deferred
         split = deferred.params if deferred is not None else frozenset()
         for k, p in enumerate(self.trainable.tensors):
-            self._handles.append(p.register_post_accumulate_grad_hook(
-                (lambda param, k=k: self._used_outside(k)) if k in split
-                else (lambda param, k=k: self._on_grad(k))))
+            if k in split:  # autograd brings it no gradient: the dW queue hands it over
+                self._handles.append(p.register_hook(
+                    lambda grad, k=k: self._used_outside(k, grad)))
+            else:
+                self._handles.append(p.register_post_accumulate_grad_hook(
+                    lambda param, k=k: self._on_grad(k)))
         if deferred is not None:
             deferred.connect(self._begin, self._on_grad)
         for g, (label, m, own) in enumerate(owning_modules(module, self.trainable.tensors)):
@@ -171,20 +174,18 @@ class Hooks:
             self._seen = set()
             torch.autograd.Variable._execution_engine.queue_callback(self._final)
 
-    def _used_outside(self, k: int) -> None:
-        """The accumulation hook of a split layer's parameter: autograd runs it (with no
-        gradient) after the split layer's backward; a gradient the dW queue did not leave
-        there means a use outside the layer. (Once the gradient is handed over the dispatcher
-        owns it: a use found only then goes unnoticed.)"""
+    def _used_outside(self, k: int, grad: torch.Tensor | None) -> None:
+        """The gradient hook of a split layer's parameter: autograd calls it with no
+        gradient after the split layer's backward (which returns none for it); a gradient
+        means a use outside the layer (or the graph backend's own dW pass, which runs
+        inside the queue)."""
         assert self._deferred is not None
-        grad = self.trainable.tensors[k].grad
-        handed = self._seen is not None and k in self._seen
-        if grad is None or handed or self._deferred.produced(k, grad):
+        if grad is None or self._deferred.split.queue.running:
             return
         error = TrainschedError(
             f"parameter {self.trainable.names[k]!r} belongs to a split layer but is also used "
-            f"outside it (autograd accumulated a gradient into it); with backprop_k > 0 "
-            f"every use of a split layer's parameter must go through that layer")
+            f"outside it (autograd brought it a gradient); with backprop_k > 0 every use of a "
+            f"split layer's parameter must go through that layer")
         self._progress.fail(error)
         raise error
 

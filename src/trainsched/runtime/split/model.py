@@ -188,9 +188,13 @@ class SplitModel(nn.Module):
         """Run every deferred dW now (their gradients are then complete in ``.grad``)."""
         self.queue.drain()
 
-    def unsplit(self) -> nn.Module:
-        """Drain, put the original forwards back and return the model."""
-        self.drain()
+    def unsplit(self, *, drain: bool = True) -> nn.Module:
+        """Drain (or, ``drain=False``, drop what waits: after a failed step), put the
+        original forwards back and return the model."""
+        if drain:
+            self.drain()
+        else:
+            self.queue.discard()
         for m, previous in self._installed:
             del m.forward
             if previous is not None:

@@ -87,6 +87,9 @@ class WGradQueue:
         self._calls: dict[int, int] = {}  # layer index -> forward calls since last empty
         self.peak_held_bytes = 0
         self.ran_count = 0
+        #: An entry is running (the graph backend's dW pass fires the parameters' tensor
+        #: hooks with their gradients).
+        self.running = False
 
     # -- what callers read ---------------------------------------------------------------------
 
@@ -160,6 +163,12 @@ class WGradQueue:
         assert not self._pending
         self._calls.clear()
 
+    def discard(self) -> None:
+        """Drop every waiting entry without running it (a failed step's)."""
+        self._pending.clear()
+        self._in_backward = False
+        self._calls.clear()
+
     def _run(self, indices: Sequence[int]) -> None:
         if not indices:
             return
@@ -170,8 +179,12 @@ class WGradQueue:
         for entry in chosen:
             run, entry.run = entry.run, None  # drop the closure (and its tensors) once run
             assert run is not None
-            with torch.no_grad():
-                run()
+            self.running = True
+            try:
+                with torch.no_grad():
+                    run()
+            finally:
+                self.running = False
             self.ran_count += 1
             if self.listener is not None:
                 self.listener.ran(entry.params)
