@@ -463,3 +463,21 @@ def test_zoo_models_split_to_the_autograd_gradients(name, options):
     split.drain()
     for (n, p_ref), p in zip(ref.named_parameters(), model.parameters(), strict=True):
         torch.testing.assert_close(p.grad, p_ref.grad, rtol=0, atol=1e-12, msg=n)
+
+
+def test_graph_backend_refuses_a_gradient_hidden_in_a_container_argument():
+    class Pair(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(2))
+
+        def forward(self, pair: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+            return pair[0] * self.w + pair[1]
+
+    split = split_backward(nn.Sequential(Pair()))
+    x = torch.ones(2, requires_grad=True)
+    with pytest.raises(TrainschedError, match=r"module '0' \(Pair\) takes a tensor that "
+                                              r"requires a gradient inside a container"):
+        split((x, x))
+    split((torch.ones(2), torch.ones(2))).sum().backward()  # no gradient inside: fine
+    assert split.module[0].w.grad.tolist() == [1.0, 1.0]
