@@ -147,6 +147,18 @@ def run_logged(rank: int, k: int, policy, delay_s: float = 0.0) -> list[list[str
     return log
 
 
+def held_peaks(rank: int) -> dict[str, int]:
+    """The deferred dW's peak held bytes for k = 0, 2, 4 (three steps each)."""
+    peaks = {}
+    for k in (0, 2, 4):
+        with ScheduledDataParallel(net(), "priority", timeout_s=60, backprop_k=k) as sdp:
+            for s in range(3):
+                loss_of(sdp(batch(s, rank))).backward()
+            sdp.drain()
+            peaks[f"k{k}"] = sdp.dw_peak_held_bytes
+    return peaks
+
+
 def error_of(fn) -> str:
     try:
         fn()
@@ -250,7 +262,7 @@ def job_refused(cfg: dict) -> dict:
 def job_rest(cfg: dict) -> dict:
     """The order, the checkpoint and the refusals in one group (spawning is the slow part)."""
     return {"order": job_order(cfg), "checkpoint": job_checkpoint(cfg),
-            "refused": job_refused(cfg)}
+            "refused": job_refused(cfg), "held": held_peaks(cfg["rank"])}
 
 
 JOBS = {"equivalence": job_equivalence, "order": job_order, "checkpoint": job_checkpoint,

@@ -151,6 +151,18 @@ def test_priority_lets_layer_zero_overtake_queued_gradients(order, k):
 
 
 @pytest.mark.timeout(300)
+def test_bytes_held_by_deferred_weight_gradients_equal_a_hand_count(rest):
+    """Batch 5, fp32, each storage once. conv: its input 5x2x6 and output gradient 5x4x6;
+    fc1: its input (the flattened ReLU output, 5x4x6) and output gradient 5x16; fc2: input
+    and output gradient 5x16 each; fc3: input 5x16, output gradient 5x3."""
+    conv, fc1 = 60 + 120, 120 + 80
+    fc2, fc3 = 80 + 80, 80 + 15
+    for result in rest:
+        assert result["held"] == {"k0": 0, "k2": 4 * (conv + fc1),
+                                  "k4": 4 * (conv + fc1 + fc2 + fc3)}
+
+
+@pytest.mark.timeout(300)
 def test_checkpoint_mid_run_restores_to_the_same_parameters(rest):
     for result in (r["checkpoint"] for r in rest):
         assert result["adam_steps"] and set(result["adam_steps"]) == {2.0}

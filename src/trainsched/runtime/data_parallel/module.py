@@ -41,6 +41,8 @@ class _Engine(Protocol):
     @property
     def max_in_flight_bytes(self) -> float: ...
     @property
+    def dw_peak_held_bytes(self) -> int: ...
+    @property
     def switches(self) -> tuple[tuple[int, CommPolicy], ...]: ...
 
     def forward(self, *args: Any, **kwargs: Any) -> Any: ...
@@ -248,6 +250,13 @@ class ScheduledDataParallel(nn.Module):
     def max_in_flight_bytes(self) -> float:
         """The most bytes this rank ever had in flight (the credit invariant's witness)."""
         return self._engine.max_in_flight_bytes
+
+    @property
+    def dw_peak_held_bytes(self) -> int:
+        """With ``backprop_k > 0``: the most bytes the deferred weight gradients kept alive at
+        once (their inputs and output gradients, each storage once; parameters not counted);
+        0 otherwise."""
+        return self._engine.dw_peak_held_bytes
 
     def drain(self, timeout_s: float | None = None) -> None:
         """Wait until every gradient handed over so far is reduced and applied (before

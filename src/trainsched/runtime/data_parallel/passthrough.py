@@ -51,6 +51,7 @@ class PassThrough:
 
     update = "parameter"
     max_in_flight_bytes = 0.0
+    dw_peak_held_bytes = 0
     switches: tuple[tuple[int, CommPolicy], ...] = ()
 
     def __init__(self, module: nn.Module, policy: CommPolicy, trainable: Trainable,

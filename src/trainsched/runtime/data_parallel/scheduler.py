@@ -103,6 +103,10 @@ class Scheduler:
         return self.loop.max_in_flight_bytes
 
     @property
+    def dw_peak_held_bytes(self) -> int:
+        return 0 if self._deferred is None else self._deferred.split.queue.peak_held_bytes
+
+    @property
     def switches(self) -> tuple[tuple[int, CommPolicy], ...]:
         return tuple(self._channel.switches)
 
