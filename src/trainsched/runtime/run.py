@@ -104,22 +104,24 @@ def _not_run_yet(plan: Plan) -> str | None:
 
 
 def policy_segment(policy: Any, *, label: str, order: str = "leader", steps: int,
-                   warmup: int) -> Any:
+                   warmup: int, backprop_k: int = 0) -> Any:
     """The runtime's segment for any comm policy object: DDP's buckets on stock
     ``DistributedDataParallel``, every other policy on ``ScheduledDataParallel`` (its class
-    and fields travel to the workers)."""
+    and fields travel to the workers). ``backprop_k``: out-of-order backprop, reverse-first-k
+    (``ScheduledDataParallel``'s; 0 = in order; refused with DDP's buckets)."""
     from trainsched.comm.policy import DdpBucketPolicy
     from trainsched.runtime.train import Segment
 
     if isinstance(policy, DdpBucketPolicy):
         return Segment(label=label, kind="ddp", bucket_mb=policy.bucket_bytes / MiB,
-                       steps=steps, warmup=warmup)
+                       steps=steps, warmup=warmup, backprop_k=backprop_k)
     fields = {f.name: getattr(policy, f.name) for f in dataclasses.fields(policy)}
     if fields.get("credit_bytes") == math.inf:
         fields["credit_bytes"] = "inf"
     cls = type(policy)
     return Segment(label=label, kind="sdp", policy_class=f"{cls.__module__}:{cls.__qualname__}",
-                   policy_fields=fields, order=order, steps=steps, warmup=warmup)
+                   policy_fields=fields, order=order, steps=steps, warmup=warmup,
+                   backprop_k=backprop_k)
 
 
 def run(plan: Plan, model: str | None = None, *, steps: int = 10, warmup: int = 2,

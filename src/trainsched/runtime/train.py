@@ -79,7 +79,8 @@ class Segment:
     """One configuration to time: ``kind`` (module docstring); for ``sdp`` the policy
     (``policy`` ``fifo`` or ``priority`` with ``partition_bytes``, ``credit_bytes``,
     ``credit_mode``, ``cross_barrier``), ``update``, ``comm_threads``, ``order`` and
-    ``enabled`` (``ScheduledDataParallel``'s); for ``ddp`` the bucket cap in MB."""
+    ``enabled`` and ``backprop_k`` (``ScheduledDataParallel``'s: reverse-first-k out-of-order
+    backprop, 0 = in order); for ``ddp`` the bucket cap in MB."""
 
     label: str
     kind: str
@@ -104,6 +105,7 @@ class Segment:
     policy_class: str | None = None
     policy_fields: dict[str, Any] | None = None
     placement: dict[str, int] | None = None  # placed: op name -> logical device (on the CPU)
+    backprop_k: int = 0  # sdp: the layers nearest the input whose dW run after the last dX
 
     def tuner(self) -> Any:
         """A fresh :class:`~trainsched.comm.tune.OnlineTuner` from ``tune`` (or ``None``)."""
@@ -160,6 +162,13 @@ class Segment:
                 if given:
                     raise TrainschedError(f"enabled=False reduces with stock DDP, so {what} "
                                           f"has nothing to act on; drop one of them")
+        k = self.backprop_k
+        if not (isinstance(k, int) and not isinstance(k, bool) and k >= 0):
+            raise TrainschedError(f"backprop_k must be an integer >= 0 (0: in-order "
+                                  f"backprop), got {k!r}")
+        if k and (self.kind != "sdp" or not self.enabled):
+            raise TrainschedError("backprop_k (out-of-order backprop) runs on the scheduled "
+                                  "runtime: it needs comm other than 'ddp', scheduling on")
         if self.timeline_dir is not None and self.kind != "sdp":
             raise TrainschedError("timeline_dir records the scheduled runtime; comm 'ddp' is "
                                   "stock DDP, which it cannot record")
@@ -460,7 +469,8 @@ def _run_segment(model: Any, args: tuple, kwargs: dict, seg: Segment, cfg: dict[
                                     optimizer_kwargs=opt_kwargs, timeout_s=cfg["timeout_s"],
                                     timeline=seg.timeline_dir, timeline_steps=window,
                                     update=seg.update, comm_threads=seg.comm_threads,
-                                    tuner=tuner, order=seg.order, enabled=seg.enabled)
+                                    tuner=tuner, order=seg.order, enabled=seg.enabled,
+                                    backprop_k=seg.backprop_k)
         net = sdp
         opt = None
     elif seg.kind == "ddp":

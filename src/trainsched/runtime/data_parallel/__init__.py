@@ -49,6 +49,11 @@ layer's update as soon as its gradients are reduced.
   An :class:`~trainsched.comm.tune.OnlineTuner` (``tuner=``) drives this from rank 0's step
   times: Bayesian search of partition and credit within one job.
 
+- **Out-of-order backprop** (``backprop_k=k``, ``specs/backprop.md`` §2b): the module's
+  backward is split and the weight gradients of the k layers nearest the input run after the
+  last input gradient, layer 0 first, each handed to the dispatcher as it is produced; their
+  updates are the same lazy per-layer updates (:mod:`.deferred`).
+
 - **Disabled** (``enabled=False``, ``specs/comm.md`` §11: byteps #370 measured a disabled
   scheduler 7% slower than none). A true pass-through with the same training-loop API: stock
   ``DistributedDataParallel`` (default buckets) reduces the gradients, one optimizer over all
@@ -66,7 +71,8 @@ messages), :mod:`.sync` (what both threads share), :mod:`.hooks` (readiness hook
 forward gate), :mod:`.order` (leader, static and local issue orders, the order check),
 :mod:`.wire` (collectives in flight), :mod:`.units` (optimizers and update units),
 :mod:`.retune` (policy switches, online tuning), :mod:`.loop` (the dispatcher thread),
-:mod:`.trace` (clock and timeline), :mod:`.scheduler` (the scheduler assembled),
+:mod:`.trace` (clock and timeline), :mod:`.deferred` (reverse-first-k: the split backward's
+dW queue feeding the hooks), :mod:`.scheduler` (the scheduler assembled),
 :mod:`.passthrough` (``enabled=False``) and :mod:`.module` (the wrapper).
 """
 

@@ -10,6 +10,9 @@
   forward, the ready order and times of backward) goes to the owner, which publishes the
   task table.
 - With a timeline, the hooks record ``FWD``, ``BWD`` and ``WAIT`` spans.
+- With out-of-order backprop (:mod:`.deferred`), a split layer's parameters are handed over
+  by the dW queue instead of by autograd's accumulation (their gradient hook refuses a use
+  outside the split layer), and the end-of-backward callback runs the deferred dW first.
 
 The owner is told of each forward and of the first backward through :class:`StepListener`.
 """
@@ -23,6 +26,7 @@ from torch import nn
 
 from trainsched.comm.timeline import Span
 from trainsched.errors import TrainschedError
+from trainsched.runtime.data_parallel.deferred import DeferredWeights
 from trainsched.runtime.data_parallel.events import Inbox, Ready
 from trainsched.runtime.data_parallel.layout import FirstStep, Trainable, owning_modules
 from trainsched.runtime.data_parallel.sync import Progress
@@ -46,13 +50,14 @@ class Hooks:
 
     def __init__(self, module: nn.Module, trainable: Trainable, *, progress: Progress,
                  recorder: Recorder, inbox: Inbox, timeout_s: float,
-                 listener: StepListener) -> None:
+                 listener: StepListener, deferred: DeferredWeights | None = None) -> None:
         self.trainable = trainable
         self._progress = progress
         self._recorder = recorder
         self._inbox = inbox
         self._timeout_s = timeout_s
         self._listener = listener
+        self._deferred = deferred
         self.backwards = 0  # completed backward passes (= the next forward's step)
         self._seen: set[int] | None = None  # this backward's parameters; None between passes
         self._first = FirstStep()
@@ -72,9 +77,17 @@ class Hooks:
         self._handles.clear()
 
     def _install(self, module: nn.Module) -> None:
+        deferred = self._deferred
+        split = deferred.params if deferred is not None else frozenset()
         for k, p in enumerate(self.trainable.tensors):
-            self._handles.append(p.register_post_accumulate_grad_hook(
-                lambda param, k=k: self._on_grad(k)))
+            if k in split:  # autograd brings it no gradient: the dW queue hands it over
+                self._handles.append(p.register_hook(
+                    lambda grad, k=k: self._used_outside(k, grad)))
+            else:
+                self._handles.append(p.register_post_accumulate_grad_hook(
+                    lambda param, k=k: self._on_grad(k)))
+        if deferred is not None:
+            deferred.connect(self._begin, self._on_grad)
         for g, (label, m, own) in enumerate(owning_modules(module, self.trainable.tensors)):
             self._gates.append(own)
             self._handles.append(m.register_forward_pre_hook(
@@ -83,11 +96,16 @@ class Hooks:
                 self._handles.append(m.register_forward_hook(
                     lambda mod, args, out, g=g, label=label: self._forward_done(g, label)))
         self._handles.append(module.register_forward_pre_hook(
-            lambda mod, args: self._listener.forward_starts(self.backwards), prepend=True))
+            lambda mod, args: self._forward_starts(), prepend=True))
         self._handles.append(module.register_forward_hook(
             lambda mod, args, out: self._after_forward()))
 
     # -- forward -------------------------------------------------------------------------------
+
+    def _forward_starts(self) -> None:
+        self._listener.forward_starts(self.backwards)
+        if self._deferred is not None:
+            self._deferred.forward_starts()
 
     def _after_forward(self) -> None:
         self._last_ready_s = self._recorder.now()  # where the first BWD slice starts
@@ -129,9 +147,8 @@ class Hooks:
         """Post-accumulate-grad hook: hand the gradient to the dispatcher."""
         self._progress.raise_error()
         t = self._recorder.now()
-        if self._seen is None:
-            self._seen = set()
-            torch.autograd.Variable._execution_engine.queue_callback(self._backward_end)
+        self._begin()
+        assert self._seen is not None
         name = self.trainable.names[k]
         if k in self._seen:
             raise TrainschedError(
@@ -150,6 +167,33 @@ class Hooks:
         if self._recorder.in_window(self.backwards):
             self._recorder.backward(self.trainable.labels[k], self.backwards, self._last_ready_s, t)
         self._last_ready_s = t
+
+    def _begin(self) -> None:
+        """The first gradient (or deferred dW) of a backward pass: end it with one callback."""
+        if self._seen is None:
+            self._seen = set()
+            torch.autograd.Variable._execution_engine.queue_callback(self._final)
+
+    def _used_outside(self, k: int, grad: torch.Tensor | None) -> None:
+        """The gradient hook of a split layer's parameter: autograd calls it with no
+        gradient after the split layer's backward (which returns none for it); a gradient
+        means a use outside the layer (or the graph backend's own dW pass, which runs
+        inside the queue)."""
+        assert self._deferred is not None
+        if grad is None or self._deferred.split.queue.running:
+            return
+        error = TrainschedError(
+            f"parameter {self.trainable.names[k]!r} belongs to a split layer but is also used "
+            f"outside it (autograd brought it a gradient); with backprop_k > 0 every use of a "
+            f"split layer's parameter must go through that layer")
+        self._progress.fail(error)
+        raise error
+
+    def _final(self) -> None:
+        """The end of a backward pass: the deferred dW (layer 0 first), then the check."""
+        if self._deferred is not None:
+            self._deferred.end_backward()
+        self._backward_end()
 
     def _backward_end(self) -> None:
         """Runs once at the end of each backward pass (an autograd final callback)."""

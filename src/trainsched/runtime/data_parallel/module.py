@@ -18,6 +18,7 @@ from torch import nn
 from trainsched.comm.dispatch import check_sizes
 from trainsched.comm.policy import CommPolicy, comm_policy
 from trainsched.errors import TrainschedError
+from trainsched.runtime.data_parallel.deferred import check_backprop_k
 from trainsched.runtime.data_parallel.group import Peers
 from trainsched.runtime.data_parallel.layout import Trainable
 from trainsched.runtime.data_parallel.options import DataParallelOptions
@@ -39,6 +40,8 @@ class _Engine(Protocol):
     def steps(self) -> int: ...
     @property
     def max_in_flight_bytes(self) -> float: ...
+    @property
+    def dw_peak_held_bytes(self) -> int: ...
     @property
     def switches(self) -> tuple[tuple[int, CommPolicy], ...]: ...
 
@@ -67,7 +70,8 @@ class ScheduledDataParallel(nn.Module):
     of the group must build its wrapper, in the same order.
 
     The settings (``order``, ``verify_order_every``, ``timeout_s``, ``timeline``,
-    ``timeline_steps``, ``update``, ``comm_threads``, ``static_wire``, ``enabled``) are the
+    ``timeline_steps``, ``update``, ``comm_threads``, ``static_wire``, ``enabled``,
+    ``backprop_k``, ``split_backend``) are the
     fields of :class:`~.options.DataParallelOptions`: pass them as keyword arguments, or as
     ``options=`` (keyword arguments then override its fields).
 
@@ -94,6 +98,15 @@ class ScheduledDataParallel(nn.Module):
     order on (default :data:`~.options.STATIC_WIRE`: gloo on loopback). Only the order is
     taken from the simulation, so the wire needs to be right only in proportion: how many
     gradients become ready while one collective runs.
+
+    ``backprop_k``: out-of-order backprop, reverse-first-k (:mod:`.deferred`). ``0`` (default)
+    is in-order backprop, the runtime unchanged. ``k > 0`` splits the module's backward in
+    place (:func:`trainsched.runtime.split.split_backward` with ``split_backend``: ``"auto"``,
+    ``"function"`` or ``"graph"``): the weight gradients of the k split layers nearest the
+    input (in forward order; norm layers are not split and not counted) are computed after
+    the last input gradient, layer 0 first, and handed to the dispatcher one by one; their
+    updates wait, in the next step, just before that layer's forward. ``k`` above the number
+    of split layers is refused. :meth:`close` puts the module's own forwards back.
 
     ``enabled=False``: a pass-through (package docstring): stock ``DistributedDataParallel``
     and one ``optimizer`` over all parameters (the class with ``optimizer_kwargs``, or a
@@ -132,6 +145,8 @@ class ScheduledDataParallel(nn.Module):
         if tuner is not None:
             check_tuner(tuner, policy, self.options.coordinated, peers.world_size)
         trainable = Trainable.of(module)
+        if self.options.backprop_k:
+            check_backprop_k(module, self.options.backprop_k, self.options.split_backend)
         if enabled:
             trainable.check_alignment(policy)
         peers.check_same_model(trainable.names, trainable.tensors)
@@ -235,6 +250,13 @@ class ScheduledDataParallel(nn.Module):
     def max_in_flight_bytes(self) -> float:
         """The most bytes this rank ever had in flight (the credit invariant's witness)."""
         return self._engine.max_in_flight_bytes
+
+    @property
+    def dw_peak_held_bytes(self) -> int:
+        """With ``backprop_k > 0``: the most bytes the deferred weight gradients kept alive at
+        once (their inputs and output gradients, each storage once; parameters not counted);
+        0 otherwise."""
+        return self._engine.dw_peak_held_bytes
 
     def drain(self, timeout_s: float | None = None) -> None:
         """Wait until every gradient handed over so far is reduced and applied (before

@@ -4,8 +4,10 @@ frozen value checked once.
 Everything here is a plain value (no tensors, no process group): how collectives are ordered
 across ranks, how often that order is verified, how long any wait may last, where a timeline
 goes, how updates are split, gloo's worker threads, the fake wire a static order is compiled
-on, and whether the scheduler runs at all. The wrapper takes them as keyword arguments (or as
-``options=``), so call sites keep naming only what they change.
+on, whether the scheduler runs at all, and the out-of-order backprop setting (how many
+layers nearest the input defer their weight gradients, ``specs/backprop.md`` §2b). The
+wrapper takes them as keyword arguments (or as ``options=``), so call sites keep naming only
+what they change.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from typing import Any
 
 from trainsched.errors import TrainschedError
 
-__all__ = ["ORDERS", "STATIC_WIRE", "UPDATES", "DataParallelOptions", "check_static_wire"]
+__all__ = ["ORDERS", "SPLIT_BACKENDS", "STATIC_WIRE", "UPDATES", "DataParallelOptions",
+           "check_static_wire"]
 
 #: How the ranks agree on the issue order (:mod:`.order`).
 ORDERS = ("leader", "static", "local")
@@ -26,6 +29,8 @@ ORDERS = ("leader", "static", "local")
 STATIC_WIRE = (1e-3, 1e9)
 #: What one optimizer step covers (:mod:`.units`).
 UPDATES = ("auto", "parameter", "partition")
+#: How layers are split when ``backprop_k > 0`` (``trainsched.runtime.split.BACKENDS``).
+SPLIT_BACKENDS = ("auto", "function", "graph")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,6 +48,8 @@ class DataParallelOptions:
     comm_threads: int | None = None
     static_wire: tuple[float, float] = STATIC_WIRE
     enabled: bool = True
+    backprop_k: int = 0
+    split_backend: str = "auto"
 
     def __post_init__(self) -> None:
         if self.order not in ORDERS:
@@ -61,6 +68,13 @@ class DataParallelOptions:
         object.__setattr__(self, "static_wire", check_static_wire(self.static_wire))
         if not isinstance(self.enabled, bool):
             raise TrainschedError(f"enabled must be True or False, got {self.enabled!r}")
+        k = self.backprop_k
+        if not (isinstance(k, int) and not isinstance(k, bool) and k >= 0):
+            raise TrainschedError(f"backprop_k must be an integer >= 0 (0: in-order "
+                                  f"backprop), got {k!r}")
+        if self.split_backend not in SPLIT_BACKENDS:
+            raise TrainschedError(f"split_backend must be one of {', '.join(SPLIT_BACKENDS)}, "
+                                  f"got {self.split_backend!r}")
         threads = self.comm_threads
         if threads is not None and not (isinstance(threads, int)
                                         and not isinstance(threads, bool) and threads >= 1):

@@ -37,6 +37,7 @@ def refuse_disabled(options: DataParallelOptions, tuner: Any) -> None:
         (f"order={options.order!r} (DDP orders its own buckets)", options.order != "leader"),
         ("update='partition' (one optimizer steps all parameters)",
          options.update == "partition"),
+        ("backprop_k (DDP cannot reduce split weight gradients)", options.backprop_k != 0),
     ) if given]
     if asked:
         raise TrainschedError(f"enabled=False is a pass-through to DistributedDataParallel; "
@@ -50,6 +51,7 @@ class PassThrough:
 
     update = "parameter"
     max_in_flight_bytes = 0.0
+    dw_peak_held_bytes = 0
     switches: tuple[tuple[int, CommPolicy], ...] = ()
 
     def __init__(self, module: nn.Module, policy: CommPolicy, trainable: Trainable,

@@ -24,6 +24,7 @@ from torch import nn
 
 from trainsched.comm.policy import CommPolicy
 from trainsched.errors import TrainschedError
+from trainsched.runtime.data_parallel.deferred import DeferredWeights
 from trainsched.runtime.data_parallel.events import Event, Plan, Retune, Stop
 from trainsched.runtime.data_parallel.group import Peers
 from trainsched.runtime.data_parallel.hooks import Hooks
@@ -61,9 +62,13 @@ class Scheduler:
         self._plan = SwitchPlan(policy, roles, self._channel, trainable.check_alignment)
         self._tuning = (TunerFeed(tuner, policy, self._plan.policy_at, self._apply_tuned)
                         if tuner is not None and roles.decides else None)
+        self._deferred = (DeferredWeights(module, options.backprop_k, options.split_backend,
+                                          {id(p): k for k, p in enumerate(trainable.tensors)})
+                          if options.backprop_k else None)
         self._hooks = Hooks(module, trainable, progress=self._progress,
                             recorder=self._recorder, inbox=self._inbox,
-                            timeout_s=options.timeout_s, listener=self)
+                            timeout_s=options.timeout_s, listener=self,
+                            deferred=self._deferred)
         order = make_order(options, peers, store, self._inbox)  # the loop closes it
         wire = Wire(group=data_group, rank=peers.rank, world_size=peers.world_size,
                     progress=self._progress, inbox=self._inbox, recorder=self._recorder)
@@ -96,6 +101,10 @@ class Scheduler:
     @property
     def max_in_flight_bytes(self) -> float:
         return self.loop.max_in_flight_bytes
+
+    @property
+    def dw_peak_held_bytes(self) -> int:
+        return 0 if self._deferred is None else self._deferred.split.queue.peak_held_bytes
 
     @property
     def switches(self) -> tuple[tuple[int, CommPolicy], ...]:
@@ -171,6 +180,8 @@ class Scheduler:
         self._inbox.put(Stop())
         self._thread.join(5.0 if timeout_s is None else max(0.1, timeout_s))
         self._hooks.remove()
+        if self._deferred is not None:
+            self._deferred.close()
         if write:
             self._recorder.write(self._peers.rank, {"policy": repr(self.policy),
                                                     "world_size": self._peers.world_size})
