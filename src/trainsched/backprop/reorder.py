@@ -3,7 +3,9 @@
 Every layer's backward is two ops of the training graph (:mod:`trainsched.graph.training`):
 ``v:dX``, the input gradient the layer below waits for, and ``v:dW``, the weight gradient only
 the gradient's communication and ``v:opt`` wait for. A *layer* here is a forward op that has a
-``v:dW``; layers are numbered 0..L-1 in forward (topological) order (:func:`layers`).
+``v:dW`` and is not a normalisation (whose dW stays right after its dX, as the runtime's split
+backward leaves norm layers whole); layers are numbered 0..L-1 in forward (topological) order
+(:func:`layers`).
 
 **Data parallel, reverse-first-k** (:func:`reverse_first_k`): the dW of layers ``< k`` leave
 the dX chain and run after the last dX op, in forward order (layer 0 first); layers ``>= k``
@@ -35,17 +37,32 @@ from trainsched.graph import Graph
 from trainsched.registry import Registry
 from trainsched.units import is_int
 
-__all__ = ["BACKPROP_ORDERS", "SLOT_KINDS", "Slot", "backprop_order", "check_k",
-           "check_slots", "format_slot", "in_order", "layers", "parse_slot", "reverse_first_k",
-           "weight_ops"]
+__all__ = ["BACKPROP_ORDERS", "NORM_TARGETS", "SLOT_KINDS", "Slot", "backprop_order", "check_k",
+           "check_slots", "format_slot", "in_order", "is_norm", "layers", "parse_slot",
+           "reverse_first_k", "weight_ops"]
+
+
+#: Fragments of the targets of normalisation ops (ATen ops at op granularity, module types at
+#: module granularity): their weight gradient is tiny and stays with their input gradient.
+NORM_TARGETS = ("batch_norm", "layer_norm", "group_norm", "instance_norm", "rms_norm",
+                "BatchNorm", "LayerNorm", "GroupNorm", "InstanceNorm", "RMSNorm")
+
+
+def is_norm(target: str) -> bool:
+    """Whether an op with this ``target`` is a normalisation (see :data:`NORM_TARGETS`)."""
+    return any(fragment in target for fragment in NORM_TARGETS)
 
 
 def layers(graph: Graph) -> tuple[str, ...]:
     """The forward ops that own a weight gradient (a ``backward_weight`` op names them as its
-    ``forward_op``), in the graph's topological order: layer i is the i-th."""
+    ``forward_op``) and are not normalisations, in the graph's topological order: layer i is
+    the i-th. These are the layers the runtime's split backward splits (norm layers stay
+    whole there), so a plan's ``k`` means the same in the simulator and in the run: ResNet-50
+    has 54 (53 convolutions and the classifier)."""
     owners = {op.forward_op for op in graph.ops if op.kind == "backward_weight"}
     return tuple(name for name in graph.topological_order()
-                 if graph.op(name).kind == "forward" and name in owners)
+                 if graph.op(name).kind == "forward" and name in owners
+                 and not is_norm(graph.op(name).target))
 
 
 def weight_ops(graph: Graph) -> tuple[str, ...]:
