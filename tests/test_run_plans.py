@@ -42,9 +42,6 @@ def test_compare_run_measures_every_row_this_host_runs(compared):
     cores = os.cpu_count() or 1
     for row in doc["rows"]:
         measured = doc["measured"][row["strategy"]]
-        if row["strategy"].endswith("+ooo"):  # the runtime does not run it from a plan yet
-            assert "is simulated only" in measured["skipped"]
-            continue
         if row["devices"] > cores:
             assert measured["skipped"].startswith(f"needs {row['devices']} ranks; this host "
                                                   f"has {cores} core")
@@ -150,3 +147,28 @@ def test_runnable_names_what_this_host_lacks(compared, monkeypatch):
     assert runnable(plan) is None
     assert runnable(plan, "not-a-model") == ("model 'not-a-model' is not in the zoo (trainsched "
                                              "models lists it)")
+
+
+def test_an_out_of_order_plan_runs_reverse_first_k_with_its_k(monkeypatch):
+    """The plan's k reaches the scheduled runtime's segment (no processes: the launcher is
+    replaced by a recorder)."""
+    import trainsched.runtime.train as train_module
+    from trainsched.comm.policy import comm_policy
+    from trainsched.plan import ModelRef
+
+    seen = []
+
+    def record(name, segments, **kw):
+        seen.extend(segments)
+        raise RuntimeError("recorded")
+
+    monkeypatch.setattr(train_module, "run_segments", record)
+    plan = DataParallelPlan(model=ModelRef(name="mlp", fingerprint="f", forward_ops=3,
+                                           batch_size=8), ranks=2,
+                            comm="bytescheduler", policy=comm_policy("bytescheduler"),
+                            backprop="ooo", k=2)
+    from trainsched.runtime import run
+
+    with pytest.raises(RuntimeError, match="recorded"):
+        run(plan, steps=1, warmup=0)
+    assert [s.backprop_k for s in seen] == [2]

@@ -5,7 +5,9 @@ print the measured step time; ``--autotune`` searches partition and credit onlin
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
+from trainsched.backprop.reorder import BACKPROP_ORDERS
 from trainsched.cli.common import (
     TUNE_FLAGS,
     Applies,
@@ -55,9 +57,18 @@ def add_parser(sub: Subcommands) -> None:
                    "data-parallel strategy on this host's calibration and run the fastest "
                    "(stock DDP unless another is predicted over 5%% faster)")
     add_alias(p, "--comm", "comm_policy", choices=comm_choices())
+    p.add_argument("--backprop", choices=tuple(BACKPROP_ORDERS), default=None,
+                   help="inorder (default): each layer's weight gradient right after its input "
+                   "gradient; ooo: out-of-order backprop, the weight gradients of the first k "
+                   "layers after the last input gradient (reverse-first-k; priority or "
+                   "bytescheduler)")
+    p.add_argument("--k", type=int, default=None,
+                   help="--backprop ooo: layers whose weight gradient is deferred (default: "
+                   "the k the simulator predicts fastest on this host)")
     p.add_argument("--calibration", default=None,
-                   help="--comm-policy auto: a cluster file from trainsched calibrate to "
-                   "predict with (default: calibrate this host first)")
+                   help="--comm-policy auto, or --backprop ooo without --k: a cluster file "
+                   "from trainsched calibrate to predict with (default: calibrate this host "
+                   "first)")
     p.add_argument("--partition", default=None,
                    help=f"priority/bytescheduler: partition size (default "
                    f"{DEFAULTS['partition']})")
@@ -127,8 +138,12 @@ def rules(model: str) -> tuple[list[Applies], dict[str, Fact]]:
     table += [
         Applies(flags=("ranks", "comm_policy"), when={"comm": comm_choices()},
                 where="without --plan (the plan file sets them)"),
-        Applies(flags=("calibration",), when={"comm": ("auto",)},
-                where="with --comm-policy auto"),
+        Applies(flags=("calibration",), when={"predicts": (True,)},
+                where="with --comm-policy auto or --backprop ooo without --k (they simulate)"),
+        Applies(flags=("backprop",), when={"comm": tuned},
+                where="with --comm-policy priority or bytescheduler (their updates cross the "
+                "step barrier, as deferred layers need)"),
+        Applies(flags=("k",), when={"backprop": ("ooo",)}, where="with --backprop ooo"),
         Applies(flags=("partition", "credit", "credit_mode", "backfill"), when={"comm": tuned},
                 where="with --comm-policy priority or bytescheduler"),
         Applies(flags=("order",), when={"comm": tuple(c for c in COMM_POLICIES if c != "ddp"),
@@ -162,6 +177,10 @@ def check_flags(args: argparse.Namespace) -> None:
         comm=Fact(value=comm, text="with --plan FILE" if comm == "plan"
                   else f"with --comm-policy {comm}"),
         autotune=Fact(value=bool(args.autotune), text="with --autotune"),
+        backprop=Fact(value=args.backprop or "inorder",
+                      text=f"with --backprop {args.backprop or 'inorder'}"),
+        predicts=Fact(value=comm == "auto" or (args.backprop == "ooo" and args.k is None),
+                      text="without --comm-policy auto or --backprop ooo (without --k)"),
         no_schedule=Fact(value=bool(args.no_schedule), text="with --no-schedule"))
     check_applicable(args, table, facts)
     if not (math.isfinite(args.lr) and args.lr > 0):
@@ -209,16 +228,21 @@ def run(args: argparse.Namespace) -> int:
     if args.autotune:
         return _autotune(args, partition, credit)
     enabled = not args.no_schedule
+    backprop_k = _backprop_k(args, partition, credit)
     result = train(args.model, args.comm_policy, nproc=args.ranks, steps=args.steps,
                    warmup=args.warmup, partition_bytes=partition, credit_bytes=credit,
                    credit_mode=args.credit_mode, timeline_dir=args.trace_dir,
                    order=args.order, enabled=enabled, backfill=args.backfill,
                    batch_size=args.batch_size, image_size=args.image_size,
                    seq_len=args.seq_len, optimizer=args.optimizer, lr=args.lr,
-                   timeout_s=args.timeout)
+                   timeout_s=args.timeout, backprop_k=backprop_k)
     seg = result.first
+    if args.backprop == "ooo" and not args.json:
+        print(f"out-of-order backprop: the weight gradients of the first {backprop_k} layers "
+              f"run after the last input gradient (reverse-first-k)")
     if args.json:
-        print(dump({"comm": args.comm_policy, "partition_bytes": partition,
+        print(dump({"comm": args.comm_policy, "backprop": args.backprop or "inorder",
+                    "k": backprop_k, "partition_bytes": partition,
                     "credit_bytes": None if credit == float("inf") else credit,
                     "credit_mode": args.credit_mode, "backfill": args.backfill,
                     "order": args.order, "schedule": enabled, "warmup": args.warmup,
@@ -303,20 +327,15 @@ def _run_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_auto(args: argparse.Namespace) -> int:
-    """``--comm-policy auto``: capture the model's costs on this host (measured, one thread per
-    rank), calibrate the host (or read ``--calibration``), simulate every data-parallel
-    strategy, run the plan :func:`trainsched.compare.choose_comm` picks and print measured
-    beside predicted."""
+def _host_model(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The training graph of ``args.model`` with costs measured on this host (one thread per
+    rank) and the host's cluster: ``--calibration``, else calibrated now on ``--ranks``."""
     import sys
 
     from trainsched.capture import build, capture
     from trainsched.cluster import resolve_cluster
-    from trainsched.compare import Options, choose_comm
     from trainsched.graph import to_training
-    from trainsched.plan import Prediction
     from trainsched.report.progress import ProgressBar
-    from trainsched.runtime import run as run_plan
 
     zoo = build(args.model, batch_size=args.batch_size, seq_len=args.seq_len,
                 image_size=args.image_size)
@@ -338,9 +357,44 @@ def _run_auto(args: argparse.Namespace) -> int:
         graph = capture(zoo.model, zoo.args, example_kwargs=zoo.kwargs, costs="measured",
                         device="cpu", name=zoo.name, meta={"batch_size": zoo.batch_size},
                         progress=bar.update)
-    graph = to_training(graph, optimizer=args.optimizer)
+    return to_training(graph, optimizer=args.optimizer), cluster
+
+
+def _backprop_k(args: argparse.Namespace, partition: int, credit: float) -> int:
+    """``--backprop ooo``'s k: ``--k``, else the k the simulator predicts fastest for this
+    model, policy and host (:func:`trainsched.sim.sweep_k`); 0 for in-order backprop."""
+    if args.backprop != "ooo":
+        return 0
+    if args.k is not None:
+        check_count("--k", args.k, 0)
+        return args.k
+    from dataclasses import replace
+
+    from trainsched.comm.policy import comm_policy
+    from trainsched.sim import sweep_k
+
+    graph, cluster = _host_model(args)
+    policy = replace(comm_policy(args.comm_policy), partition_bytes=partition,
+                     credit_bytes=credit, credit_mode=args.credit_mode)
+    sweep = sweep_k(graph, cluster.first_devices(args.ranks), ranks=args.ranks, policy=policy)
+    if not args.json:
+        print(f"k chosen by simulation: {sweep.k} of {sweep.layers} layers "
+              f"(predicted {sweep.speedup:.3f}x over in-order backprop)", flush=True)
+    return sweep.k
+
+
+def _run_auto(args: argparse.Namespace) -> int:
+    """``--comm-policy auto``: capture the model's costs on this host (measured, one thread per
+    rank), calibrate the host (or read ``--calibration``), simulate every data-parallel
+    strategy, run the plan :func:`trainsched.compare.choose_comm` picks and print measured
+    beside predicted."""
+    from trainsched.compare import Options, choose_comm
+    from trainsched.plan import Prediction
+    from trainsched.runtime import run as run_plan
+
+    graph, cluster = _host_model(args)
     choice = choose_comm(graph, cluster, Options(ranks=args.ranks, microbatches=1,
-                                                 batch_size=zoo.batch_size))
+                                                 batch_size=graph.meta["batch_size"]))
     plan = choice.planned.plan
     result = run_plan(plan, args.model, steps=args.steps, warmup=args.warmup,
                       batch_size=args.batch_size, image_size=args.image_size,

@@ -93,13 +93,12 @@ def runnable(plan: Plan, model: str | None = None) -> str | None:
 
 
 def _not_run_yet(plan: Plan) -> str | None:
-    """Why the runtime cannot run ``plan``'s out-of-order backprop yet (``None``: nothing out
-    of order), so that no run silently measures in-order backprop under its name."""
-    if isinstance(plan, DataParallelPlan) and plan.backprop != "inorder":
-        return (f"backprop {plan.backprop!r} (k = {plan.k}) is simulated only: the runtime does "
-                f"not run out-of-order backprop from a plan yet")
-    if isinstance(plan, SinglePlan) and plan.slots:
-        return "dW slots on a second stream are simulated only: the runtime does not run them yet"
+    """Why the runtime cannot run ``plan``'s backprop order (``None``: it can), so that no run
+    silently measures in-order backprop under another name. Reverse-first-k runs on the
+    scheduled runtime's split backward; dW slots on a second stream need CUDA (on a CPU-only
+    host a single-device plan with slots runs in order, and :func:`run` says so)."""
+    if isinstance(plan, DataParallelPlan) and plan.backprop not in ("inorder", "ooo"):
+        return f"backprop {plan.backprop!r} is simulated only: the runtime does not run it"
     return None
 
 
@@ -165,6 +164,12 @@ def run(plan: Plan, model: str | None = None, *, steps: int = 10, warmup: int = 
                                  samples_per_step=measured.batch_size,
                                  step_times_s=tuple(measured.step_times_s)), timeline_dir)
     if isinstance(plan, SinglePlan):
+        if plan.slots:
+            import sys
+
+            print("trainsched: note: the plan's dW slots run weight gradients on a second CUDA "
+                  "stream; this runtime runs on the CPU, so they run in order here",
+                  file=sys.stderr, flush=True)
         segment, ranks = Segment(label="single", kind="compute", steps=steps, warmup=warmup), 1
     elif isinstance(plan, PlacedPlan):
         # Backward and optimizer ops (``op:dX``, ``op:dW``, ``op:opt``) run where autograd
@@ -176,7 +181,8 @@ def run(plan: Plan, model: str | None = None, *, steps: int = 10, warmup: int = 
         ranks = 1
     elif isinstance(plan, DataParallelPlan):
         segment = policy_segment(plan.policy, label=plan.comm, order=plan.order, steps=steps,
-                                 warmup=warmup)
+                                 warmup=warmup,
+                                 backprop_k=plan.k if plan.backprop == "ooo" else 0)
         if segment.kind == "sdp" and timeline_dir is not None:
             segment = dataclasses.replace(segment, timeline_dir=str(timeline_dir))
         ranks = plan.ranks

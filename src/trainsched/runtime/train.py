@@ -38,7 +38,7 @@ import statistics
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -353,16 +353,20 @@ def train(model: str, comm: str = "priority", *, nproc: int = 2, steps: int = 20
           credit_bytes: float | None = 16 * MiB, credit_mode: str = "overdraft",
           timeline_dir: str | None = None, tune: dict[str, Any] | None = None,
           order: str = "leader", enabled: bool = True, backfill: bool = False,
-          **options: Any) -> TrainResult:
+          backprop_k: int = 0, **options: Any) -> TrainResult:
     """Train ``model`` with ``comm`` (``fifo``, ``ddp``, ``priority``, ``bytescheduler``) and
     time its steps; with ``tune`` (OnlineTuner options, ``priority``/``bytescheduler`` only)
     tune partition and credit online first and time the steps at the best point. ``order``:
     the scheduler's collective order (``leader`` or ``static``); ``enabled=False``: the
-    scheduler's pass-through to DDP; ``backfill``: the policy's (strict credit only)."""
+    scheduler's pass-through to DDP; ``backfill``: the policy's (strict credit only);
+    ``backprop_k``: out-of-order backprop, the dW of the first k split layers after the last
+    dX (reverse-first-k; 0 = in order)."""
     segment = segment_for(comm, partition_bytes=partition_bytes, credit_bytes=credit_bytes,
                           credit_mode=credit_mode, steps=steps, warmup=warmup,
                           timeline_dir=timeline_dir, tune=tune, order=order, enabled=enabled,
                           backfill=backfill)
+    if backprop_k:
+        segment = replace(segment, backprop_k=backprop_k)
     return run_segments(model, [segment], nproc=nproc, **options)
 
 
