@@ -14,6 +14,7 @@ such sample counts. :class:`Straggler` slows one rank for tests and benchmarks.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -202,7 +203,7 @@ def plan_segments(phases: Sequence[tuple[SyncProtocol, int]], *, ranks: int,
                     f"({format_protocol(protocol)}) at sample {c}, inside one of its updates "
                     f"of {unit} samples; use a multiple of {unit}")
         points = [start, *inner, end]
-        for a, b in zip(points, points[1:], strict=False):
+        for a, b in itertools.pairwise(points):
             checkpoint = b > a and (b in cuts or (checkpoint_every is not None and b == total))
             segments.append(Segment(phase=index, protocol=protocol, start=a, samples=b - a,
                                     last_of_phase=b == end, checkpoint=checkpoint))

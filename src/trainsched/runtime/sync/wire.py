@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from trainsched.errors import TrainschedError
 
-__all__ = ["GO", "HEADER", "Inbox", "Link", "Outbox", "PULL", "PUSH", "STOP", "guard", "short"]
+__all__ = ["GO", "HEADER", "PULL", "PUSH", "STOP", "Inbox", "Link", "Outbox", "guard", "short"]
 
 HEADER = 5
 # header fields, worker -> server
