@@ -11,8 +11,9 @@ parameters, over and over:
   staleness (version now - version read) is counted per worker;
 * the pull that follows a push is answered once the worker may go on: for ASP and SSP when the
   slowest worker's clock is at least ``c - s`` (``c``: the asking worker's clock, its pushes so
-  far; ``s = inf`` for ASP); for k-of-N (BSP is k = N) once the version the worker computed on
-  has been superseded, used or dropped;
+  far; ``s = inf`` for ASP; a worker that has not pulled yet is at clock -1, so with ``s = 0``
+  the first pulls wait for each other and every clock's gradients share one version); for
+  k-of-N (BSP is k = N) once the version the worker computed on has been used or dropped;
 * once the phase's updates are done, every worker's next message is answered ``STOP`` (a
   gradient still in flight is drained: received, not applied), and the phase ends when all
   workers have stopped.
@@ -91,7 +92,8 @@ class Server:
         """Run one phase (or segment) of ``updates`` updates; returns its counters."""
         rule = rule_for(protocol, self.workers)
         n = self.workers
-        clocks, read = [0] * n, [0] * n
+        clocks = [-1] * n  # -1: not pulled yet; then the pushes so far
+        read: list[int | None] = [None] * n  # the version each worker read last
         waiting: list[int] = []  # workers whose pull is not answered yet, in arrival order
         stopped = [False] * n
         held: list[int] = []  # deterministic mode: arrived, not yet consumed
@@ -121,7 +123,10 @@ class Server:
                 reply(r, STOP)
                 stopped[r] = True
                 continue
-            if header[KIND] == PUSH:
+            if header[KIND] != PUSH:
+                assert clocks[r] == -1, (header, clocks)
+                clocks[r] = 0
+            else:
                 assert header[CLOCK] == clocks[r] + 1, (header, clocks)
                 clocks[r] = header[CLOCK]
                 version_read = header[READ_VERSION]
@@ -147,7 +152,8 @@ class Server:
             for w in list(waiting):
                 slowest = min(clocks)
                 if rule.drop_late:
-                    go = clocks[w] == 0 or self.version > read[w]
+                    version_read = read[w]
+                    go = version_read is None or self.version > version_read
                 else:
                     go = slowest >= clocks[w] - rule.staleness
                 if go:
