@@ -206,3 +206,29 @@ def test_a_dead_worker_or_server_fails_the_run_clearly(monkeypatch, victim, word
     assert f"rank {victim}" in text and "exited with status 3" in text, text
     assert words in text, text
     assert time.monotonic() - start < 60
+
+
+# --- convergence on the built-in teacher-student task ----------------------------------------
+
+CONVERGE = {"ranks": 2, "batch_per_rank": 16, "lr": 0.05, "momentum": 0.9,
+            "lr_schedule": "cosine", "timeout_s": 30, "deadline_s": 300}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("protocol", [Bsp(), Asp(), Ssp(2), KOfN(1), LocalSgd(4)],
+                         ids=lambda p: p.name)
+def test_every_protocol_cuts_the_held_out_loss_tenfold(protocol):
+    result = run_sync(TeacherStudent(), [(protocol, 16384)], **CONVERGE)
+    first = result.curve[0]
+    assert first.samples == 0 and result.curve[-1].samples == 16384
+    assert result.final_loss <= first.loss / 10, (first.loss, result.final_loss)
+    assert result.final_accuracy > 0.9
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_bsp_then_asp_with_the_lr_rule_ends_within_ten_percent_of_bsp():
+    bsp = run_sync(TeacherStudent(), [(Bsp(), 20480)], **CONVERGE)
+    hybrid = run_sync(TeacherStudent(), [(Bsp(), 5120), (Asp(), 15360)], **CONVERGE)
+    assert hybrid.final_loss <= 1.1 * bsp.final_loss, (hybrid.final_loss, bsp.final_loss)

@@ -9,18 +9,21 @@ on every rank), k-of-N ``k·b``, ASP and SSP ``b``; a phase's samples are a whol
 :func:`plan_segments` cuts the phases at checkpoint boundaries into **segments**; the end of every
 segment is a synchronisation point (the server drains, replicas agree), which is where the run
 switches protocol or writes a checkpoint. :func:`split_samples` turns a policy's fractions into
-such sample counts. :class:`Straggler` slows one rank for tests and benchmarks.
+such sample counts. :class:`Straggler` slows one rank for tests and benchmarks. The learning
+rate of an update is ``base x schedule(samples applied / total) x lr_scale(protocol)``
+(:data:`LR_SCHEDULES`), keyed on samples so it is the same after a restart.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from trainsched.errors import TrainschedError
+from trainsched.registry import Registry
 from trainsched.sync.protocols import (
     Asp,
     Bsp,
@@ -34,6 +37,7 @@ from trainsched.sync.protocols import (
 from trainsched.units import is_int
 
 __all__ = [
+    "LR_SCHEDULES",
     "Segment",
     "Straggler",
     "lr_scale",
@@ -106,6 +110,22 @@ def lr_scale(protocol: SyncProtocol, ranks: int, batch_per_rank: int) -> float:
     """The learning-rate factor of ``protocol``: effective batch / (N·b) — 1 for BSP and local
     SGD, 1/N for ASP and SSP, k/N for k-of-N. Derived from the protocol, never compounded."""
     return protocol.effective_batch(ranks, batch_per_rank) / (ranks * batch_per_rank)
+
+
+def _constant(progress: float) -> float:
+    return 1.0
+
+
+def _cosine(progress: float) -> float:
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+#: Learning-rate schedules: the fraction of the run's samples applied so far -> a factor of the
+#: base rate (the protocol's scale multiplies it).
+LR_SCHEDULES: Registry[Callable[[float], float]] = Registry("learning-rate schedule",
+                                                             "schedules")
+LR_SCHEDULES.register("constant", _constant)
+LR_SCHEDULES.register("cosine", _cosine)
 
 
 def _check_protocol(protocol: object, ranks: int) -> SyncProtocol:

@@ -22,9 +22,10 @@ class PhaseRecord:
     ``updates``: updates of the shared model (BSP and local SGD: rounds, one step on every
     rank); ``gradients``: gradients the workers computed; ``dropped``: k-of-N gradients computed
     on an old version and left out; ``drained``: gradients still in flight when the quota was
-    reached, received and discarded at the phase's end. ``lr``: the learning rate of each
-    update (base x effective batch / (N·b)). ``staleness[r][s]``: how many of worker ``r``'s
-    applied gradients were ``s`` versions old (server protocols; empty otherwise).
+    reached, received and discarded at the phase's end. ``lr``: the phase's learning rate
+    before the run's schedule factor (base x effective batch / (N·b)). ``staleness[r][s]``:
+    how many of worker ``r``'s applied gradients were ``s`` versions old (server protocols;
+    BSP: all 0; local SGD: empty).
     ``max_clock_lead``: the most clocks a worker was let ahead of the slowest when its pull was
     answered (ASP and SSP; ``None`` otherwise). ``wall_s`` and ``batches``: worker 0's time in
     the phase (switches excluded) and its batches, so ``wall_s / batches`` is its step time.

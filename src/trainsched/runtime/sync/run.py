@@ -20,6 +20,7 @@ from typing import Any
 from trainsched.errors import TrainschedError
 from trainsched.runtime.launch import free_port, run_workers, status_text, tail
 from trainsched.runtime.sync.config import (
+    LR_SCHEDULES,
     Straggler,
     check_phases,
     needs_server,
@@ -80,7 +81,8 @@ def _check_resume(path: Path, fingerprint: dict[str, Any]) -> None:
 
 def run_sync(task: TeacherStudent, phases: Sequence[tuple[SyncProtocol | str, int]], *,
              ranks: int, batch_per_rank: int, lr: float, momentum: float = 0.0,
-             weight_decay: float = 0.0, nesterov: bool = False, model: str | None = None,
+             weight_decay: float = 0.0, nesterov: bool = False, lr_schedule: str = "constant",
+             model: str | None = None,
              deterministic: bool = False, push_order: Sequence[int] | None = None,
              stragglers: Sequence[Straggler] = (), checkpoint_every_samples: int | None = None,
              checkpoint_dir: str | Path | None = None, resume_from: str | Path | None = None,
@@ -91,7 +93,8 @@ def run_sync(task: TeacherStudent, phases: Sequence[tuple[SyncProtocol | str, in
     ``phases``: ``(protocol, samples)`` pairs (a protocol value or its text, ``"ssp(s=2)"``),
     each a whole number of the protocol's updates; the run applies their sum. ``lr`` is the
     base learning rate of SGD (with ``momentum``, ``weight_decay``, ``nesterov``), scaled per
-    phase by effective batch / (N·b). ``model``: ``"module:function"`` building the network
+    phase by effective batch / (N·b) and over the run by ``lr_schedule`` (``constant``,
+    ``cosine``: to zero at the last sample). ``model``: ``"module:function"`` building the network
     from the task (default: the task's student). ``deterministic``: the server consumes pushes
     in ``push_order`` (cyclic; default round robin) so the run repeats bit for bit.
     ``stragglers`` slow ranks. ``checkpoint_every_samples`` writes a checkpoint into
@@ -112,6 +115,7 @@ def run_sync(task: TeacherStudent, phases: Sequence[tuple[SyncProtocol | str, in
     weight_decay = _number("weight_decay", weight_decay, 0)
     if nesterov and not momentum:
         raise TrainschedError("nesterov needs momentum > 0")
+    LR_SCHEDULES.lookup(lr_schedule)
     timeout_s = _number("timeout_s", timeout_s, 0, low_open=True)
     deadline_s = _number("deadline_s", deadline_s, 0, low_open=True)
     order = None
@@ -142,7 +146,8 @@ def run_sync(task: TeacherStudent, phases: Sequence[tuple[SyncProtocol | str, in
     fingerprint = {"task": task.to_json(), "model": model, "ranks": ranks,
                    "batch_per_rank": batch_per_rank, "phases": phase_text, "lr": lr,
                    "momentum": momentum, "weight_decay": weight_decay, "nesterov": nesterov,
-                   "deterministic": deterministic, "push_order": order,
+                   "lr_schedule": lr_schedule.strip().lower(), "deterministic": deterministic,
+                   "push_order": order,
                    "checkpoint_every": checkpoint_every_samples}
     resume = None
     if resume_from is not None:

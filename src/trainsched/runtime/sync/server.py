@@ -138,7 +138,7 @@ class Server:
                     staleness[r][age] = staleness[r].get(age, 0) + 1
                     count += 1
                     if count == rule.k:
-                        self._apply(rule.k)
+                        self._apply(rule.k, samples_before + done_updates * samples_per_update)
                         count = 0
                         done_updates += 1
             self.inbox.release(r)
@@ -184,12 +184,12 @@ class Server:
         held.remove(expected)
         return expected
 
-    def _apply(self, k: int) -> None:
+    def _apply(self, k: int, samples: int) -> None:
         if self.die_at_update is not None and self.applied == self.die_at_update:
             sys.stdout.flush()
             os._exit(3)
         torch.div(self.acc, k, out=self.mean)
-        self.replica.step(self.mean)
+        self.replica.step(self.mean, samples=samples)
         self.acc.zero_()
         self.version += 1
         self.applied += 1

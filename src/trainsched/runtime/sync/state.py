@@ -15,6 +15,7 @@ averaged over the workers, integer ones (batch counters) taken from worker 0.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -42,6 +43,7 @@ class Replica:
         self.float_buffers = [b for b in model.buffers() if b.is_floating_point()]
         self.int_buffers = [b for b in model.buffers() if not b.is_floating_point()]
         self.grad = torch.zeros(self.numel)
+        self.lr_at: Callable[[int], float] = lambda samples: lr  # set per segment
         self.state = torch.zeros(self.state_numel)
 
     @property
@@ -85,8 +87,10 @@ class Replica:
                 view.copy_(p.grad)
         return out
 
-    def step(self, flat_grad: torch.Tensor) -> None:
-        """One optimizer step with the gradient ``flat_grad`` (``numel`` long)."""
+    def step(self, flat_grad: torch.Tensor, *, samples: int) -> None:
+        """One optimizer step with the gradient ``flat_grad`` (``numel`` long), at the
+        learning rate of ``samples`` applied so far."""
+        self.set_lr(self.lr_at(samples))
         for view, p in zip(self._views(flat_grad), self.params, strict=True):
             p.grad = view
         self.opt.step()

@@ -10,10 +10,10 @@ point** where all ranks agree on the state (spec §2.5):
 3. buffers: floating-point averaged over the workers, integer from worker 0; 4. weights and
 optimizer state by the phase left: after BSP the workers' state digests are compared (all
 equal, or an error); after local SGD they are averaged; then the owner (the server after a
-server phase, else worker 0) broadcasts its state to every rank; 5. the next segment sets its
-learning rate from its own protocol (base x effective batch / (N·b)), so a scale is applied
-once and survives a restart. Worker 0 records a switch event when the protocol changes and
-writes a checkpoint where the plan says, after the synchronisation point.
+server phase, else worker 0) broadcasts its state to every rank; 5. the next segment derives
+its learning rate from its own protocol (base x schedule(samples) x effective batch / (N·b)),
+so a scale is applied once and survives a restart. Worker 0 records a switch event when the
+protocol changes and writes a checkpoint where the plan says, after the synchronisation point.
 
 ``TRAINSCHED_SYNC_FAULT=R:K`` (tests) makes worker ``R`` exit with status 3 before its ``K``-th
 batch, or the server (``R = N``) before its ``K``-th update.
@@ -34,6 +34,7 @@ import torch.distributed as dist
 from trainsched.errors import TrainschedError
 from trainsched.runtime.launch import serve_worker
 from trainsched.runtime.sync.config import (
+    LR_SCHEDULES,
     Segment,
     Straggler,
     check_phases,
@@ -116,6 +117,7 @@ class _Rank:
                                momentum=float(cfg["momentum"]),
                                weight_decay=float(cfg["weight_decay"]),
                                nesterov=bool(cfg["nesterov"]))
+        self.total = sum(s for _, s in self.phases)
         self.segments = plan_segments(self.phases, ranks=self.n, batch_per_rank=self.b,
                                       checkpoint_every=cfg["checkpoint_every"])
         self.ledger = Ledger(ranks=self.n, eval_every=cfg["eval_every"])
@@ -170,8 +172,9 @@ class _Rank:
             self.ledger.first_point(_evaluate(self.replica.model, self.task, self.data))
         for index in range(self.next_segment, len(self.segments)):
             segment = self.segments[index]
-            self.replica.set_lr(float(self.cfg["lr"]) * lr_scale(segment.protocol, self.n,
-                                                                  self.b))
+            peak = float(self.cfg["lr"]) * lr_scale(segment.protocol, self.n, self.b)
+            self.replica.lr_at = self._lr_function(peak)
+            self.replica.set_lr(peak)
             start = time.perf_counter()
             counters = self._run_segment(index, segment)
             local_done = time.perf_counter()
@@ -179,7 +182,7 @@ class _Rank:
             if stats is not None:
                 counters = {**stats, "batches": counters["batches"]}
             if self.rank == 0:
-                self.ledger.add(segment, counters, lr=self.replica.opt.param_groups[0]["lr"],
+                self.ledger.add(segment, counters, lr=peak,
                                 wall_s=local_done - start, batches=counters["batches"])
             following = self.segments[index + 1] if index + 1 < len(self.segments) else None
             if self.rank == 0 and following is not None and segment.last_of_phase:
@@ -190,6 +193,10 @@ class _Rank:
             if segment.checkpoint:
                 self._checkpoint(index + 1, segment.start + segment.samples)
         return self._finish()
+
+    def _lr_function(self, peak: float) -> Any:
+        schedule, total = LR_SCHEDULES.lookup(self.cfg["lr_schedule"]), self.total
+        return lambda samples: peak * schedule(samples / total)
 
     def _run_segment(self, index: int, segment: Segment) -> dict[str, Any]:
         protocol = segment.protocol

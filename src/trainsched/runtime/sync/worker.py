@@ -84,7 +84,7 @@ class Worker:
             with guard(f"worker {self.rank}'s gradient all-reduce"):
                 dist.all_reduce(grad, group=self.group)
             grad.div_(self.workers)
-            self.replica.step(grad)
+            self.replica.step(grad, samples=segment.start + t * unit)
             self.on_progress(segment.start + (t + 1) * unit)
         return segment.samples // unit
 
@@ -94,7 +94,7 @@ class Worker:
         unit = update_samples(segment.protocol, self.workers, self.batch)
         for t in range(segment.samples // unit):
             self.compute()
-            self.replica.step(self.replica.grad)
+            self.replica.step(self.replica.grad, samples=segment.start + t * unit)
             if (rounds_before + t + 1) % period == 0:
                 self.average_params()
             self.on_progress(segment.start + (t + 1) * unit)
