@@ -85,11 +85,12 @@ class Server:
         self.die_at_update = die_at_update
         self.acc = torch.zeros(replica.numel)
         self.mean = torch.zeros(replica.numel)
-        self.last_stats: dict[str, Any] | None = None
+        self.stats: list[tuple[int, dict[str, Any]]] = []  # (segment, counters) not yet taken
 
-    def serve(self, protocol: SyncProtocol, updates: int, *, samples_per_update: int,
-              samples_before: int) -> dict[str, Any]:
-        """Run one phase (or segment) of ``updates`` updates; returns its counters."""
+    def serve(self, segment: int, protocol: SyncProtocol, updates: int, *,
+              samples_per_update: int, samples_before: int) -> dict[str, Any]:
+        """Run segment ``segment`` of ``updates`` updates; returns its counters (also kept
+        for :meth:`take_stats`)."""
         rule = rule_for(protocol, self.workers)
         n = self.workers
         clocks = [-1] * n  # -1: not pulled yet; then the pushes so far
@@ -163,11 +164,16 @@ class Server:
                     read[w] = self.version
                     waiting.remove(w)
         hist = [[d.get(s, 0) for s in range(max(d, default=-1) + 1)] for d in staleness]
-        self.last_stats = {"updates": done_updates, "gradients": gradients,
-                           "dropped": dropped, "drained": drained, "staleness": hist,
-                           "max_clock_lead": max_lead,
-                           "samples": done_updates * samples_per_update}
-        return self.last_stats
+        stats = {"updates": done_updates, "gradients": gradients, "dropped": dropped,
+                 "drained": drained, "staleness": hist, "max_clock_lead": max_lead,
+                 "samples": done_updates * samples_per_update}
+        self.stats.append((segment, stats))
+        return stats
+
+    def take_stats(self) -> list[tuple[int, dict[str, Any]]]:
+        """The counters of the segments served since the last call."""
+        taken, self.stats = self.stats, []
+        return taken
 
     def _take(self, expected: int | None, held: list[int], waiting: list[int]) -> int:
         """The next message to consume: the scripted worker's (waiting for it, keeping any

@@ -6,14 +6,16 @@ group of its own. Every rank walks the same list of segments
 (:func:`~trainsched.runtime.sync.config.plan_segments`); each ends at a **synchronisation
 point** where all ranks agree on the state (spec §2.5):
 
-1. the server has drained (every worker was answered ``STOP``); 2. a barrier over all ranks;
-3. buffers: floating-point averaged over the workers, integer from worker 0; 4. weights and
-optimizer state by the phase left: after BSP the workers' state digests are compared (all
-equal, or an error); after local SGD they are averaged; then the owner (the server after a
-server phase, else worker 0) broadcasts its state to every rank; 5. the next segment derives
-its learning rate from its own protocol (base x schedule(samples) x effective batch / (N·b)),
-so a scale is applied once and survives a restart. Worker 0 records a switch event when the
-protocol changes and writes a checkpoint where the plan says, after the synchronisation point.
+1. the server has drained (every worker was answered ``STOP``); 2. a barrier: the point's
+first collective, no extra call; 3. buffers: floating-point averaged over the workers, integer
+from worker 0; 4. weights and optimizer state by the phase left: after BSP the workers' state
+digests are compared (all equal, or an error); after local SGD they are averaged; then, when a
+server phase is left or entered, the owner (the server after a server phase, else worker 0)
+broadcasts its state to every rank; 5. the next segment derives its learning rate from its own
+protocol (base x schedule(samples) x effective batch / (N·b)), so a scale is applied once and
+survives a restart. Worker 0 records a switch event when the protocol changes and writes a
+checkpoint where the plan says, after the synchronisation point. The server's counters reach
+worker 0 at checkpoints and at the end (one collective fewer per switch).
 
 ``TRAINSCHED_SYNC_FAULT=R:K`` (tests) makes worker ``R`` exit with status 3 before its ``K``-th
 batch, or the server (``R = N``) before its ``K``-th update.
@@ -168,31 +170,59 @@ class _Rank:
     # --- the run ---------------------------------------------------------------------------
 
     def run(self) -> dict[str, Any] | None:
+        self._start()
         if self.rank == 0 and self.ledger.resumed_from is None:
             self.ledger.first_point(_evaluate(self.replica.model, self.task, self.data))
         for index in range(self.next_segment, len(self.segments)):
             segment = self.segments[index]
-            peak = float(self.cfg["lr"]) * lr_scale(segment.protocol, self.n, self.b)
+            peak = self._peak_lr(segment)
             self.replica.lr_at = self._lr_function(peak)
             self.replica.set_lr(peak)
             start = time.perf_counter()
             counters = self._run_segment(index, segment)
             local_done = time.perf_counter()
-            stats = self._synchronise(segment.protocol)
-            if stats is not None:
-                counters = {**stats, "batches": counters["batches"]}
+            following = self.segments[index + 1] if index + 1 < len(self.segments) else None
+            self._synchronise(segment.protocol, following.protocol if following else None)
             if self.rank == 0:
                 self.ledger.add(segment, counters, lr=peak,
                                 wall_s=local_done - start, batches=counters["batches"])
-            following = self.segments[index + 1] if index + 1 < len(self.segments) else None
             if self.rank == 0 and following is not None and segment.last_of_phase:
                 now = time.perf_counter()
                 assert self.worker is not None
                 self.ledger.switch(segment, following, step=self.worker.position,
                                    at_s=now - self.t0, cost_s=now - local_done)
+            if segment.checkpoint or following is None:
+                self._collect_server_counters()
             if segment.checkpoint:
                 self._checkpoint(index + 1, segment.start + segment.samples)
         return self._finish()
+
+    def _peak_lr(self, segment: Segment) -> float:
+        return float(self.cfg["lr"]) * lr_scale(segment.protocol, self.n, self.b)
+
+    def _start(self) -> None:
+        """Every worker built the same state (digests compared), and the server has it."""
+        if self.is_worker and self.n > 1:
+            self._check_equal("at the start")
+        if self.has_server:
+            state = self.replica.state_into()
+            with guard(f"rank {self.rank} receiving the initial state from worker 0"):
+                dist.broadcast(state, src=0)
+            self.replica.load_state(state)
+
+    def _collect_server_counters(self) -> None:
+        """The server's counters of the segments served since the last call, to worker 0's
+        ledger (at checkpoints and at the end, not at every switch: one collective less)."""
+        if not self.has_server:
+            return
+        box = [self.server.take_stats() if self.server is not None else None]
+        with guard(f"rank {self.rank} collecting the parameter server's counters"):
+            dist.broadcast_object_list(box, src=self.server_rank)
+        if self.rank == 0:
+            for index, counters in box[0]:
+                segment = self.segments[index]
+                self.ledger.add(segment, {**counters, "batches": 0}, lr=self._peak_lr(segment),
+                                wall_s=0.0, batches=0)
 
     def _lr_function(self, peak: float) -> Any:
         schedule, total = LR_SCHEDULES.lookup(self.cfg["lr_schedule"]), self.total
@@ -204,16 +234,17 @@ class _Rank:
         if not self.is_worker:
             if needs_server(protocol):
                 assert self.server is not None
-                counters = self.server.serve(protocol, segment.samples // unit,
-                                             samples_per_update=unit,
-                                             samples_before=segment.start)
-                return {**counters, "batches": 0}
-            return {"batches": 0}
+                self.server.serve(index, protocol, segment.samples // unit,
+                                  samples_per_update=unit, samples_before=segment.start)
+            return {}
         assert self.worker is not None
         before = self.worker.position
         if needs_server(protocol):
             self.worker.run_server()
-            counters: dict[str, Any] = {}
+            # the server's counters come later (_collect_server_counters)
+            counters: dict[str, Any] = {
+                "updates": 0, "gradients": 0, "dropped": 0, "drained": 0, "samples": 0,
+                "staleness": [[] for _ in range(self.n)], "max_clock_lead": None}
         elif isinstance(protocol, LocalSgd):
             phase_start = sum(s for _, s in self.phases[:segment.phase])
             rounds = self.worker.run_local(segment, protocol.period_steps,
@@ -231,11 +262,12 @@ class _Rank:
                 "staleness": [[rounds] if staleness and rounds else [] for _ in range(self.n)],
                 "max_clock_lead": None, "samples": segment.samples}
 
-    def _synchronise(self, leaving: Any) -> dict[str, Any] | None:
-        """The synchronisation point after a segment; returns the server's counters (on every
-        rank) when the segment was a server phase."""
-        with guard(f"rank {self.rank} at the barrier of a synchronisation point"):
-            dist.barrier()
+    def _synchronise(self, leaving: Any, entering: Any) -> None:
+        """The synchronisation point after a segment of ``leaving`` (``entering``: the next
+        segment's protocol, ``None`` at the end). Its first collective is the barrier: the
+        workers' buffer, digest or average collectives, then the state broadcast, which waits
+        for the server to have drained; the broadcast is left out where no server phase is
+        left or entered."""
         if self.is_worker:
             with guard(f"worker {self.rank} reconciling buffers"):
                 self.replica.reconcile_buffers(self.workers_group, self.n)
@@ -246,31 +278,24 @@ class _Rank:
                 state.div_(self.n)
                 self.replica.load_state(state)
             if isinstance(leaving, Bsp) and self.n > 1:
-                self._check_equal()
-        stats = None
-        if self.has_server:
+                self._check_equal("after a BSP phase")
+        if self.has_server and (needs_server(leaving)
+                                or (entering is not None and needs_server(entering))):
             src = self.server_rank if needs_server(leaving) else 0
             state = self.replica.state_into()
             with guard(f"rank {self.rank} receiving the state from rank {src}"):
                 dist.broadcast(state, src=src)
-                if needs_server(leaving):
-                    box = [None]
-                    if self.server is not None:
-                        box = [self.server.last_stats]
-                    dist.broadcast_object_list(box, src=src)
-                    stats = box[0]
             if self.rank != src:
                 self.replica.load_state(state)
-        return stats
 
-    def _check_equal(self) -> None:
+    def _check_equal(self, when: str) -> None:
         mine = torch.tensor([self.replica.digest()], dtype=torch.int64)
         every = [torch.zeros(1, dtype=torch.int64) for _ in range(self.n)]
         with guard(f"worker {self.rank} comparing replica digests"):
             dist.all_gather(every, mine, group=self.workers_group)
         digests = [int(t) for t in every]
         if len(set(digests)) != 1:
-            raise TrainschedError(f"the replicas differ after a BSP phase (state digests "
+            raise TrainschedError(f"the replicas differ {when} (state digests "
                                   f"{digests}); a rank computed a different step — check that "
                                   f"every rank builds the same model and optimizer")
 
