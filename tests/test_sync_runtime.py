@@ -142,7 +142,11 @@ def test_a_slowed_rank_is_stale_under_asp_not_under_bsp_and_ssp_bounds_the_lead(
 @pytest.mark.timeout(300)
 def test_switches_conserve_samples_and_set_the_lr_of_each_protocol_once():
     phases = [(Bsp(), 160), (Asp(), 96), (LocalSgd(2), 64), (KOfN(1), 48), (Bsp(), 32)]
-    result = run_sync(TASK, phases, ranks=2, batch_per_rank=B, lr=0.1, momentum=0.9,
+    # BatchNorm: its statistics are reconciled at every switch (float averaged, count from
+    # worker 0), and the digest check after each BSP phase covers parameters and momentum.
+    task = TeacherStudent(input_dim=8, teacher_hidden=16, student_hidden=16, train_samples=512,
+                          test_samples=128, seed=3, batch_norm=True)
+    result = run_sync(task, phases, ranks=2, batch_per_rank=B, lr=0.1, momentum=0.9,
                       timeout_s=30, deadline_s=240)
     bsp, asp, local, one_of_two, last = result.phases
     # Samples are the clock: N·b per BSP or local round, b per ASP update, k·b per k-of-N.
@@ -155,6 +159,15 @@ def test_switches_conserve_samples_and_set_the_lr_of_each_protocol_once():
     assert all(s.cost_s > 0 for s in result.switches)
     # k-of-N with k = 1 of 2: the second gradient on a version is dropped or drained.
     assert one_of_two.gradients == one_of_two.updates + one_of_two.dropped + one_of_two.drained
+
+
+@pytest.mark.timeout(120)
+def test_a_push_order_the_staleness_bound_cannot_follow_fails_instead_of_hanging():
+    with pytest.raises(TrainschedError) as info:
+        run_sync(TASK, [(Ssp(0), 96)], ranks=2, batch_per_rank=B, lr=LR, deterministic=True,
+                 push_order=[0, 0, 1], timeout_s=20, deadline_s=90)
+    assert "rank 2 (server): the scripted push order [0, 0, 1] needs worker 0 next" in str(
+        info.value)
 
 
 # --- checkpoints and faults ------------------------------------------------------------------
