@@ -125,7 +125,9 @@ def test_bsp_then_zero_asp_samples_then_bsp_equals_bsp(bsp_run, momentum_referen
 @pytest.mark.timeout(300)
 def test_a_slowed_rank_is_stale_under_asp_not_under_bsp_and_ssp_bounds_the_lead():
     slow = Straggler(rank=1, delay_s=0.05)
-    result = run_sync(TASK, [(Asp(), 640), (KOfN(2), 160), (Ssp(1), 160)], ranks=2,
+    # 320 ASP updates take the fast rank well over one 50 ms sleep, so the slow rank's
+    # gradients land inside the phase.
+    result = run_sync(TASK, [(Asp(), 2560), (KOfN(2), 160), (Ssp(1), 160)], ranks=2,
                       batch_per_rank=B, lr=LR, stragglers=[slow], timeout_s=30,
                       deadline_s=240)
     asp, bsp, ssp = result.phases
@@ -133,7 +135,7 @@ def test_a_slowed_rank_is_stale_under_asp_not_under_bsp_and_ssp_bounds_the_lead(
     assert asp.max_clock_lead > 1  # unbounded: the fast rank runs far ahead
     assert bsp.staleness == ((10,), (10,))  # k = N: every gradient on the current version
     assert ssp.max_clock_lead <= 1
-    assert ssp.updates == 20 and asp.updates == 80
+    assert ssp.updates == 20 and asp.updates == 320
 
 
 # --- switching -------------------------------------------------------------------------------
