@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -15,7 +16,7 @@ from trainsched.report.chart import write_chart
 from trainsched.sim import simulate_single
 
 
-def _chain(n: int = 6) -> Graph:
+def _chain(n: int = 8) -> Graph:
     ops = [Op(name=f"l{i}", compute_s=1e-3 * (i + 1), flops=1e9, param_bytes=4_000_000,
               output_bytes=1_000_000, saved_bytes=1_000_000) for i in range(n)]
     edges = [Edge(src=f"l{i}", dst=f"l{i + 1}", size_bytes=1_000_000) for i in range(n - 1)]
@@ -162,7 +163,9 @@ def test_strategies_that_cannot_be_built_are_skipped_with_the_reason():
     planned, skipped = plan_strategies(graph, cluster, options)
     pipelines = [n for n in strategies() if n.startswith("pipeline-")]
     assert list(skipped) == pipelines
-    assert all("cannot cut 3 forward op(s) into 4 stages" in r for r in skipped.values())
+    # four stages for one chunk per rank, eight for two
+    assert all(re.search(r"cannot cut 3 forward op\(s\) into [48] stages", r)
+               for r in skipped.values())
     assert list(planned) == [n for n in strategies() if n not in pipelines]
     with pytest.raises(TrainschedError, match=f"strategy '{pipelines[0]}': cannot cut"):
         make_plans(graph, cluster, options)
@@ -193,6 +196,6 @@ def test_pipelines_never_cut_a_batch_into_micro_batches_below_one_sample():
     assert default_microbatches(8, None) == 16
     planned, skipped = plan_strategies(graph, cluster, Options(ranks=4, microbatches=32,
                                                                batch_size=16))
-    assert set(skipped) == {"pipeline-gpipe", "pipeline-1f1b"}
+    assert set(skipped) == {n for n in strategies() if n.startswith("pipeline-")}
     assert "32 micro-batches of a batch of 16" in skipped["pipeline-1f1b"]
     assert "data-ddp" in planned

@@ -56,7 +56,8 @@ def every_kind(graph: Graph) -> list:
                                                     credit_bytes=math.inf),
                          steps=3, order="static", startup_overlap=True),
         DataParallelPlan(model=model, ranks=2, comm="tictac",
-                         policy=PriorityPolicy(cross_barrier=True), algorithm="tree"),
+                         policy=PriorityPolicy(cross_barrier=True), algorithm="tree",
+                         sync="bsp:0.25,ssp(s=2):0.75;straggler(relax)"),
         PipelinePlan(model=model, stages=(("l0", "l1"), ("l2", "l3"), ("l4", "l5")),
                      schedule=one_f_one_b(3, 4), schedule_name="1f1b"),
     ]
@@ -84,6 +85,22 @@ def test_every_kind_round_trips_exactly_through_the_file(index, tmp_path):
     assert load_plan(path) == plan
     doc = json.loads(text)
     assert doc["format"] == PLAN_FORMAT and doc["strategy"]["kind"] == plan.kind
+
+
+def test_a_plans_sync_policy_is_kept_in_its_canonical_text():
+    model = ModelRef.of(chain())
+    plan = DataParallelPlan(model=model, ranks=4, comm="ddp", policy=DdpBucketPolicy(),
+                            sync=" bsp : 0.125 , asp:0.875 ")
+    assert plan.sync == "bsp:0.125,asp:0.875"
+    assert plan.sync_policy.bsp_fraction == 0.125
+    assert DataParallelPlan(model=model, ranks=4, comm="ddp", policy=DdpBucketPolicy(),
+                            sync="asp:1").sync == "asp"
+
+
+def test_a_plans_k_of_n_may_not_wait_for_more_ranks_than_it_has():
+    with pytest.raises(TrainschedError, match="k=5 is more than the 4 ranks"):
+        DataParallelPlan(model=ModelRef.of(chain()), ranks=4, comm="ddp",
+                         policy=DdpBucketPolicy(), sync="k-of-n(k=5)")
 
 
 def test_an_unlimited_credit_is_written_as_inf():
@@ -147,7 +164,9 @@ def test_a_placement_for_other_ops_is_refused():
     (lambda d: d["strategy"]["comm"].update({"class": "FifoPolicy"}),
      "registered as 'bytescheduler' is a ByteSchedulerPolicy, not a FifoPolicy"),
     (lambda d: d["strategy"]["comm"]["fields"].update(partition_bytes=-1), "partition_bytes"),
-    (lambda d: d["strategy"].update(sync="asp"), "sync must be one of bsp, got 'asp'"),
+    (lambda d: d["strategy"].update(sync="bsp:0.5,hogwild:0.5"),
+     "column 9 .*unknown sync protocol 'hogwild'"),
+    (lambda d: d["strategy"].update(sync="bsp:0.5,asp:0.4"), "sum to 0.9, not 1"),
     (lambda d: d["strategy"].update(colour="blue"), "strategy.colour: unknown field"),
     (lambda d: d["model"].pop("fingerprint"), "missing field model.fingerprint"),
 ])

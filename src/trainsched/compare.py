@@ -19,7 +19,15 @@ from trainsched.graph import Graph
 from trainsched.sim import SimResult, bubble_fraction, simulate
 from trainsched.strategies import Options, Planned, make_plans, plan_strategies, strategies
 
-__all__ = ["Options", "Row", "compare", "compare_plans", "plan_strategies", "strategies"]
+__all__ = ["AUTO_MARGIN", "AutoChoice", "Options", "Row", "choose_comm", "compare",
+           "compare_plans", "pick_comm", "plan_strategies", "strategies"]
+
+#: ``auto`` leaves stock DDP only for a strategy predicted at least this much faster: the
+#: scheduled runtime's own host work per collective (hooks, a dispatcher thread, partitions) is
+#: not in the prediction, and where communication is light it costs more than it saves.
+AUTO_MARGIN = 0.05
+#: The strategy ``auto`` falls back to: stock DDP, the scheduled runtime's pass-through.
+AUTO_BASELINE = "data-ddp"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,3 +83,47 @@ def compare(graph: Graph, cluster: Cluster, options: Options,
     planned = make_plans(graph, cluster, options, list(dict.fromkeys(["single", *wanted])))
     rows, results = compare_plans(graph, cluster, planned, options.batch_size)
     return [r for r in rows if r.strategy in wanted], {n: results[n] for n in wanted}
+
+
+@dataclass(frozen=True, kw_only=True)
+class AutoChoice:
+    """What ``--comm-policy auto`` chose: the strategy, its plan, every candidate's predicted
+    step time (seconds) and why."""
+
+    strategy: str
+    planned: Planned
+    predicted_s: dict[str, float]
+    reason: str
+
+
+def pick_comm(predicted_s: dict[str, float], margin: float = AUTO_MARGIN) -> tuple[str, str]:
+    """The strategy to run among data-parallel candidates predicted at ``predicted_s`` (which
+    must hold :data:`AUTO_BASELINE`), and why: the fastest (then by name) if it beats stock DDP
+    by more than ``margin``, else stock DDP."""
+    if AUTO_BASELINE not in predicted_s:
+        raise TrainschedError(f"auto compares every candidate with {AUTO_BASELINE}; it is "
+                              f"missing from {', '.join(predicted_s)}")
+    best = min(predicted_s, key=lambda n: (predicted_s[n], n))
+    base = predicted_s[AUTO_BASELINE]
+    if best == AUTO_BASELINE:
+        return best, "stock DDP is predicted fastest"
+    gain = base / predicted_s[best] - 1 if predicted_s[best] > 0 else 0.0
+    if gain > margin:
+        return best, (f"predicted {100 * gain:.1f}% faster than stock DDP (more than the "
+                      f"{100 * margin:.0f}% margin)")
+    return AUTO_BASELINE, (f"{best} is predicted only {100 * gain:.1f}% faster than stock DDP, "
+                           f"within the {100 * margin:.0f}% the scheduler's own host work may "
+                           f"cost: stock DDP")
+
+
+def choose_comm(graph: Graph, cluster: Cluster, options: Options,
+                margin: float = AUTO_MARGIN) -> AutoChoice:
+    """Simulate every data-parallel strategy (stock DDP among them) on ``graph`` and
+    ``cluster`` and pick one with :func:`pick_comm`."""
+    names = [n for n in strategies() if n.startswith("data-")]
+    planned, _ = plan_strategies(graph, cluster, options, ["single", *names])
+    predicted = {n: simulate(planned[n].plan, graph, cluster).step_time_s
+                 for n in names if n in planned}
+    name, reason = pick_comm(predicted, margin)
+    return AutoChoice(strategy=name, planned=planned[name], predicted_s=predicted,
+                      reason=reason)

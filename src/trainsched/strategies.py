@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from trainsched.backprop.schedules import SCHEDULES, build_schedule
+from trainsched.backprop.schedules import SCHEDULES, build_schedule, schedule_stage_count
 from trainsched.backprop.stages import stage_costs_from_graph
 from trainsched.cluster import Cluster
 from trainsched.comm.policy import COMM_POLICIES, ByteSchedulerPolicy, comm_policy
@@ -127,10 +127,12 @@ def _pipeline(name: str) -> Strategy:
             raise TrainschedError(f"{o.microbatches} micro-batches of a batch of {batch}: a "
                                   f"micro-batch needs at least one sample; use at most {batch} "
                                   f"micro-batches or a larger batch")
-        stages = stage_costs_from_graph(graph, o.ranks, o.microbatches)
+        stages = stage_costs_from_graph(graph, schedule_stage_count(name, o.ranks),
+                                        o.microbatches)
         plan = PipelinePlan(model=ModelRef.of(graph),
                             stages=stages.ops,
-                            schedule=build_schedule(name, o.ranks, o.microbatches),
+                            schedule=build_schedule(name, o.ranks, o.microbatches,
+                                                    stages=stages),
                             schedule_name=name)
         return Planned(plan=plan, samples_per_step=o.batch_size,
                        description=f"{o.ranks} stages balanced by compute, {o.microbatches} "

@@ -1,17 +1,32 @@
-"""Pipeline schedule generators: GPipe and 1F1B, the baselines of out-of-order pipelines.
+"""Pipeline schedule generators: GPipe and 1F1B, and the registry of every generator.
 
-Each generator returns a validated :class:`~trainsched.plan.Schedule` for ``num_stages`` stages
-on as many ranks (stage ``s`` on rank ``s``) and ``num_microbatches`` micro-batches. The orders
-are PyTorch pipelining's (``ScheduleGPipe``, ``Schedule1F1B``) with its idle slots and
-``REDUCE_GRAD`` actions left out, so a generated schedule and PyTorch's agree action for action.
-``split_backward=True`` writes each full backward ``B`` as ``I`` then ``W`` right after it: the
-in-order baseline that out-of-order policies reorder.
+:func:`gpipe` and :func:`one_f_one_b` return a validated :class:`~trainsched.plan.Schedule` for
+``num_stages`` stages on as many ranks (stage ``s`` on rank ``s``) and ``num_microbatches``
+micro-batches. The orders are PyTorch pipelining's (``ScheduleGPipe``, ``Schedule1F1B``) with its
+idle slots and ``REDUCE_GRAD`` actions left out, so a generated schedule and PyTorch's agree
+action for action. ``split_backward=True`` writes each full backward ``B`` as ``I`` then ``W``
+right after it: the in-order baseline that out-of-order policies reorder.
+
+:data:`SCHEDULES` names every generator, those that fill the bubble included
+(:mod:`~trainsched.backprop.fast_forward`, :mod:`~trainsched.backprop.interleaved`,
+:mod:`~trainsched.backprop.zero_bubble`). A registered generator is called
+``(num_ranks, num_microbatches, ...)``; its tags say how: ``chunks`` (stages per rank, default
+1: the model is cut into ``chunks × num_ranks`` stages), ``split`` (it always writes ``I`` and
+``W``, so it takes no ``split_backward``), ``costs`` (it plans with the stages' costs, passed as
+``stages=``) and ``compare`` (a row of ``trainsched compare``). :func:`build_schedule` applies
+one by name.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
+from typing import Any
 
+from trainsched.backprop.fast_forward import fast_forward, modulo
+from trainsched.backprop.interleaved import interleaved_1f1b, interleaved_zero_bubble, zb_h1, zbv
+from trainsched.backprop.stages import StageCosts
+from trainsched.backprop.zero_bubble import zb_h2, zero_bubble
 from trainsched.errors import TrainschedError
 from trainsched.plan import Action, Schedule
 from trainsched.registry import Registry
@@ -76,17 +91,67 @@ def one_f_one_b(num_stages: int, num_microbatches: int, split_backward: bool = F
     return _validated(rows, p, m)
 
 
-#: Schedule generators by name; ``compare=True``: a row of ``trainsched compare``.
+def fast_forward_push(num_ranks: int, num_microbatches: int, *, group: int | None = None
+                      ) -> Schedule:
+    """Fast-forwarding's push variant in groups of ``group`` micro-batches (default: one per
+    rank, so that each group fills the pipeline once)."""
+    return fast_forward(num_ranks, num_microbatches,
+                        group=num_ranks if group is None else group)
+
+
+#: Schedule generators by name (module docstring for the tags).
 SCHEDULES: Registry[Callable[..., Schedule]] = Registry("pipeline schedule", "schedules")
 SCHEDULES.register("gpipe", gpipe, compare=True)
 SCHEDULES.register("1f1b", one_f_one_b, compare=True)
+SCHEDULES.register("interleaved-1f1b", interleaved_1f1b, chunks=2, compare=True)
+SCHEDULES.register("fast-forward", fast_forward, split=True, compare=True)
+SCHEDULES.register("fast-forward-push", fast_forward_push, split=True, compare=True)
+SCHEDULES.register("modulo", modulo, split=True, chunks=2, compare=True)
+SCHEDULES.register("zb-h1", zb_h1, split=True, compare=True)
+SCHEDULES.register("zb-h2", zb_h2, split=True, compare=True)
+SCHEDULES.register("interleaved-zb", interleaved_zero_bubble, split=True, chunks=2, compare=True)
+SCHEDULES.register("zbv", zbv, split=True, chunks=2, compare=True)
+SCHEDULES.register("zb-greedy", zero_bubble, split=True, costs=True, compare=True)
 
 
-def build_schedule(
-    name: str, num_stages: int, num_microbatches: int, split_backward: bool = False
-) -> Schedule:
-    """The schedule generator registered as ``name`` (see :data:`SCHEDULES`), applied."""
-    return SCHEDULES.lookup(name)(num_stages, num_microbatches, split_backward)
+def _options(generator: Callable[..., Schedule]) -> list[str]:
+    return [p.name for p in inspect.signature(generator).parameters.values()
+            if p.kind == p.KEYWORD_ONLY]
+
+
+def schedule_stage_count(name: str, num_ranks: int, **options: Any) -> int:
+    """How many stages schedule ``name`` runs on ``num_ranks`` ranks (``chunks`` per rank,
+    from ``options`` or the registry's tag), so that the model can be cut before it is built."""
+    generator = SCHEDULES.lookup(name)
+    tags = SCHEDULES.tags(name.strip().lower())
+    if "chunks" in options and "chunks" not in _options(generator):
+        raise TrainschedError(f"pipeline schedule {name!r} runs {tags.get('chunks', 1)} "
+                              "stage(s) per rank; it takes no chunks option")
+    return num_ranks * options.get("chunks", tags.get("chunks", 1))
+
+
+def build_schedule(name: str, num_ranks: int, num_microbatches: int,
+                   split_backward: bool = False, *, stages: StageCosts | None = None,
+                   **options: Any) -> Schedule:
+    """The schedule generator registered as ``name`` (see :data:`SCHEDULES`), applied.
+
+    ``split_backward`` applies to generators that write fused ``B`` s (the others always split);
+    ``stages`` (the costs of ``schedule_stage_count(name, num_ranks)`` stages) goes to those
+    that plan with costs and is ignored by the others; ``options`` (``chunks``, ``ring``,
+    ``group``, a greedy's ``memory_limit_bytes`` ...) go to the generator.
+    """
+    generator = SCHEDULES.lookup(name)
+    tags = SCHEDULES.tags(name.strip().lower())
+    if tags.get("costs"):
+        options = {**options, "stages": stages}
+    known = _options(generator)
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise TrainschedError(f"pipeline schedule {name!r} takes no option {unknown[0]!r}; its "
+                              f"options: {', '.join(known) or 'none'}")
+    if tags.get("split"):
+        return generator(num_ranks, num_microbatches, **options)
+    return generator(num_ranks, num_microbatches, split_backward, **options)
 
 
 def bubble_fraction_ideal(num_stages: int, num_microbatches: int) -> float:

@@ -13,9 +13,10 @@ The graph is built at op granularity (one op per ATen call) and can be coarsened
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -25,6 +26,7 @@ from trainsched.capture.profile import Phase, Progress, StepCost, StepRunner
 from trainsched.capture.trace import Traced, _tree_map, quiet_torch_logs, trace
 from trainsched.errors import TrainschedError
 from trainsched.graph import Edge, Graph, Op, coarsen_by_module
+from trainsched.precision import check_precision
 
 TIERS = ("measured", "roofline", "static")
 GRANULARITIES = ("op", "module")
@@ -36,7 +38,7 @@ def capture(model: torch.nn.Module, example_inputs: tuple | Any = (), *,
             costs: str = "measured", device_kind: str | None = None,
             device: str | torch.device | None = None, warmup: int = 0, repeats: int = 10,
             method: str = "auto", name: str = "model", threads: int | None = None,
-            meta: Mapping[str, Any] | None = None,
+            precision: str = "fp32", meta: Mapping[str, Any] | None = None,
             progress: Progress | None = None) -> Graph:
     """Capture ``model`` on an example batch into a forward :class:`~trainsched.graph.Graph`.
 
@@ -48,18 +50,31 @@ def capture(model: torch.nn.Module, example_inputs: tuple | Any = (), *,
     (default H100). ``device`` is where measured costs run (default: CUDA when available, else
     CPU); the model is moved there. Each measured phase runs ``warmup`` untimed calls, then up
     to ``repeats`` timed calls: at least 3, and no more once they add up to a quarter second.
-    ``threads`` sets torch's intra-op threads for the capture (restored afterwards).
+    ``precision`` (:data:`trainsched.precision.PRECISIONS`) is how training runs: ``bf16``/``fp16``
+    convert the model (in place, as measuring moves it to ``device``) and its floating inputs,
+    ``amp-*`` run every pass under ``torch.autocast``, so shapes, bytes and each op's dtype are
+    PyTorch's own; ``tf32`` costs fp32 ops at the device's TF32 rate (roofline) or enables TF32
+    math (measured on a GPU).
+    ``threads`` sets torch's intra-op threads for the capture (restored afterwards); measured
+    costs on the CPU default to one thread, the way the runtime runs every rank there (two
+    ranks sharing a host's cores, or a busy host, inflate multi-threaded op times many-fold).
+    A measured phase whose samples spread wider than
+    :data:`~trainsched.graph.core.SPREAD_LIMIT` is timed again; the graph's meta counts
+    the phases re-measured and those still spread (``remeasured_phases``, ``noisy_phases``).
     """
     if threads is not None and threads < 1:
         raise TrainschedError(f"threads must be at least 1, got {threads}")
+    check_precision(precision)
+    if threads is None and costs == "measured" and measure_device(device).type == "cpu":
+        threads = 1
     previous = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
     try:
         with quiet_torch_logs():
             return _capture(model, example_inputs, example_kwargs, granularity, module_depth,
-                            costs, device_kind, device, warmup, repeats, method, name, meta,
-                            progress)
+                            costs, device_kind, device, warmup, repeats, method, name,
+                            {**(meta or {}), "precision": precision}, progress)
     finally:
         torch.set_num_threads(previous)
 
@@ -90,23 +105,33 @@ def _capture(model: torch.nn.Module, example_inputs: Any, example_kwargs: Any,
             device_kind or "H100")
     measure = costs == "measured"
     run_device = measure_device(device) if measure or device is not None else None
+    precision = (meta or {}).get("precision", "fp32")
+    if measure and precision == "tf32" and run_device.type != "cuda":
+        raise TrainschedError("tf32 is a GPU math mode: measure fp32 on the CPU, or cost tf32 "
+                              "for a GPU with the roofline tier")
 
     model.train()
     if measure:
         model.to(run_device)
         args, kwargs = _to_device((args, kwargs), run_device)
+    if precision in HALF:
+        model.to(HALF[precision])
+        args, kwargs = _tree_map(lambda v: v.to(HALF[precision]) if isinstance(v, torch.Tensor)
+                                 and v.is_floating_point() else v, (args, kwargs))
     traced = trace(model, args, kwargs, method)
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     # Shapes, FLOPs and saved bytes always come from a pass on fake tensors (no compute); the
     # measured tier then times every step on real tensors.
-    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+    autocast_on = (run_device.type if run_device is not None else "cpu")
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode, _math(precision, autocast_on):
         step_costs = StepRunner(traced, measure=False, progress=None if measure else progress
                                 ).run(lambda t: mode.from_tensor(t))
     if measure:
         timer = StepRunner(traced, measure=True, warmup=warmup, repeats=repeats,
                            device=run_device, progress=progress)
-        timed = timer.run(lambda t: t.detach())
+        with _math(precision, autocast_on):
+            timed = timer.run(lambda t: t.detach())
         step_costs = [_with_times(c, t) for c, t in zip(step_costs, timed, strict=True)]
 
     def phase_s(phase: Phase | None, dtype: str) -> float | None:
@@ -118,7 +143,9 @@ def _capture(model: torch.nn.Module, example_inputs: Any, example_kwargs: Any,
             from trainsched import costs as cost_models
 
             return cost_models.roofline_s(flops=phase.flops, bytes_accessed=phase.bytes_accessed,
-                                          device=spec, dtype=dtype)
+                                          device=spec,
+                                          dtype="tf32" if precision == "tf32" and
+                                          dtype == "fp32" else dtype)
         return 0.0
 
     graph_meta: dict[str, Any] = {
@@ -131,6 +158,7 @@ def _capture(model: torch.nn.Module, example_inputs: Any, example_kwargs: Any,
     if measure:
         graph_meta.update(device=_device_name(run_device), threads=torch.get_num_threads(),
                           warmup=warmup, repeats=repeats, timed_signatures=len(timer.timed),
+                          remeasured_phases=timer.remeasured, noisy_phases=timer.noisy,
                           memory_bandwidth_bytes_per_s=_copy_bandwidth(run_device))
     elif spec is not None:
         graph_meta.update(device=spec.kind,
@@ -140,6 +168,29 @@ def _capture(model: torch.nn.Module, example_inputs: Any, example_kwargs: Any,
     if granularity == "module":
         graph = coarsen_by_module(graph, depth=module_depth)
     return graph
+
+
+#: The precisions whose parameters and inputs are converted, and to what.
+HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
+#: The autocast dtype of each mixed precision.
+AUTOCAST = {"amp-bf16": torch.bfloat16, "amp-fp16": torch.float16}
+
+
+@contextlib.contextmanager
+def _math(precision: str, device_type: str) -> Iterator[None]:
+    """Autocast for the ``amp-*`` precisions, TF32 matmuls on a GPU for ``tf32``."""
+    if precision in AUTOCAST:
+        with torch.autocast(device_type, dtype=AUTOCAST[precision]):
+            yield
+    elif precision == "tf32" and device_type == "cuda":
+        saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        try:
+            yield
+        finally:
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+    else:
+        yield
 
 
 def _with_times(counted: StepCost, timed: StepCost) -> StepCost:
@@ -227,12 +278,15 @@ def _build_graph(traced: Traced, step_costs: list[StepCost], phase_s: Any,
     for cost in step_costs:
         step = steps[cost.name]
         param_bytes = buffer_bytes = 0
+        tied: list[str] = []
         for fqn in step.state:
             tensor = traced.state.get(fqn)
             if not isinstance(tensor, torch.Tensor):
                 continue
             sharers.setdefault(fqn, []).append(step.name)
             if fqn in owner:
+                if fqn in traced.trainable and owner[fqn] not in tied:
+                    tied.append(owner[fqn])   # a tied weight: its gradient adds into owner's
                 continue
             owner[fqn] = step.name
             nbytes = tensor.numel() * tensor.element_size()
@@ -258,7 +312,7 @@ def _build_graph(traced: Traced, step_costs: list[StepCost], phase_s: Any,
             backward_input_p90_s=cost.dx.p90_s if cost.dx else None,
             backward_weight_p10_s=cost.dw.p10_s if cost.dw else None,
             backward_weight_p90_s=cost.dw.p90_s if cost.dw else None,
-            samples=cost.forward.samples,
+            samples=cost.forward.samples, tied_to=tuple(tied),
         )
         if param_bytes:
             layer += 1

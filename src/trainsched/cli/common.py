@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from trainsched.errors import TrainschedError
 from trainsched.graph import OPTIMIZERS
+from trainsched.precision import PRECISIONS
 
 
 class Subcommands(Protocol):
@@ -232,6 +233,14 @@ def tune_ranges(args: argparse.Namespace) -> tuple[tuple[int, int], tuple[int, i
 
 #: ``--optimizer``'s default (given in code: on a training graph the flag does not apply).
 OPTIMIZER_DEFAULT = "sgd"
+
+
+def add_precision(p: argparse.ArgumentParser) -> None:
+    """``--precision`` of the verbs that capture a model."""
+    p.add_argument("--precision", default=None, choices=PRECISIONS,
+                   help="how training computes and stores: fp32 (default), tf32 (fp32 "
+                   "storage, TF32 matmuls), bf16/fp16 (16-bit weights, activations and "
+                   "gradients, fp32 master weights), amp-bf16/amp-fp16 (autocast)")
 
 
 def add_optimizer(p: argparse.ArgumentParser) -> None:

@@ -19,6 +19,7 @@ from trainsched.cli.common import (
     Subcommands,
     add_json,
     add_optimizer,
+    add_precision,
     as_training,
     check_applicable,
     check_count,
@@ -27,6 +28,7 @@ from trainsched.cli.common import (
     size_rules_and_facts,
 )
 from trainsched.cli.outputs import OutputDir
+from trainsched.errors import TrainschedError
 from trainsched.report.chart import write_measured_chart
 from trainsched.report.progress import ProgressBar
 from trainsched.report.tables import compare_report, measured_report
@@ -47,6 +49,7 @@ def add_parser(sub: Subcommands) -> None:
     p.add_argument("--costs", choices=COST_CHOICES, default=None,
                    help="auto (default): measured on a cpu cluster, else roofline for its "
                    "device")
+    add_precision(p)
     p.add_argument("--ranks", type=int, default=None,
                    help="ranks / pipeline stages (default: all devices)")
     p.add_argument("--microbatches", type=int, default=None,
@@ -77,13 +80,16 @@ def check_flags(args: argparse.Namespace) -> None:
     without it (:func:`trainsched.cli.common.check_applicable`)."""
     graph_file = args.model.endswith(".json")
     rules, facts = size_rules_and_facts(None if graph_file else args.model)
-    rules += [Applies(flags=("batch_size", "costs"), when={"model": (True,)},
+    rules += [Applies(flags=("batch_size", "costs", "precision"), when={"model": (True,)},
                       where="to a model (a graph file has its batch and costs)"),
               Applies(flags=("steps", "warmup", "calibration"), when={"run": (True,)},
                       where="with --run")]
     facts.update(model=Fact(value=not graph_file, text="to a graph file"),
                  run=Fact(value=bool(args.run), text="without --run"))
     check_applicable(args, rules, facts)
+    if args.run and args.precision not in (None, "fp32"):
+        raise TrainschedError(f"--run trains in fp32: drop --precision {args.precision} to "
+                              "run, or compare without --run to predict it")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -129,12 +135,11 @@ def run(args: argparse.Namespace) -> int:
             meta["image_size"] = args.image_size
         with ProgressBar(f"capturing {zoo.name}", enabled=not args.json) as bar, \
                 error_context(zoo.name):
-            # --run trains each rank on one thread (ranks share this host's cores): measure
-            # the costs the same way, so that predicted and measured time the same work
+            # measured on the CPU: one thread, as --run trains each rank
             graph = capture(zoo.model, zoo.args, example_kwargs=zoo.kwargs, costs=costs,
                             device_kind=cluster.device if costs == "roofline" else None,
                             name=zoo.name, meta=meta, progress=bar.update,
-                            threads=1 if args.run and costs == "measured" else None)
+                            precision=args.precision or "fp32")
         files["graph.json"] = graph.save  # the captured graph (a graph file given is an input)
     graph = as_training(graph, args, runs=args.run)
     ranks = args.ranks or cluster.num_devices
@@ -155,7 +160,12 @@ def run(args: argparse.Namespace) -> int:
             save_plan, planned[name].plan,
             prediction=Prediction(cluster=cluster.label, step_time_s=result.step_time_s,
                                   samples_per_step=planned[name].samples_per_step))
-    title = f"{model} (batch {options.batch_size}) on {cluster.label}, {ranks} devices"
+    sizes = [f"batch {options.batch_size} per rank"]
+    if graph.meta.get("seq_len") is not None:
+        sizes.append(f"seq {graph.meta['seq_len']}")
+    if any(planned[name].plan.kind == "pipeline" for name in planned):
+        sizes.append(f"{options.microbatches} micro-batches per pipeline step")
+    title = f"{model} ({', '.join(sizes)}) on {cluster.label}, {ranks} devices"
     files["compare.png"] = lambda path: write_chart(str(path), rows, title)
     doc = {"model": model, "cluster": cluster.label, "ranks": ranks,
            "microbatches": options.microbatches, "batch_size": options.batch_size,
@@ -181,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(compare_report(rows, title=title, tier=graph.meta.get("tier"),
                          device=graph.meta.get("device", "?"), out_dir=out_dir,
-                         skipped=skipped))
+                         skipped=skipped, precision=graph.meta.get("precision", "fp32")))
     if measured is not None:
         print(measured_report(rows, measured, out_dir=out_dir))
     return 0

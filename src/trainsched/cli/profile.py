@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 from trainsched.cli.common import (
@@ -11,12 +12,14 @@ from trainsched.cli.common import (
     Fact,
     Subcommands,
     add_json,
+    add_precision,
     check_applicable,
     check_output_dir,
     dump,
     error_context,
     size_rules_and_facts,
 )
+from trainsched.graph.core import SPREAD_LIMIT
 from trainsched.report.graph_summary import describe_graph, graph_summary
 from trainsched.report.progress import ProgressBar
 
@@ -41,6 +44,7 @@ def add_parser(sub: Subcommands) -> None:
                    "only)")
     p.add_argument("--device-kind", default=None,
                    help="device of the roofline costs (default H100; see docs/cluster.md)")
+    add_precision(p)
     p.add_argument("--device", default=None,
                    help="where measured costs run: cpu or cuda (default cuda where present)")
     p.add_argument("--repeats", type=int, default=None,
@@ -50,8 +54,8 @@ def add_parser(sub: Subcommands) -> None:
                    help=f"measured costs: untimed warm-up calls per op and phase (default "
                    f"{DEFAULTS['warmup']})")
     p.add_argument("--threads", type=int, default=None,
-                   help="torch intra-op threads while measuring (default: torch's; use 1 on a "
-                   "shared host)")
+                   help="torch intra-op threads while measuring (default: 1 on the CPU, as "
+                   "the runtime runs each rank; torch's own on a GPU)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     p.add_argument("--top", type=int, default=10, help="heaviest ops to show")
     p.add_argument("-o", "--output", default=None, help="write the graph JSON here")
@@ -108,9 +112,14 @@ def run(args: argparse.Namespace) -> int:
                         granularity=args.granularity, module_depth=args.module_depth,
                         costs=args.costs, device_kind=args.device_kind, device=args.device,
                         warmup=args.warmup, repeats=args.repeats, name=zoo.name, meta=meta,
-                        threads=args.threads,
+                        threads=args.threads, precision=args.precision or "fp32",
                         progress=bar.update)
     elapsed = time.perf_counter() - started
+    noisy = graph.meta.get("noisy_phases", 0)
+    if noisy:
+        print(f"trainsched: warning: {noisy} measured phases still spread more than "
+              f"{SPREAD_LIMIT:g}x (p90/p10) after being timed again: the host was busy; "
+              "profile again on a quiet machine (show lists the widest)", file=sys.stderr)
     if args.output:
         graph.save(args.output)
     summary = graph_summary(graph, top=args.top)

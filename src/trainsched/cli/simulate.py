@@ -2,7 +2,9 @@
 
 One executor per ``--parallelism``; data parallelism takes a comm policy's flags, or
 ``--autotune`` to pick the bytescheduler policy's partition and credit by Bayesian search on the
-simulator itself.
+simulator itself. ``--sync POLICY`` (or a plan file whose sync policy is not plain BSP, or a
+``--straggler``) adds the multi-step protocol simulation (:mod:`trainsched.sim.sync`): the
+policy beside pure BSP, time per step and per sample, staleness.
 """
 
 from __future__ import annotations
@@ -36,6 +38,12 @@ from trainsched.report.tables import simulate_report
 NAME = "simulate"
 
 PARALLELISMS = ("single", "placed", "data", "pipeline")
+
+#: The protocol simulation's defaults: BSP steps' worth of samples, step-time variation.
+SYNC_STEPS = 200
+STEP_NOISE = 0.05
+#: The protocol simulation's flags (``--sync`` itself needs ``--parallelism data``).
+SYNC_FLAGS = ("straggler", "sync_steps", "step_noise", "switch_cost")
 
 #: The policy flags of ``simulate --parallelism data`` and the policy fields they set.
 POLICY_FLAGS = {"partition": "partition_bytes", "credit": "credit_bytes",
@@ -80,6 +88,22 @@ def add_parser(sub: Subcommands) -> None:
                    help=f"pipeline schedule: {', '.join(SCHEDULES)} (default 1f1b)")
     p.add_argument("--microbatches", type=int, default=None,
                    help="pipeline micro-batches (default: 2 x stages)")
+    p.add_argument("--sync", default=None, metavar="POLICY",
+                   help="data parallel: sync policy, e.g. bsp, asp, ssp(s=4), k-of-n(k=3), "
+                   "local(h=8), bsp:0.125,asp:0.875 (default bsp); simulates it over many steps")
+    p.add_argument("--straggler", action="append", default=None, metavar="RANK:DELAY[:FROM-TO]",
+                   help="data parallel, protocol simulation: slow a rank by a delay (1:50ms) "
+                   "or a factor (2:3x), optionally in steps FROM to TO-1 (2:3x:100-400); "
+                   "repeatable")
+    p.add_argument("--sync-steps", type=int, default=None,
+                   help="data parallel, protocol simulation: BSP steps' worth of samples to "
+                   f"simulate (default {SYNC_STEPS})")
+    p.add_argument("--step-noise", type=float, default=None,
+                   help="data parallel, protocol simulation: coefficient of variation of each "
+                   f"rank's step time (default {STEP_NOISE})")
+    p.add_argument("--switch-cost", default=None,
+                   help="data parallel, protocol simulation: time one switch between phases "
+                   "costs (default 0)")
     add_optimizer(p)
     p.add_argument("--trace", default=None, help="write a Chrome/Perfetto trace here (.gz ok)")
     add_json(p)
@@ -95,8 +119,10 @@ RULES = (
     Applies(flags=("ranks",), when={"parallelism": ("data", "pipeline")},
             where="with --parallelism data or pipeline"),
     Applies(flags=("comm_policy", "credit_mode", "backfill", "algorithm", "startup_overlap",
-                   "steps", "autotune"), when={"parallelism": ("data",)},
+                   "steps", "autotune", "sync"), when={"parallelism": ("data",)},
             where="with --parallelism data"),
+    Applies(flags=SYNC_FLAGS, when={"parallelism": ("data", "plan")},
+            where="with --parallelism data or a data-parallel --plan"),
     Applies(flags=("partition", "credit"), when={"parallelism": ("data",), "autotune": (False,)},
             where="with --parallelism data, without --autotune (the tuner picks them)"),
     Applies(flags=TUNE_FLAGS, when={"parallelism": ("data",), "autotune": (True,)},
@@ -124,7 +150,8 @@ def costs_line(graph: Any) -> str | None:
     if tier is None:
         return None
     where = graph.meta.get("device")
-    return f"{tier}{f' on {where}' if where and tier != 'static' else ''}, fp32"
+    precision = graph.meta.get("precision", "fp32")
+    return f"{tier}{f' on {where}' if where and tier != 'static' else ''}, {precision}"
 
 
 def build_plan(graph: Any, cluster: Any, args: argparse.Namespace, *, policy: Any = None,
@@ -146,8 +173,9 @@ def build_plan(graph: Any, cluster: Any, args: argparse.Namespace, *, policy: An
     if parallelism == "data":
         return plans.DataParallelPlan(model=model, ranks=ranks, comm=_comm_policy_name(args),
                                       policy=policy, algorithm=args.algorithm or "ring",
-                                      steps=steps, startup_overlap=args.startup_overlap)
-    from trainsched.backprop.schedules import build_schedule
+                                      steps=steps, startup_overlap=args.startup_overlap,
+                                      sync=args.sync or "bsp")
+    from trainsched.backprop.schedules import build_schedule, schedule_stage_count
     from trainsched.backprop.stages import stage_costs_from_graph
     from trainsched.strategies import default_microbatches
 
@@ -157,9 +185,9 @@ def build_plan(graph: Any, cluster: Any, args: argparse.Namespace, *, policy: An
         raise TrainschedError(f"--microbatches {micro}: the graph's batch has {batch} samples "
                               f"and a micro-batch needs at least one; give at most {batch}")
     schedule = args.schedule or "1f1b"
-    stages = stage_costs_from_graph(graph, ranks, micro)
+    stages = stage_costs_from_graph(graph, schedule_stage_count(schedule, ranks), micro)
     return plans.PipelinePlan(model=model, stages=stages.ops,
-                              schedule=build_schedule(schedule, ranks, micro),
+                              schedule=build_schedule(schedule, ranks, micro, stages=stages),
                               schedule_name=schedule.strip().lower())
 
 
@@ -287,7 +315,8 @@ def run(args: argparse.Namespace) -> int:
         bound, gradient = crossing_bound_s(graph, cluster, ranks=ranks, algorithm=algorithm)
         doc.update(ranks=ranks, algorithm=algorithm, steps=steps,
                    policy=_policy_doc(policy), crossing_bound_s=bound,
-                   crossing_bound_gradient=gradient, autotune=autotune)
+                   crossing_bound_gradient=gradient, autotune=autotune,
+                   sync=_sync_doc(plan, graph, cluster, result, args))
     print(dump(doc) if args.json else simulate_report(doc, graph.meta.get("model", args.graph)))
     return 0
 
@@ -315,6 +344,61 @@ def _run_plan_file(args: argparse.Namespace) -> int:
                                            algorithm=plan.algorithm)
         doc.update(ranks=plan.ranks, algorithm=plan.algorithm, steps=plan.steps,
                    policy=_policy_doc(plan.policy), crossing_bound_s=bound,
-                   crossing_bound_gradient=gradient, autotune=None)
+                   crossing_bound_gradient=gradient, autotune=None,
+                   sync=_sync_doc(plan, graph, cluster, result, args))
+    elif given(args, list(SYNC_FLAGS)):
+        raise TrainschedError(f"{', '.join(given(args, list(SYNC_FLAGS)))}: the plan in "
+                              f"{args.plan} is a {plan.kind} plan; the protocol simulation "
+                              f"needs a data-parallel plan")
     print(dump(doc) if args.json else simulate_report(doc, graph.meta.get("model", args.graph)))
     return 0
+
+
+def _sync_doc(plan: Any, graph: Any, cluster: Any, result: Any,
+              args: argparse.Namespace) -> dict[str, Any] | None:
+    """The protocol simulation of ``plan``'s sync policy beside pure BSP (``None`` when the
+    policy is plain BSP and no protocol-simulation flag is given). BSP's synchronisation time
+    is the step simulator's: its step time minus the one-device step."""
+    from trainsched.sim import simulate_single
+    from trainsched.sim.sync import simulate_sync, sync_workload
+    from trainsched.sync import Bsp, format_straggler, parse_stragglers
+    from trainsched.units import parse_duration
+
+    if plan.sync == "bsp" and not given(args, list(SYNC_FLAGS)):
+        return None
+    check_count("--sync-steps", args.sync_steps, 1)
+    noise = STEP_NOISE if args.step_noise is None else args.step_noise
+    if not 0 <= noise < 10:
+        raise TrainschedError(f"--step-noise must be a coefficient of variation in [0, 10), "
+                              f"got {noise}")
+    switch_s = parse_duration(args.switch_cost or 0)
+    stragglers = parse_stragglers(args.straggler or ())
+    for s in stragglers:
+        if s.rank >= plan.ranks:
+            raise TrainschedError(f"--straggler {format_straggler(s)}: rank {s.rank} is not one "
+                                  f"of the {plan.ranks} ranks (0..{plan.ranks - 1})")
+    batch = graph.meta.get("batch_size")
+    batch = batch if isinstance(batch, int) and batch >= 1 else 1
+    single = simulate_single(graph, cluster).step_time_s
+    workload = sync_workload(graph, cluster, ranks=plan.ranks, batch_per_rank=batch,
+                             algorithm=plan.algorithm, noise_cv=noise, stragglers=stragglers,
+                             allreduce_s=max(0.0, result.step_time_s - single))
+    steps = args.sync_steps or SYNC_STEPS
+    total = steps * plan.ranks * batch
+    rows = []
+    runs = [("bsp", Bsp())] + ([(plan.sync, plan.sync_policy)] if plan.sync != "bsp" else [])
+    for text, policy in runs:
+        run = simulate_sync(policy, workload, total_samples=total, switch_s=switch_s)
+        rows.append({
+            "policy": text,
+            "time_s": run.time_s, "step_time_s": run.step_time_s,
+            "time_per_sample_s": run.time_per_sample_s, "mean_staleness": run.mean_staleness,
+            "max_staleness": max(run.update_staleness, default=0),
+            "phases": [{"protocol": p.protocol, "samples": p.samples, "updates": p.updates,
+                        "time_s": p.time_s, "staleness": [list(x) for x in p.staleness]}
+                       for p in run.phases]})
+    return {"policy": plan.sync, "steps": steps, "batch_per_rank": batch,
+            "samples": total, "step_noise": noise, "switch_s": switch_s,
+            "stragglers": [format_straggler(s) for s in stragglers],
+            "compute_s": single, "allreduce_s": workload.allreduce_s,
+            "push_s": workload.push_s, "server_s": workload.server_s, "rows": rows}

@@ -26,6 +26,7 @@ from trainsched.comm.policy import COMM_POLICIES, CREDIT_MODES
 from trainsched.errors import TrainschedError
 from trainsched.graph import OPTIMIZERS
 from trainsched.report.tables import (
+    auto_report,
     autotune_intro,
     autotune_report,
     plan_run_report,
@@ -46,12 +47,17 @@ def add_parser(sub: Subcommands) -> None:
     p.add_argument("--ranks", type=int, default=None,
                    help=f"worker processes, one rank each (default {DEFAULTS['ranks']})")
     add_alias(p, "--nproc", "ranks", type=int)
-    p.add_argument("--comm-policy", choices=tuple(COMM_POLICIES), default=None,
+    p.add_argument("--comm-policy", choices=COMM_CHOICES, default=None,
                    help="fifo: whole tensors, barrier; ddp: torch DDP; priority (default): "
                    "partitions, credit, crossing the barrier; bytescheduler: priority with "
                    "gradients below 1 MiB fused into one collective; any other registered "
-                   "policy at its defaults")
-    add_alias(p, "--comm", "comm_policy", choices=tuple(COMM_POLICIES))
+                   "policy at its defaults; auto: capture this model's costs, simulate every "
+                   "data-parallel strategy on this host's calibration and run the fastest "
+                   "(stock DDP unless another is predicted over 5%% faster)")
+    add_alias(p, "--comm", "comm_policy", choices=COMM_CHOICES)
+    p.add_argument("--calibration", default=None,
+                   help="--comm-policy auto: a cluster file from trainsched calibrate to "
+                   "predict with (default: calibrate this host first)")
     p.add_argument("--partition", default=None,
                    help=f"priority/bytescheduler: partition size (default "
                    f"{DEFAULTS['partition']})")
@@ -103,6 +109,10 @@ def add_parser(sub: Subcommands) -> None:
 DEFAULTS = {"ranks": 2, "comm_policy": "priority", "partition": "4MiB", "credit": "16MiB",
             "credit_mode": "overdraft", "order": "leader", "tune_steps": 5, "tune_confirm": 2}
 
+#: ``--comm-policy``'s choices: the registered policies, and ``auto`` (simulate, then run the
+#: strategy predicted fastest).
+COMM_CHOICES = (*COMM_POLICIES, "auto")
+
 #: The policies the scheduled runtime runs (``--no-schedule`` turns its scheduler off, and
 #: ``--trace-dir`` records it).
 SCHEDULER = ("fifo", "priority", "bytescheduler")
@@ -114,8 +124,10 @@ def rules(model: str) -> tuple[list[Applies], dict[str, Fact]]:
     tuned = ("priority", "bytescheduler")
     table, facts = size_rules_and_facts(model)
     table += [
-        Applies(flags=("ranks", "comm_policy"), when={"comm": tuple(COMM_POLICIES)},
+        Applies(flags=("ranks", "comm_policy"), when={"comm": COMM_CHOICES},
                 where="without --plan (the plan file sets them)"),
+        Applies(flags=("calibration",), when={"comm": ("auto",)},
+                where="with --comm-policy auto"),
         Applies(flags=("partition", "credit", "credit_mode", "backfill"), when={"comm": tuned},
                 where="with --comm-policy priority or bytescheduler"),
         Applies(flags=("order",), when={"comm": tuple(c for c in COMM_POLICIES if c != "ddp"),
@@ -124,9 +136,9 @@ def rules(model: str) -> tuple[list[Applies], dict[str, Fact]]:
         Applies(flags=("no_schedule",), when={"comm": SCHEDULER, "autotune": (False,)},
                 where=f"with --comm-policy {', '.join(SCHEDULER)}, without --autotune (it "
                 "tunes the scheduler)"),
-        Applies(flags=("trace_dir",), when={"comm": (*SCHEDULER, "plan"), "autotune": (False,),
-                                           "no_schedule": (False,)},
-                where=f"with --plan or --comm-policy {', '.join(SCHEDULER)} (the scheduled "
+        Applies(flags=("trace_dir",), when={"comm": (*SCHEDULER, "plan", "auto"),
+                                           "autotune": (False,), "no_schedule": (False,)},
+                where=f"with --plan, auto or --comm-policy {', '.join(SCHEDULER)} (the scheduled "
                 "runtime), without --autotune or --no-schedule (give it at the point the tuner "
                 "reports)"),
         Applies(flags=("autotune",), when={"comm": tuned},
@@ -187,6 +199,8 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, option) is None:
             setattr(args, option, default)
     warn_oversubscribed(args.ranks)
+    if args.comm_policy == "auto":
+        return _run_auto(args)
     if args.comm_policy not in COMMS:
         return _run_registered(args)
     partition = parse_size(args.partition)
@@ -285,6 +299,64 @@ def _run_plan(args: argparse.Namespace) -> int:
     print(dump(doc) if args.json else plan_run_report(args.plan, plan, result, prediction,
                                                       warmup=args.warmup,
                                                       timeline=args.trace_dir))
+    return 0
+
+
+def _run_auto(args: argparse.Namespace) -> int:
+    """``--comm-policy auto``: capture the model's costs on this host (measured, one thread per
+    rank), calibrate the host (or read ``--calibration``), simulate every data-parallel
+    strategy, run the plan :func:`trainsched.compare.choose_comm` picks and print measured
+    beside predicted."""
+    import sys
+
+    from trainsched.capture import build, capture
+    from trainsched.cluster import resolve_cluster
+    from trainsched.compare import Options, choose_comm
+    from trainsched.graph import to_training
+    from trainsched.plan import Prediction
+    from trainsched.report.progress import ProgressBar
+    from trainsched.runtime import run as run_plan
+
+    zoo = build(args.model, batch_size=args.batch_size, seq_len=args.seq_len,
+                image_size=args.image_size)
+    if args.calibration is not None:
+        cluster = resolve_cluster(args.calibration)
+        if cluster.num_devices < args.ranks:
+            raise TrainschedError(f"--calibration {args.calibration} has {cluster.num_devices} "
+                                  f"devices; --ranks {args.ranks} needs as many: calibrate with "
+                                  f"--ranks {args.ranks}")
+    else:
+        from trainsched.runtime.calibrate import calibrate
+
+        if not args.json:
+            print(f"calibrating this host's gloo on {args.ranks} ranks (save it with "
+                  f"trainsched calibrate -o FILE, reuse it with --calibration FILE)",
+                  file=sys.stderr, flush=True)
+        cluster = calibrate(world_size=args.ranks, repeats=5).to_cluster()
+    with ProgressBar(f"capturing {zoo.name}", enabled=not args.json) as bar:
+        graph = capture(zoo.model, zoo.args, example_kwargs=zoo.kwargs, costs="measured",
+                        device="cpu", name=zoo.name, meta={"batch_size": zoo.batch_size},
+                        progress=bar.update)
+    graph = to_training(graph, optimizer=args.optimizer)
+    choice = choose_comm(graph, cluster, Options(ranks=args.ranks, microbatches=1,
+                                                 batch_size=zoo.batch_size))
+    plan = choice.planned.plan
+    result = run_plan(plan, args.model, steps=args.steps, warmup=args.warmup,
+                      batch_size=args.batch_size, image_size=args.image_size,
+                      seq_len=args.seq_len, optimizer=args.optimizer, lr=args.lr,
+                      timeout_s=args.timeout, timeline_dir=args.trace_dir)
+    assert result is not None  # our own launcher: this process is rank 0
+    prediction = Prediction(cluster=cluster.label, step_time_s=choice.predicted_s[
+        choice.strategy], samples_per_step=choice.planned.samples_per_step)
+    if args.json:
+        print(dump({"auto": {"strategy": choice.strategy, "reason": choice.reason,
+                             "predicted_s": choice.predicted_s}, **result.to_dict(),
+                    "predicted": {"cluster": prediction.cluster,
+                                  "step_time_s": prediction.step_time_s}}))
+        return 0
+    print(auto_report(choice, cluster.label))
+    print(plan_run_report(f"auto:{choice.strategy}", plan, result, prediction,
+                          warmup=args.warmup, timeline=args.trace_dir))
     return 0
 
 

@@ -67,6 +67,7 @@ __all__ = [
     "comm_policy",
     "graph_gradients",
     "may_dispatch",
+    "produces_gradient",
     "take_dispatchable",
 ]
 
@@ -491,8 +492,15 @@ def check_plan(gradients: Sequence[Gradient], collectives: Sequence[Collective],
                               f"{', '.join(missing[:5])}{more}")
 
 
+def produces_gradient(op: Any) -> bool:
+    """Whether ``op`` is a ``backward_weight`` op with a gradient of its own to reduce: the dW
+    of an op reading only tied weights (``output_bytes`` 0) adds into its owners' gradients."""
+    return op.kind == "backward_weight" and op.output_bytes > 0
+
+
 def graph_gradients(graph: Graph, order: Sequence[str] | None = None) -> tuple[Gradient, ...]:
-    """The gradients of a training graph in ready order: one per ``backward_weight`` op, in the
+    """The gradients of a training graph in ready order: one per ``backward_weight`` op that
+    :func:`produces_gradient` (tied readers' dW add into their owners' instead), in the
     order those ops come in ``order`` (the compute order of one device; default the graph's
     topological order, which is program order: in-order backprop). The k-th gradient comes
     from the k-th ``backward_weight`` op of ``order``.
@@ -504,7 +512,7 @@ def graph_gradients(graph: Graph, order: Sequence[str] | None = None) -> tuple[G
     (``forward_op``, else itself) in the graph's topological order.
     """
     order = graph.topological_order() if order is None else tuple(order)
-    ops = [graph.op(name) for name in order if graph.op(name).kind == "backward_weight"]
+    ops = [graph.op(name) for name in order if produces_gradient(graph.op(name))]
     if any(op.layer_index is None for op in ops):
         topo = {name: k for k, name in enumerate(graph.topological_order())}
 

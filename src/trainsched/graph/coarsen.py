@@ -141,4 +141,6 @@ def _merge(name: str, members: list[Op], graph: Graph, group_of: dict[str, str])
         compute_p10_s=_sum_optional([m.compute_p10_s for m in members]),
         compute_p90_s=_sum_optional([m.compute_p90_s for m in members]),
         samples=min(m.samples for m in members),
+        tied_to=tuple(dict.fromkeys(group_of[t] for m in members for t in m.tied_to
+                                    if group_of[t] != name)),
     )

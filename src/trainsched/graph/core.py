@@ -29,6 +29,10 @@ from trainsched.errors import TrainschedError
 
 OP_KINDS = ("forward", "backward_input", "backward_weight", "optimizer")
 
+#: A measured phase whose p90 exceeds this many times its p10 was disturbed while it was timed
+#: (another process, a frequency change): capture times it again, ``show`` counts what is left.
+SPREAD_LIMIT = 2.0
+
 
 @dataclass(frozen=True, kw_only=True)
 class Op:
@@ -55,12 +59,14 @@ class Op:
     target: str = ""  # what runs: an ATen op or a module type
     forward_op: str | None = None  # backward/optimizer ops: the forward op they derive from
     members: tuple[str, ...] = ()  # an op made by grouping: the op-level names it contains
+    # Tied weights: the ops owning parameters this op also reads; its dW adds into their grads.
+    tied_to: tuple[str, ...] = ()
     # Per-phase costs carried by forward ops (None = not known); the training transform reads them.
     backward_input_s: float | None = None
     backward_weight_s: float | None = None
     backward_input_flops: float | None = None
     backward_weight_flops: float | None = None
-    # Spread of measured times (None unless measured).
+    # Spread of measured times (None unless measured; see SPREAD_LIMIT).
     compute_p10_s: float | None = None
     compute_p90_s: float | None = None
     backward_input_p10_s: float | None = None
@@ -122,7 +128,7 @@ class GraphTotals:
 # Op fields by type; drives validation and the JSON reader (trainsched.graph.io).
 _FIELD_TYPES: dict[str, str] = {
     "name": "str", "kind": "str", "module_path": "str", "target": "str",
-    "group": "opt_str", "forward_op": "opt_str", "members": "strs",
+    "group": "opt_str", "forward_op": "opt_str", "members": "strs", "tied_to": "strs",
     "compute_s": "float", "flops": "float", "layer_index": "opt_int",
     "bytes_accessed": "int", "param_bytes": "int", "buffer_bytes": "int",
     "optimizer_state_bytes": "int", "output_bytes": "int", "temp_bytes": "int",

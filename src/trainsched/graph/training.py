@@ -16,6 +16,7 @@ from dataclasses import replace
 
 from trainsched.errors import TrainschedError
 from trainsched.graph.core import Edge, Graph, Op
+from trainsched.precision import master_weights
 
 # State tensors per parameter: SGD none, SGD with momentum one, Adam two (first and second moment).
 OPTIMIZER_STATE_TENSORS = {"sgd": 0, "momentum": 1, "adam": 2}
@@ -34,7 +35,8 @@ def to_training(
     before ``dW`` of each op), then optimizer ops in forward order. ``optimizer`` is one of
     ``sgd``, ``momentum``, ``adam``; optimizer steps are memory-bound and cost their bytes over
     ``memory_bandwidth_bytes_per_s`` (default: ``meta["memory_bandwidth_bytes_per_s"]``, else
-    10 GB/s).
+    10 GB/s). A graph captured in 16-bit parameters (``meta["precision"]`` ``bf16``/``fp16``)
+    gets an fp32 master copy and fp32 optimizer state in its optimizer ops.
     """
     if optimizer not in OPTIMIZER_STATE_TENSORS:
         raise TrainschedError(
@@ -69,9 +71,12 @@ def to_training(
             mine.append(_backward(op, "backward_input", sum(grad_bytes[op.name].values())))
         if op.param_bytes > 0:
             mine.append(_backward(op, "backward_weight", op.param_bytes))
+        elif op.tied_to:
+            mine.append(_tied_backward(op, graph, bandwidth))
         backward += mine
         grads[op.name] = [b.name for b in mine]
-    optim = [_optimizer(op, optimizer, bandwidth) for op in forward if op.param_bytes > 0]
+    master = master_weights(graph.meta.get("precision", "fp32"))
+    optim = [_optimizer(op, optimizer, bandwidth, master) for op in forward if op.param_bytes > 0]
 
     edges = list(graph.edges)
     edges += [
@@ -90,6 +95,13 @@ def to_training(
              tensor=f"{op.name}:grad")
         for op in forward
         if op.param_bytes > 0
+    ]  # fmt: skip
+    # A tied weight's gradient is whole once every reader's dW has added its share into it.
+    edges += [
+        Edge(src=f"{op.name}:dW", dst=f"{owner}:dW", size_bytes=graph.op(owner).param_bytes,
+             tensor=f"{op.name}:grad>{owner}")
+        for op in forward if op.param_bytes == 0
+        for owner in op.tied_to
     ]  # fmt: skip
     meta = graph.meta
     meta["training"] = {"optimizer": optimizer, "memory_bandwidth_bytes_per_s": bandwidth}
@@ -150,14 +162,36 @@ def _backward(op: Op, kind: str, output_bytes: int) -> Op:
     )  # fmt: skip
 
 
-def _optimizer(op: Op, optimizer: str, bandwidth_bytes_per_s: float) -> Op:
-    """``v:opt``: reads param, grad and k state tensors, writes param and state; memory-bound."""
+def _tied_backward(op: Op, graph: Graph, bandwidth_bytes_per_s: float) -> Op:
+    """``v:dW`` of an op that reads tied weights it does not own: its weight-gradient work plus
+    adding the result into each owner's gradient (read both, write one: memory-bound). It
+    produces no gradient of its own (``output_bytes`` 0): the owners' gradients hold the sum."""
+    missing = [t for t in op.tied_to if t not in graph or graph.op(t).param_bytes == 0]
+    if missing:
+        raise TrainschedError(f"op {op.name!r} is tied to {missing[0]!r}, which is not an op "
+                              f"owning parameters in this graph; tied_to must name the ops "
+                              f"that own the shared parameters")
+    shared = sum(graph.op(t).param_bytes for t in op.tied_to)
+    dw = _backward(op, "backward_weight", 0)
+    return replace(dw, compute_s=dw.compute_s + 3 * shared / bandwidth_bytes_per_s,
+                   bytes_accessed=dw.bytes_accessed + 3 * shared)
+
+
+def _optimizer(op: Op, optimizer: str, bandwidth_bytes_per_s: float, master: bool) -> Op:
+    """``v:opt``: reads param, grad and k state tensors, writes param and state; memory-bound.
+    With ``master`` (16-bit parameters) the state and an fp32 master copy of the weights are
+    twice the parameters' bytes each, and the step also reads and writes the master copy."""
     k = OPTIMIZER_STATE_TENSORS[optimizer]
-    accessed = op.param_bytes * (3 + 2 * k)
+    if master:
+        state = 2 * (k + 1) * op.param_bytes
+        accessed = op.param_bytes * 2 + 2 * state    # param and grad read, state read + written
+    else:
+        state = k * op.param_bytes
+        accessed = op.param_bytes * (3 + 2 * k)
     return _derived(
         op, "opt", "optimizer",
         compute_s=accessed / bandwidth_bytes_per_s,
         bytes_accessed=accessed,
-        optimizer_state_bytes=k * op.param_bytes,
+        optimizer_state_bytes=state,
         target=optimizer,
     )  # fmt: skip

@@ -6,7 +6,7 @@ Four kinds, one per way of running a training step:
 - :class:`PlacedPlan`: ops on several devices (a :class:`~trainsched.plan.Placement`).
 - :class:`DataParallelPlan`: ``ranks`` replicas; the gradients are reduced by a communication
   policy object (with its parameters), a collective algorithm and a collective order; ``sync``
-  is the synchronisation protocol (BSP for now).
+  is the sync policy's text (``bsp``, ``bsp:0.125,asp:0.875``: :mod:`trainsched.sync.policy`).
 - :class:`PipelinePlan`: the forward ops cut into contiguous stages, a
   :class:`~trainsched.plan.Schedule` and its micro-batches.
 
@@ -29,6 +29,8 @@ from trainsched.errors import TrainschedError
 from trainsched.graph import Graph
 from trainsched.plan.placement import Placement
 from trainsched.plan.schedule import Schedule
+from trainsched.sync.policy import SyncPolicy, format_policy, parse_policy
+from trainsched.sync.protocols import PROTOCOLS
 from trainsched.units import is_int
 
 if TYPE_CHECKING:
@@ -48,8 +50,9 @@ __all__ = [
     "default_steps",
 ]
 
-#: The synchronisation protocols a data-parallel plan may name (more arrive with ``sync/``).
-SYNC_PROTOCOLS = ("bsp",)
+#: The synchronisation protocols a data-parallel plan's sync policy may name (their text forms
+#: are :func:`trainsched.sync.format_protocol`'s).
+SYNC_PROTOCOLS = tuple(PROTOCOLS)
 #: How every rank agrees on the order collectives are issued in (the runtime's ``order``):
 #: rank 0 decides each step (``leader``), or an order compiled once (``static``).
 COLLECTIVE_ORDERS = ("leader", "static")
@@ -168,7 +171,9 @@ class DataParallelPlan:
     ``policy`` the object with its parameters; ``algorithm`` the collective algorithm
     (:data:`trainsched.costs.ALGORITHMS`); ``order`` how the runtime's ranks agree on the
     collective order (:data:`COLLECTIVE_ORDERS`; the simulator needs no agreement); ``sync``
-    the synchronisation protocol (:data:`SYNC_PROTOCOLS`). ``steps`` and ``startup_overlap``
+    the sync policy as text (``bsp``, ``bsp:0.125,asp:0.875``, ``bsp;straggler(exclude)``),
+    checked and kept in its canonical form (:func:`trainsched.sync.format_policy`; the object
+    is :attr:`sync_policy`). ``steps`` and ``startup_overlap``
     set the simulation: steps replayed (the last period is the step time) and whether
     collectives in flight together overlap their start-up.
     """
@@ -191,9 +196,18 @@ class DataParallelPlan:
             raise TrainschedError(f"data-parallel plan: unknown comm policy {self.comm!r}; "
                                   f"known policies: {', '.join(COMM_POLICIES)}")
         check_policy(self.policy)
+        if not isinstance(self.sync, str):
+            raise TrainschedError(f"data-parallel plan: sync must be a sync policy's text "
+                                  f"(e.g. bsp or bsp:0.125,asp:0.875), got {self.sync!r}")
+        try:
+            policy = parse_policy(self.sync)
+            for protocol in policy.protocols:
+                protocol.effective_batch(self.ranks, 1)  # refuses k-of-n with k > ranks
+        except TrainschedError as exc:
+            raise TrainschedError(f"data-parallel plan: {exc}") from None
+        object.__setattr__(self, "sync", format_policy(policy))
         for field, value, known in (("algorithm", self.algorithm, ALGORITHMS),
-                                    ("order", self.order, COLLECTIVE_ORDERS),
-                                    ("sync", self.sync, SYNC_PROTOCOLS)):
+                                    ("order", self.order, COLLECTIVE_ORDERS)):
             if value not in known:
                 raise TrainschedError(f"data-parallel plan: {field} must be one of "
                                       f"{', '.join(known)}, got {value!r}")
@@ -204,6 +218,11 @@ class DataParallelPlan:
     @property
     def devices(self) -> int:
         return self.ranks
+
+    @property
+    def sync_policy(self) -> SyncPolicy:
+        """The sync policy ``sync`` writes."""
+        return parse_policy(self.sync)
 
     def validate(self, graph: Graph, cluster: Cluster | None = None) -> None:
         self.model.check(graph)

@@ -270,11 +270,32 @@ class Schedule:
         if not problems:
             problems = self._coverage_problems(places) + self._order_problems(places)
         if problems:
+            problems = self._sizes_problems() + problems
             raise TrainschedError(
                 _listing(f"schedule is invalid ({len(problems)} problem(s)):", problems)
                 + "\nfix the rank lists (docs/plans.md lists what a valid schedule needs)"
             )
         self._check_progress(places)
+
+    def _sizes_problems(self) -> list[str]:
+        """A schedule written for other stage or micro-batch counts than it is declared for:
+        one line naming the counts it was written for, ahead of the problems that follow."""
+        actions = [a for row in self.ranks for a in row if a is not None]
+        used = [a.microbatch for a in actions if a.microbatch is not None]
+        if not used:
+            return []
+        problems = []
+        stages, micro = max(a.stage for a in actions) + 1, max(used) + 1
+        for what, written, claimed in (("stages", stages, self.num_stages),
+                                       ("micro-batches", micro, self.num_microbatches)):
+            if written == claimed:
+                continue
+            name = "num_stages" if what == "stages" else "num_microbatches"
+            problems.append(
+                f"the actions are for {written} {what} (0..{written - 1}) but the schedule is "
+                f"declared for {claimed} ({name}={claimed}): regenerate it for {claimed} "
+                f"{what} or declare {name}={written}")
+        return problems
 
     def _placement_problems(self, places: dict[Key, list[tuple[int, int]]]) -> list[str]:
         """Range and rank problems; fills ``places`` with where each action occurs."""

@@ -5,7 +5,34 @@ from __future__ import annotations
 
 from typing import Any
 
+from trainsched.graph.core import SPREAD_LIMIT
 from trainsched.units import format_duration, format_flops, format_size
+
+#: (phase name, median field, p10 field, p90 field) of the measured phases an op carries.
+_PHASES = (("forward", "compute_s", "compute_p10_s", "compute_p90_s"),
+           ("dX", "backward_input_s", "backward_input_p10_s", "backward_input_p90_s"),
+           ("dW", "backward_weight_s", "backward_weight_p10_s", "backward_weight_p90_s"))
+
+
+def timing_spread(graph: Any) -> dict[str, Any] | None:
+    """How far the measured phases' samples spread (p90 / p10), or None for a graph without
+    measured times: the phases counted, the median ratio, how many exceed ``SPREAD_LIMIT`` and
+    the widest (op, phase, ratio; the first op in graph order among equals)."""
+    ratios: list[tuple[float, str, str]] = []
+    for op in graph.ops:
+        for phase, _, low_field, high_field in _PHASES:
+            low, high = getattr(op, low_field), getattr(op, high_field)
+            if low is not None and high is not None and low > 0:
+                ratios.append((high / low, op.name, phase))
+    if not ratios:
+        return None
+    ordered = sorted(r for r, _, _ in ratios)
+    mid = len(ordered) // 2
+    median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    worst = max(ratios, key=lambda r: r[0])
+    return {"phases": len(ratios), "median_ratio": median, "limit": SPREAD_LIMIT,
+            "over_limit": sum(1 for r, _, _ in ratios if r > SPREAD_LIMIT),
+            "worst": {"op": worst[1], "phase": worst[2], "ratio": worst[0]}}
 
 
 def graph_summary(graph: Any, top: int = 10) -> dict[str, Any]:
@@ -28,6 +55,7 @@ def graph_summary(graph: Any, top: int = 10) -> dict[str, Any]:
         "critical_path_s": length_s,
         "critical_path_ops": len(path),
         "critical_path": list(path),
+        "timing_spread": timing_spread(graph),
         "heaviest": [{"name": op.name, "kind": op.kind, "module": op.module_path,
                       "target": op.target, "compute_s": op.compute_s, "flops": op.flops,
                       "share": op.compute_s / total_s} for op in heavy],
@@ -49,6 +77,13 @@ def describe_graph(s: dict[str, Any], top: int) -> str:
     lines.append(f"  parameters       {format_size(s['param_bytes'])} "
                  f"(+ {format_size(s['buffer_bytes'])} buffers)")
     lines.append(f"  saved for bwd    {format_size(s['saved_bytes'])}")
+    spread = s.get("timing_spread")
+    if spread is not None:
+        worst = spread["worst"]
+        lines.append(f"  timing spread    p90/p10 median {spread['median_ratio']:.2f} over "
+                     f"{spread['phases']} measured phases; {spread['over_limit']} above "
+                     f"{spread['limit']:g}x (widest {worst['ratio']:.1f}x: {worst['op']} "
+                     f"{worst['phase']})")
     path = s["critical_path"]
     shown = " -> ".join(path if len(path) <= 6 else [*path[:3], "...", *path[-2:]])
     lines.append(f"  critical path    {format_duration(s['critical_path_s'])} over "

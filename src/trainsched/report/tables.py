@@ -90,7 +90,34 @@ def simulate_report(doc: Mapping[str, Any], model: str) -> str:
     lines.append(f"  peak memory      {shown}{' ...' if len(peaks) > 8 else ''}")
     if doc["trace"]:
         lines.append(f"  trace            {doc['trace']} (open in ui.perfetto.dev)")
+    if doc.get("sync"):
+        lines += sync_lines(doc["sync"])
     return "\n".join(lines)
+
+
+def sync_lines(sync: Mapping[str, Any]) -> list[str]:
+    """``simulate``'s protocol simulation: the setting, then one row per policy (BSP first)
+    with its phases under it."""
+    stragglers = ", ".join(sync["stragglers"]) or "none"
+    lines = [f"  sync policy      {sync['policy']}: {sync['steps']} BSP steps' worth of samples "
+             f"({sync['samples']}), step noise {100 * sync['step_noise']:.0f}%, stragglers "
+             f"{stragglers}, switch {format_duration(sync['switch_s'])}",
+             f"  {'':<17}{'policy':<28}{'time':>10}{'per step':>11}{'per sample':>12}"
+             f"{'staleness':>11}{'vs bsp':>8}"]
+    base = sync["rows"][0]["time_s"]
+    for row in sync["rows"]:
+        speedup = base / row["time_s"] if row["time_s"] else float("inf")
+        stale = f"{row['mean_staleness']:.1f}/{row['max_staleness']}"
+        lines.append(f"  {'':<17}{row['policy']:<28}{format_duration(row['time_s']):>10}"
+                     f"{format_duration(row['step_time_s']):>11}"
+                     f"{format_duration(row['time_per_sample_s']):>12}{stale:>11}"
+                     f"{speedup:>7.2f}x")
+        if len(row["phases"]) > 1:
+            for phase in row["phases"]:
+                lines.append(f"  {'':<19}{'phase ' + phase['protocol']:<26}"
+                             f"{format_duration(phase['time_s']):>10}  {phase['samples']} "
+                             f"samples, {phase['updates']} updates")
+    return lines
 
 
 # -- place --------------------------------------------------------------------------------------
@@ -129,17 +156,21 @@ def place_report(result: Any, summary: Mapping[str, Any], *, model: str, cluster
 
 # -- compare ------------------------------------------------------------------------------------
 def compare_report(rows: Sequence[Any], *, title: str, tier: Any, device: Any,
-                   out_dir: Any, skipped: Mapping[str, str] | None = None) -> str:
-    """``compare``'s table: one row per strategy, fastest first, then the strategies that could
-    not be built for this graph and why, and where the files went."""
+                   out_dir: Any, skipped: Mapping[str, str] | None = None,
+                   precision: str = "fp32") -> str:
+    """``compare``'s table: one row per strategy, fastest first (with the samples each step
+    trains), then the strategies that could not be built for this graph and why, and where the
+    files went."""
     skipped = skipped or {}
-    lines = [f"{title}; costs: {tier} ({device})"]
+    lines = [f"{title}; costs: {tier} ({device}, {precision})"]
     width = max(len("strategy"), *(len(r.strategy) for r in rows),
                 *(len(name) for name in skipped)) + 2
-    lines.append(f"  {'strategy':<{width}}{'devices':>8}{'step':>11}{'samples/s':>11}"
-                 f"{'speedup':>9}{'peak mem':>11}{'idle':>7}{'exposed comm':>14}")
+    lines.append(f"  {'strategy':<{width}}{'devices':>8}{'samples/step':>13}{'step':>11}"
+                 f"{'samples/s':>11}{'speedup':>9}{'peak mem':>11}{'idle':>7}"
+                 f"{'exposed comm':>14}")
     for r in rows:
-        lines.append(f"  {r.strategy:<{width}}{r.devices:>8}{format_duration(r.step_time_s):>11}"
+        lines.append(f"  {r.strategy:<{width}}{r.devices:>8}{r.samples_per_step:>13}"
+                     f"{format_duration(r.step_time_s):>11}"
                      f"{format_number(r.samples_per_s, 1):>11}"
                      f"{format_number(r.speedup, 2) + 'x':>9}"
                      f"{format_size(r.peak_memory_bytes) + (' OOM' if r.oom else ''):>11}"
@@ -224,6 +255,18 @@ def autotune_report(result: Any, tuned: Mapping[str, Any], *, warmup: int) -> st
                  f"{tuned['total_steps']} on every rank")
     lines.append(_step_time_line(result.first, warmup, "step time there"))
     lines.append(f"  throughput {result.throughput():.2f} samples/s")
+    return "\n".join(lines)
+
+
+def auto_report(choice: Any, cluster: str) -> str:
+    """``train --comm-policy auto``'s choice: every candidate's predicted step, fastest first,
+    and why the one run was chosen."""
+    lines = [f"auto: every data-parallel strategy simulated on {cluster}:"]
+    width = max(len(n) for n in choice.predicted_s) + 2
+    for name, step_s in sorted(choice.predicted_s.items(), key=lambda kv: (kv[1], kv[0])):
+        mark = "  <- runs" if name == choice.strategy else ""
+        lines.append(f"  {name:<{width}}{format_duration(step_s):>11}{mark}")
+    lines.append(f"  {choice.strategy}: {choice.reason}")
     return "\n".join(lines)
 
 

@@ -122,22 +122,26 @@ class Calibration:
         return "\n".join(lines)
 
     def to_cluster(self, name: str = "calibrated") -> Cluster:
-        """The ``cpu`` preset with ``world_size`` devices and the fitted p2p link intra-node."""
+        """The ``cpu`` preset with ``world_size`` devices, the fitted p2p link intra-node, the
+        all-reduce fit as the link collectives run at, the measured compute lost to
+        communication (γ) and the measured copy bandwidth: everything the library's own
+        predictions use, so that a cluster file predicts what the calibration does."""
         base = cluster_preset("cpu")
         sizes = [r.size_bytes for r in self.rows]
         description = (
             f"measured {self.measured_at} on {self.host.get('hostname', '?')} by "
             f"'trainsched calibrate': {self.backend}, {self.world_size} processes, "
             f"{len(sizes)} sizes {min(sizes)}-{max(sizes)} B, median of {self.repeats}; "
-            f"p2p alpha-beta line fitted to all sizes (log errors, robust loss), "
-            f"worst fit error {self.max_abs_error:.0%}; inter-node link from the cpu preset")
+            f"p2p and all-reduce alpha-beta lines fitted to all sizes (log errors, robust "
+            f"loss), worst fit error {self.max_abs_error:.0%}; inter-node link from the cpu "
+            f"preset")
         device = dataclasses.replace(
             base.device, comm_compute_share=self.comm_compute_share,
             memory_bandwidth_bytes_per_s=(self.memory_bandwidth_bytes_per_s
                                           or base.device.memory_bandwidth_bytes_per_s))
         return Cluster(name=name, description=description, device=device,
                        devices_per_node=self.world_size, num_nodes=1, intra_node=self.p2p,
-                       inter_node=base.inter_node, comm=base.comm)
+                       collectives=self.allreduce, inter_node=base.inter_node, comm=base.comm)
 
 
 def _link_dict(link: Link) -> dict[str, float]:

@@ -82,6 +82,7 @@ from trainsched.comm.policy import (
     check_policy,
     comm_policy,
     graph_gradients,
+    produces_gradient,
 )
 from trainsched.costs import (
     ALGORITHMS,
@@ -161,7 +162,7 @@ def _straggler_factors(ranks: int, stragglers: Mapping[int, float] | None) -> di
 def collective_link(cluster: Cluster, ranks: int, algorithm: str = "ring") -> Link:
     """The link a collective over ranks ``0..ranks-1`` runs at (module docstring)."""
     _check_ranks(cluster, ranks)
-    intra = cluster.intra_node
+    intra = cluster.collective_link
     if ranks <= cluster.devices_per_node:
         return intra
     inter = cluster.inter_node
@@ -206,7 +207,7 @@ def collective_s(size_bytes: float, ranks: int, cluster: Cluster,
         if algorithm == "ps":
             return parameter_server_s(size_bytes, ranks, cluster.parameter_servers,
                                       _worker_link(cluster), cluster.ps_link)
-        local = ring_allreduce_s(size_bytes, min(ranks, per_node), cluster.intra_node)
+        local = ring_allreduce_s(size_bytes, min(ranks, per_node), cluster.collective_link)
         if nodes == 1:
             return local
         assert cluster.inter_node is not None  # more than one node
@@ -215,7 +216,7 @@ def collective_s(size_bytes: float, ranks: int, cluster: Cluster,
     link = collective_link(cluster, ranks, algorithm)
     if algorithm == "tree":
         return tree_allreduce_s(size_bytes, ranks, link)
-    return ring_allreduce_nodes_s(size_bytes, ranks, nodes, cluster.intra_node, link)
+    return ring_allreduce_nodes_s(size_bytes, ranks, nodes, cluster.collective_link, link)
 
 
 def collective_startup_s(ranks: int, cluster: Cluster, algorithm: str = "ring") -> float:
@@ -422,7 +423,7 @@ def _lower(low: _Lowering, graph: Graph, order: Sequence[str], plan: Sequence[An
                                    policy=policy.queue)
                 for k, name in enumerate(low.names)] if plan else []  # fmt: skip
     # The k-th gradient comes from the k-th backward_weight op of the order.
-    weight_ops = [p for p, op in enumerate(ops) if op.kind == "backward_weight"]
+    weight_ops = [p for p, op in enumerate(ops) if produces_gradient(op)]
     grad_pos = {g.name: p for g, p in zip(gradients, weight_ops, strict=True)}
     grad_of_op = {ops[p].name: name for name, p in grad_pos.items()}
     holders: dict[str, list[int]] = {g.name: [] for g in gradients}  # gradient -> collectives

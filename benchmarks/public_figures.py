@@ -1,0 +1,104 @@
+"""The simulator's predictions beside published training throughputs.
+
+Each row captures a zoo model with roofline costs for the cluster's device kind at the size and
+precision the published run used, simulates the strategy it used, and prints the prediction, the
+published figure (a range where sources differ), its source, and prediction / published (the
+midpoint of a range). Roofline costs assume 75 % of the dtype's peak and no fused kernels, so
+they are a first estimate: the table says how far that estimate is from what people measure.
+
+Usage: ``PYTHONPATH=src python benchmarks/public_figures.py [--out FILE]``. No torch compute
+runs (fake tensors only); the whole table takes about a minute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+from dataclasses import dataclass
+
+from _common import write_results
+from trainsched.capture import build, capture
+from trainsched.cluster import resolve_cluster
+from trainsched.compare import compare
+from trainsched.graph import to_training
+from trainsched.strategies import Options
+
+
+@dataclass(frozen=True)
+class Figure:
+    what: str
+    model: str
+    batch: int              # per GPU
+    seq_len: int | None
+    cluster: str
+    precision: str
+    optimizer: str
+    strategy: str
+    unit: str               # "tokens/s", "images/s" or "x" (speedup over one GPU)
+    low: float
+    high: float
+    source: str
+
+
+FIGURES = (
+    Figure(what="GPT-2 124M, 8x A100-80GB, bf16", model="gpt2", batch=64, seq_len=1024,
+           cluster="dgx-a100", precision="bf16", optimizer="adam", strategy="data-ddp",
+           unit="tokens/s", low=1.85e6, high=1.85e6,
+           source="llm.c GPT-2 (124M) reproduction: 10B tokens in about 90 min on one "
+           "8x A100-80GB node"),
+    Figure(what="ResNet-50, 1x V100, fp32", model="resnet50", batch=256, seq_len=None,
+           cluster="p3.16xlarge", precision="fp32", optimizer="momentum", strategy="single",
+           unit="images/s", low=350, high=400,
+           source="NVIDIA DeepLearningExamples / MLPerf-era V100 fp32 training throughput"),
+    Figure(what="ResNet-50, 1x V100, mixed precision", model="resnet50", batch=256,
+           seq_len=None, cluster="p3.16xlarge", precision="amp-fp16", optimizer="momentum",
+           strategy="single", unit="images/s", low=1000, high=1400,
+           source="NVIDIA DeepLearningExamples ResNet-50 v1.5, V100 AMP"),
+    Figure(what="ResNet-50, 8x V100 NVLink, fp32 DDP scaling", model="resnet50", batch=64,
+           seq_len=None, cluster="p3.16xlarge", precision="fp32", optimizer="momentum",
+           strategy="data-ddp", unit="x", low=7.3, high=7.8,
+           source="published PyTorch DDP runs on one 8x V100 NVLink node (PyTorch DDP paper, "
+           "VLDB 2020, and vendor benchmarks)"),
+)
+
+
+def predict(fig: Figure) -> float:
+    zoo = build(fig.model, batch_size=fig.batch, seq_len=fig.seq_len)
+    cluster = resolve_cluster(fig.cluster)
+    meta = {"batch_size": zoo.batch_size, **({"seq_len": zoo.seq_len} if zoo.seq_len else {})}
+    graph = capture(zoo.model, zoo.args, example_kwargs=zoo.kwargs, costs="roofline",
+                    device_kind=cluster.device, name=zoo.name, meta=meta,
+                    precision=fig.precision)
+    graph = to_training(graph, optimizer=fig.optimizer)
+    options = Options(ranks=cluster.num_devices, microbatches=1, batch_size=fig.batch)
+    rows, _ = compare(graph, cluster, options, names=[fig.strategy])
+    (row,) = rows
+    if fig.unit == "x":
+        return row.speedup
+    return row.samples_per_s * (fig.seq_len or 1)
+
+
+def _fmt(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:.2f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="benchmarks/results/public_figures.json")
+    args = parser.parse_args()
+    rows = []
+    print(f"{'figure':<46}{'published':>22}{'predicted':>12}{'pred/pub':>10}")
+    for fig in FIGURES:
+        value = predict(fig)
+        mid = (fig.low + fig.high) / 2
+        published = (_fmt(fig.low) if fig.low == fig.high
+                     else f"{_fmt(fig.low)}-{_fmt(fig.high)}")
+        print(f"{fig.what:<46}{published + ' ' + fig.unit:>22}{_fmt(value):>12}"
+              f"{value / mid:>9.2f}x")
+        rows.append({**fig.__dict__, "predicted": value, "ratio_to_midpoint": value / mid,
+                     "within_range": fig.low <= value <= fig.high})
+    write_results(args.out, {"date": datetime.date.today().isoformat(), "rows": rows})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""A calibrated cluster file carries every fitted quantity, and the simulator uses them: the
+all-reduce fit for collectives, γ for compute lost to communication, the copy bandwidth."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trainsched.cluster import Cluster, Link
+from trainsched.sim.data_parallel import collective_s
+
+torch = pytest.importorskip("torch")
+
+from trainsched.runtime import Calibration  # noqa: E402
+from trainsched.runtime.calibrate import Row  # noqa: E402
+
+P2P = Link(bandwidth_bytes_per_s=4e9, latency_s=20e-6)
+ALLREDUCE = Link(bandwidth_bytes_per_s=1e9, latency_s=100e-6)
+
+
+def _calibration() -> Calibration:
+    rows = (Row(size_bytes=4, p2p_s=2e-5, allreduce_s=2e-4),
+            Row(size_bytes=1 << 20, p2p_s=3e-4, allreduce_s=1.2e-3))
+    return Calibration(backend="gloo", world_size=2, host={"hostname": "h"},
+                       measured_at="2026-11-25T00:00:00Z", repeats=5, warmup=2, rows=rows,
+                       p2p=P2P, allreduce=ALLREDUCE, p2p_errors=(0.0, 0.0),
+                       allreduce_errors=(0.0, 0.0), comm_compute_share=0.7,
+                       memory_bandwidth_bytes_per_s=5e9)
+
+
+def test_the_cluster_file_carries_every_fitted_quantity():
+    cluster = Cluster.from_dict(json.loads(_calibration().to_cluster().to_json()))
+    assert cluster.intra_node == P2P
+    assert cluster.collectives == ALLREDUCE
+    assert cluster.device.comm_compute_share == 0.7
+    assert cluster.device.memory_bandwidth_bytes_per_s == 5e9
+
+
+def test_collectives_run_at_the_all_reduce_fit_not_the_point_to_point_line():
+    cluster = Cluster.from_dict(json.loads(_calibration().to_cluster().to_json()))
+    size = 8 << 20
+    # ring over 2 ranks: 2(n-1)·α + 2(n-1)/n · S/B = 2·100 µs + 8 MiB / 1 GB/s
+    expected = 2 * 100e-6 + size / 1e9
+    assert collective_s(size, 2, cluster) == pytest.approx(expected, rel=1e-12)
+
+
+def test_a_cluster_without_a_collective_fit_uses_its_intra_node_link():
+    cluster = Cluster.from_dict(json.loads(_calibration().to_cluster().to_json()))
+    plain = Cluster(name="p", device=cluster.device, devices_per_node=2, intra_node=P2P)
+    size = 8 << 20
+    assert collective_s(size, 2, plain) == pytest.approx(2 * 20e-6 + size / 4e9, rel=1e-12)
+
+
+def test_describe_names_the_collective_fit():
+    text = _calibration().to_cluster().describe()
+    assert "collectives" in text and "fitted to measured all-reduces" in text
