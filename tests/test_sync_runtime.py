@@ -16,8 +16,9 @@ import pytest
 import torch
 
 from trainsched.errors import TrainschedError
-from trainsched.runtime.sync import Straggler, run_sync
+from trainsched.runtime.sync import run_sync
 from trainsched.runtime.tasks import TeacherStudent
+from trainsched.sync import Straggler
 from trainsched.sync.protocols import Asp, Bsp, KOfN, LocalSgd, Ssp
 
 TASK = TeacherStudent(input_dim=8, teacher_hidden=16, student_hidden=16, train_samples=512,

@@ -5,31 +5,30 @@ task's data, results in JSON, and the checks ``run_sync`` makes before starting 
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 
 from trainsched.errors import TrainschedError
 from trainsched.runtime.sync import (
     PhaseRecord,
-    Straggler,
     SyncRunResult,
-    lr_scale,
+    phase_quantum,
+    policy_phases,
     run_sync,
-    split_samples,
     update_samples,
 )
 from trainsched.runtime.sync.config import LR_SCHEDULES, check_phases, plan_segments
 from trainsched.runtime.tasks import TeacherStudent, task_from_json
+from trainsched.sync import Straggler, parse_policy, parse_protocol
 from trainsched.sync.protocols import Asp, Bsp, KOfN, LocalSgd, Ssp
 
 
-def test_update_sizes_and_lr_scales_follow_the_effective_batch():
+def test_update_sizes_follow_the_effective_batch():
     # 4 ranks x batch 8: BSP and local SGD rounds apply 32 samples, k-of-3 24, ASP/SSP 8.
     assert [update_samples(p, 4, 8) for p in (Bsp(), LocalSgd(3), KOfN(3), Asp(), Ssp(2))] == [
         32, 32, 24, 8, 8]
-    assert [lr_scale(p, 4, 8) for p in (Bsp(), LocalSgd(3), KOfN(3), Asp(), Ssp(2))] == [
-        1.0, 1.0, 0.75, 0.25, 0.25]
+    # 3 ranks x 8: k-of-2 updates are 16 samples, BSP's 24: boundaries on multiples of 48.
+    assert phase_quantum([Bsp(), KOfN(2), Asp()], 3, 8) == 48
 
 
 def test_a_phase_must_be_whole_updates_and_the_error_offers_the_neighbours():
@@ -42,6 +41,7 @@ def test_a_phase_must_be_whole_updates_and_the_error_offers_the_neighbours():
     ([], "at least one phase"),
     ([(Bsp(), 0)], "add up to 0 samples"),
     ([(KOfN(3), 48)], "k=3 is more than the 2 ranks"),
+    ([(parse_protocol("k-of-n(k=2)"), 24)], "is not a whole number of its updates of 16"),
     ([("bsp", -16)], "whole number >= 0"),
     ([("nope", 16)], "unknown sync protocol"),
     ([(Bsp(),)], "a pair (protocol, samples)"),
@@ -73,16 +73,16 @@ def test_a_checkpoint_inside_an_update_is_refused():
         plan_segments([(Bsp(), 64)], ranks=2, batch_per_rank=8, checkpoint_every=24)
 
 
-def test_split_samples_rounds_boundaries_to_the_common_update():
+def test_a_policy_becomes_phases_with_boundaries_on_the_common_update():
     # 3 ranks x 8: BSP units of 24, ASP of 8, common unit 24; 960 samples.
     # bsp:0.125 -> 120 = 5 x 24; the rest to ASP.
-    assert split_samples([(Bsp(), 0.125), (Asp(), 0.875)], 960, ranks=3,
+    assert policy_phases(parse_policy("bsp:0.125,asp:0.875"), 960, ranks=3,
                          batch_per_rank=8) == [(Bsp(), 120), (Asp(), 840)]
-    # 0.3 x 960 = 288 = 12 x 24 exactly; 0.3 + 0.3 -> 576; the last phase takes the rest.
-    assert split_samples([(Bsp(), 0.3), (LocalSgd(4), 0.3), ("asp", 0.4)], 960, ranks=3,
+    # 0.3 x 960 = 288 = 12 x 24 exactly; 0.6 x 960 -> 576; the last phase takes the rest.
+    assert policy_phases(parse_policy("bsp:0.3,local(h=4):0.3,asp:0.4"), 960, ranks=3,
                          batch_per_rank=8) == [(Bsp(), 288), (LocalSgd(4), 288), (Asp(), 384)]
     with pytest.raises(TrainschedError, match="positive multiple of 24"):
-        split_samples([(Bsp(), 1.0)], 100, ranks=3, batch_per_rank=8)
+        policy_phases(parse_policy("bsp"), 100, ranks=3, batch_per_rank=8)
 
 
 def test_lr_schedules_key_on_the_fraction_of_samples():
@@ -90,26 +90,6 @@ def test_lr_schedules_key_on_the_fraction_of_samples():
     assert cosine(0.0) == 1.0 and cosine(1.0) == pytest.approx(0.0, abs=1e-15)
     assert cosine(0.5) == pytest.approx(0.5)
     assert LR_SCHEDULES["constant"](0.7) == 1.0
-
-
-@pytest.mark.parametrize("kwargs, words", [
-    ({"rank": 0}, "exactly one of delay_s"),
-    ({"rank": 0, "delay_s": 0.1, "factor": 2.0}, "exactly one of delay_s"),
-    ({"rank": -1, "delay_s": 0.1}, "rank must be"),
-    ({"rank": 0, "factor": 0.5}, "factor must be >= 1"),
-    ({"rank": 0, "delay_s": math.inf}, "delay_s must be seconds"),
-    ({"rank": 0, "delay_s": 0.1, "from_step": 5, "to_step": 5}, "to_step must be"),
-])
-def test_bad_stragglers_are_refused(kwargs, words):
-    with pytest.raises(TrainschedError) as info:
-        Straggler(**kwargs)
-    assert words in str(info.value)
-
-
-def test_a_straggler_window_covers_from_step_up_to_to_step():
-    s = Straggler(rank=1, factor=3.0, from_step=2, to_step=4)
-    assert [s.active(k) for k in range(6)] == [False, False, True, True, False, False]
-    assert Straggler(rank=0, delay_s=0.05).active(10**6)
 
 
 def test_the_teacher_student_task_is_seeded_and_its_stream_permutes_each_epoch():

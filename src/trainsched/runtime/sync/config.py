@@ -8,10 +8,11 @@ on every rank), k-of-N ``k·b``, ASP and SSP ``b``; a phase's samples are a whol
 
 :func:`plan_segments` cuts the phases at checkpoint boundaries into **segments**; the end of every
 segment is a synchronisation point (the server drains, replicas agree), which is where the run
-switches protocol or writes a checkpoint. :func:`split_samples` turns a policy's fractions into
-such sample counts. :class:`Straggler` slows one rank for tests and benchmarks. The learning
+switches protocol or writes a checkpoint. :func:`policy_phases` turns a
+:class:`~trainsched.sync.policy.SyncPolicy`'s fractions into such sample counts. The learning
 rate of an update is ``base x schedule(samples applied / total) x lr_scale(protocol)``
-(:data:`LR_SCHEDULES`), keyed on samples so it is the same after a restart.
+(:data:`LR_SCHEDULES`; :func:`~trainsched.sync.policy.lr_scale`), keyed on samples so it is the
+same after a restart.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 
 from trainsched.errors import TrainschedError
 from trainsched.registry import Registry
+from trainsched.sync.policy import SyncPolicy
 from trainsched.sync.protocols import (
     Asp,
     Bsp,
@@ -39,59 +41,15 @@ from trainsched.units import is_int
 __all__ = [
     "LR_SCHEDULES",
     "Segment",
-    "Straggler",
-    "lr_scale",
+    "check_phases",
     "needs_server",
+    "phase_quantum",
     "plan_segments",
-    "split_samples",
+    "policy_phases",
     "update_samples",
 ]
 
 SERVER_PROTOCOLS = (Asp, Ssp, KOfN)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Straggler:
-    """Slow worker ``rank`` on its batches ``from_step`` .. ``to_step - 1`` (``None``: to the
-    end; a rank's steps count every batch it computes, across phases): after computing each,
-    it sleeps ``delay_s`` seconds, or ``(factor - 1)`` times that batch's compute time. Exactly
-    one of ``delay_s`` and ``factor`` is given."""
-
-    rank: int
-    delay_s: float | None = None
-    factor: float | None = None
-    from_step: int = 0
-    to_step: int | None = None
-
-    def __post_init__(self) -> None:
-        if not is_int(self.rank) or self.rank < 0:
-            raise TrainschedError(f"straggler: rank must be a whole number >= 0, got "
-                                  f"{self.rank!r}")
-        if (self.delay_s is None) == (self.factor is None):
-            raise TrainschedError("straggler: give exactly one of delay_s (seconds of sleep "
-                                  "per step) and factor (slowdown x compute time)")
-        if self.delay_s is not None and not (isinstance(self.delay_s, (int, float))
-                                             and 0 <= self.delay_s < math.inf):
-            raise TrainschedError(f"straggler: delay_s must be seconds >= 0, got "
-                                  f"{self.delay_s!r}")
-        if self.factor is not None and not (isinstance(self.factor, (int, float))
-                                            and 1 <= self.factor < math.inf):
-            raise TrainschedError(f"straggler: factor must be >= 1 (1: not slowed), got "
-                                  f"{self.factor!r}")
-        if not is_int(self.from_step) or self.from_step < 0:
-            raise TrainschedError(f"straggler: from_step must be a whole number >= 0, got "
-                                  f"{self.from_step!r}")
-        if self.to_step is not None and (not is_int(self.to_step)
-                                         or self.to_step <= self.from_step):
-            raise TrainschedError(f"straggler: to_step must be a whole number > from_step "
-                                  f"({self.from_step}), got {self.to_step!r}")
-
-    def active(self, step: int) -> bool:
-        return self.from_step <= step and (self.to_step is None or step < self.to_step)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"rank": self.rank, "delay_s": self.delay_s, "factor": self.factor,
-                "from_step": self.from_step, "to_step": self.to_step}
 
 
 def needs_server(protocol: SyncProtocol) -> bool:
@@ -104,12 +62,6 @@ def update_samples(protocol: SyncProtocol, ranks: int, batch_per_rank: int) -> i
     if isinstance(protocol, (Bsp, LocalSgd)):
         return ranks * batch_per_rank
     return protocol.effective_batch(ranks, batch_per_rank)
-
-
-def lr_scale(protocol: SyncProtocol, ranks: int, batch_per_rank: int) -> float:
-    """The learning-rate factor of ``protocol``: effective batch / (N·b) — 1 for BSP and local
-    SGD, 1/N for ASP and SSP, k/N for k-of-N. Derived from the protocol, never compounded."""
-    return protocol.effective_batch(ranks, batch_per_rank) / (ranks * batch_per_rank)
 
 
 def _constant(progress: float) -> float:
@@ -166,25 +118,25 @@ def check_phases(phases: Sequence[tuple[Any, int]], ranks: int,
     return tuple(checked)
 
 
-def split_samples(fractions: Sequence[tuple[SyncProtocol, float]], total_samples: int, *,
-                  ranks: int, batch_per_rank: int) -> list[tuple[SyncProtocol, int]]:
-    """Phases ``(protocol, fraction)`` as ``(protocol, samples)`` for ``run_sync``: every phase
-    boundary rounded to the nearest multiple of the largest common update unit, so each phase
-    is a whole number of its updates and the samples add up to ``total_samples`` exactly."""
-    units = [update_samples(_check_protocol(p, ranks), ranks, batch_per_rank)
-             for p, _ in fractions]
-    unit = math.lcm(*units) if units else 1
-    if not is_int(total_samples) or total_samples <= 0 or total_samples % unit:
+def phase_quantum(protocols: Sequence[SyncProtocol], ranks: int, batch_per_rank: int) -> int:
+    """The least common multiple of the protocols' update sizes: phase boundaries on its
+    multiples leave every phase a whole number of its updates."""
+    return math.lcm(*(update_samples(_check_protocol(p, ranks), ranks, batch_per_rank)
+                      for p in protocols))
+
+
+def policy_phases(policy: SyncPolicy, total_samples: int, *, ranks: int,
+                  batch_per_rank: int) -> list[tuple[SyncProtocol, int]]:
+    """A sync policy's phases ``(protocol, fraction)`` as ``(protocol, samples)`` for
+    ``run_sync``: :meth:`SyncPolicy.phase_samples` with boundaries on multiples of the
+    phases' common update size, so each phase is a whole number of its updates."""
+    quantum = phase_quantum(policy.protocols, ranks, batch_per_rank)
+    if not is_int(total_samples) or total_samples <= 0 or total_samples % quantum:
         raise TrainschedError(f"the total of {total_samples!r} samples must be a positive "
-                              f"multiple of {unit}, the phases' common update size")
-    out, done, cumulative = [], 0, 0.0
-    for i, (protocol, fraction) in enumerate(fractions):
-        cumulative += fraction
-        end = (total_samples if i == len(fractions) - 1
-               else min(total_samples, round(cumulative * total_samples / unit) * unit))
-        out.append((_check_protocol(protocol, ranks), max(0, end - done)))
-        done = max(done, end)
-    return out
+                              f"multiple of {quantum}, the phases' common update size "
+                              f"({ranks} ranks x batch {batch_per_rank})")
+    quotas = policy.phase_samples(total_samples, quantum=quantum)
+    return list(zip(policy.protocols, quotas, strict=True))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -2,8 +2,8 @@
 
 One :class:`PhaseRecord` per phase (samples and updates applied, gradients computed, dropped and
 drained, the learning rate used, staleness per worker, the widest SSP clock lead, worker 0's
-time), one :class:`SwitchEvent` per switch of protocol (when, and what it cost), the held-out
-curve as :class:`EvalPoint` rows, and the run's totals in :class:`SyncRunResult`.
+time), one :class:`SwitchRecord` per switch of protocol carried out (when, and what it cost),
+the held-out curve as :class:`EvalPoint` rows, and the run's totals in :class:`SyncRunResult`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-__all__ = ["EvalPoint", "PhaseRecord", "SwitchEvent", "SyncRunResult"]
+__all__ = ["EvalPoint", "PhaseRecord", "SwitchRecord", "SyncRunResult"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,7 +56,7 @@ class PhaseRecord:
 
 
 @dataclass(frozen=True, kw_only=True)
-class SwitchEvent:
+class SwitchRecord:
     """A switch from one protocol to the next at ``samples`` applied, worker 0's batch ``step``,
     ``at_s`` seconds into the run; ``cost_s``: worker 0's time from its last batch of the old
     phase to the new phase ready (drain, barrier, state transfer, learning rate)."""
@@ -89,7 +89,7 @@ class SyncRunResult:
     ranks: int
     batch_per_rank: int
     phases: tuple[PhaseRecord, ...]
-    switches: tuple[SwitchEvent, ...]
+    switches: tuple[SwitchRecord, ...]
     checkpoints: tuple[int, ...]
     curve: tuple[EvalPoint, ...]
     final_loss: float
@@ -107,7 +107,7 @@ class SyncRunResult:
         d = dict(data)
         d["phases"] = tuple(PhaseRecord(**{**p, "staleness": tuple(map(tuple, p["staleness"]))})
                             for p in d["phases"])
-        d["switches"] = tuple(SwitchEvent(**s) for s in d["switches"])
+        d["switches"] = tuple(SwitchRecord(**s) for s in d["switches"])
         d["curve"] = tuple(EvalPoint(**e) for e in d["curve"])
         d["checkpoints"] = tuple(d["checkpoints"])
         if d.get("params") is not None:

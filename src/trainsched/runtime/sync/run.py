@@ -14,6 +14,7 @@ import json
 import math
 import tempfile
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +22,13 @@ from trainsched.errors import TrainschedError
 from trainsched.runtime.launch import free_port, run_workers, status_text, tail
 from trainsched.runtime.sync.config import (
     LR_SCHEDULES,
-    Straggler,
     check_phases,
     needs_server,
     plan_segments,
 )
 from trainsched.runtime.sync.results import SyncRunResult
 from trainsched.runtime.tasks import TeacherStudent
+from trainsched.sync.faults import Straggler
 from trainsched.sync.protocols import SyncProtocol, format_protocol
 from trainsched.units import is_int
 
@@ -154,7 +155,7 @@ def run_sync(task: TeacherStudent, phases: Sequence[tuple[SyncProtocol | str, in
         resume = _resolve_checkpoint(resume_from)
         _check_resume(resume, fingerprint)
     config = {**fingerprint, "fingerprint": fingerprint, "port": free_port(),
-              "stragglers": [s.to_json() for s in stragglers],
+              "stragglers": [asdict(s) for s in stragglers],
               "checkpoint_dir": str(checkpoint_dir) if checkpoint_dir is not None else None,
               "resume": str(resume) if resume is not None else None,
               "eval_every": eval_every_samples, "timeout_s": timeout_s,

@@ -38,9 +38,7 @@ from trainsched.runtime.launch import serve_worker
 from trainsched.runtime.sync.config import (
     LR_SCHEDULES,
     Segment,
-    Straggler,
     check_phases,
-    lr_scale,
     needs_server,
     plan_segments,
     update_samples,
@@ -51,6 +49,8 @@ from trainsched.runtime.sync.state import Replica
 from trainsched.runtime.sync.wire import Link, guard
 from trainsched.runtime.sync.worker import Worker
 from trainsched.runtime.tasks import task_from_json
+from trainsched.sync.faults import Straggler
+from trainsched.sync.policy import lr_scale
 from trainsched.sync.protocols import Bsp, LocalSgd, format_protocol, parse_protocol
 
 __all__ = ["FAULT_ENV", "main"]

@@ -10,7 +10,7 @@
   and repeat with the parameters the server answers, until it says stop.
 
 Worker ``r``'s ``j``-th batch (``j``: its position, every batch it computed so far across
-phases, which is also the step a :class:`~trainsched.runtime.sync.config.Straggler` counts) is
+phases, which is also the step a :class:`~trainsched.sync.faults.Straggler` counts) is
 block ``j·N + r`` of the task's sample stream, so under BSP step ``t`` reads stream samples
 ``t·N·b .. (t+1)·N·b`` and equals one full-batch step on them.
 """
@@ -26,10 +26,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainsched.runtime.sync.config import Segment, Straggler, update_samples
+from trainsched.runtime.sync.config import Segment, update_samples
 from trainsched.runtime.sync.state import Replica
 from trainsched.runtime.sync.wire import APPLIED, GO, PULL, PUSH, STATUS, VERSION, Link, guard
 from trainsched.runtime.tasks import TaskData, TeacherStudent
+from trainsched.sync.faults import Straggler
 
 __all__ = ["Worker"]
 
