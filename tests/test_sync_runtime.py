@@ -210,8 +210,9 @@ def test_a_run_killed_mid_phase_resumes_bit_identically(tmp_path, monkeypatch):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("victim, words", [(1, "worker 1 died mid-run"),
-                                           (2, "parameter server (rank 2)")])
+@pytest.mark.parametrize("victim, words", [
+    (1, "worker 1 died mid-run"),
+    pytest.param(2, "parameter server (rank 2)", marks=pytest.mark.slow)])
 def test_a_dead_worker_or_server_fails_the_run_clearly(monkeypatch, victim, words):
     monkeypatch.setenv("TRAINSCHED_SYNC_FAULT", f"{victim}:5")
     start = time.monotonic()
