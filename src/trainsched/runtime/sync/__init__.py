@@ -1,0 +1,36 @@
+"""The sync runtime: BSP, a parameter server for ASP / SSP / k-of-N, and local SGD on
+``torch.distributed`` (gloo), switched in process at step boundaries.
+
+:func:`run_sync` trains a task through phases ``[(protocol, samples), ...]`` on ``N`` worker
+ranks plus, when a phase needs it, one server rank, and returns a :class:`SyncRunResult`
+(per-phase counters and staleness, switch records with their cost, the held-out curve). Samples
+are the clock: a phase applies exactly its samples to the shared model, the learning rate is
+the base rate times the protocol's effective batch over ``N·b``, momentum is kept across
+switches, and checkpoints resume exactly. :class:`trainsched.sync.Straggler` values slow ranks
+for tests and benchmarks; :func:`policy_phases` turns a
+:class:`~trainsched.sync.SyncPolicy` into phase sample counts.
+
+Importing this package stays torch-free; torch is imported in the worker processes
+(:mod:`.trainer`, :mod:`.server`, :mod:`.worker`, :mod:`.state`, :mod:`.wire`).
+"""
+
+from trainsched.runtime.sync.config import (
+    LR_SCHEDULES,
+    phase_quantum,
+    policy_phases,
+    update_samples,
+)
+from trainsched.runtime.sync.results import EvalPoint, PhaseRecord, SwitchRecord, SyncRunResult
+from trainsched.runtime.sync.run import run_sync
+
+__all__ = [
+    "LR_SCHEDULES",
+    "EvalPoint",
+    "PhaseRecord",
+    "SwitchRecord",
+    "SyncRunResult",
+    "phase_quantum",
+    "policy_phases",
+    "run_sync",
+    "update_samples",
+]

@@ -1,0 +1,116 @@
+"""What a sync run measured (torch-free values, JSON round trip).
+
+One :class:`PhaseRecord` per phase (samples and updates applied, gradients computed, dropped and
+drained, the learning rate used, staleness per worker, the widest SSP clock lead, worker 0's
+time), one :class:`SwitchRecord` per switch of protocol carried out (when, and what it cost),
+the held-out curve as :class:`EvalPoint` rows, and the run's totals in :class:`SyncRunResult`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+__all__ = ["EvalPoint", "PhaseRecord", "SwitchRecord", "SyncRunResult"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PhaseRecord:
+    """One phase of a run.
+
+    ``samples``: samples applied to the shared model under this protocol (the phase's quota);
+    ``updates``: updates of the shared model (BSP and local SGD: rounds, one step on every
+    rank); ``gradients``: gradients the workers computed; ``dropped``: k-of-N gradients computed
+    on an old version and left out; ``drained``: gradients still in flight when the quota was
+    reached, received and discarded at the phase's end. ``lr``: the phase's learning rate
+    before the run's schedule factor (base x effective batch / (N·b)). ``staleness[r][s]``:
+    how many of worker ``r``'s applied gradients were ``s`` versions old (server protocols;
+    BSP: all 0; local SGD: empty).
+    ``max_clock_lead``: the most clocks a worker was let ahead of the slowest when its pull was
+    answered (ASP and SSP; ``None`` otherwise). ``wall_s`` and ``batches``: worker 0's time in
+    the phase (switches excluded) and its batches, so ``wall_s / batches`` is its step time.
+    """
+
+    index: int
+    protocol: str
+    samples: int
+    updates: int
+    gradients: int
+    dropped: int
+    drained: int
+    lr: float
+    staleness: tuple[tuple[int, ...], ...]
+    max_clock_lead: int | None
+    wall_s: float
+    batches: int
+
+    @property
+    def step_s(self) -> float | None:
+        """Worker 0's mean time per batch in this phase."""
+        return self.wall_s / self.batches if self.batches else None
+
+    def max_staleness(self, rank: int) -> int:
+        """The oldest gradient of worker ``rank`` that was applied (0 when none was late)."""
+        counts = self.staleness[rank] if rank < len(self.staleness) else ()
+        return max((s for s, n in enumerate(counts) if n), default=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SwitchRecord:
+    """A switch from one protocol to the next at ``samples`` applied, worker 0's batch ``step``,
+    ``at_s`` seconds into the run; ``cost_s``: worker 0's time from its last batch of the old
+    phase to the new phase ready (drain, barrier, state transfer, learning rate)."""
+
+    from_protocol: str
+    to_protocol: str
+    samples: int
+    step: int
+    at_s: float
+    cost_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalPoint:
+    """Held-out loss and accuracy of worker 0's model after ``samples`` applied samples."""
+
+    samples: int
+    loss: float
+    accuracy: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class SyncRunResult:
+    """A whole run: its phases, switches, checkpoints (samples at which one was written),
+    held-out curve, final held-out loss and accuracy (replicas agreeing), total samples
+    applied, wall time, where it resumed from (samples; ``None``: a fresh start) and, when asked,
+    the final parameters flattened in ``model.parameters()`` order."""
+
+    task: str
+    ranks: int
+    batch_per_rank: int
+    phases: tuple[PhaseRecord, ...]
+    switches: tuple[SwitchRecord, ...]
+    checkpoints: tuple[int, ...]
+    curve: tuple[EvalPoint, ...]
+    final_loss: float
+    final_accuracy: float
+    total_samples: int
+    wall_s: float
+    resumed_from: int | None
+    params: tuple[float, ...] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SyncRunResult:
+        d = dict(data)
+        d["phases"] = tuple(PhaseRecord(**{**p, "staleness": tuple(map(tuple, p["staleness"]))})
+                            for p in d["phases"])
+        d["switches"] = tuple(SwitchRecord(**s) for s in d["switches"])
+        d["curve"] = tuple(EvalPoint(**e) for e in d["curve"])
+        d["checkpoints"] = tuple(d["checkpoints"])
+        if d.get("params") is not None:
+            d["params"] = tuple(d["params"])
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})

@@ -1,0 +1,145 @@
+"""One rank's copy of the model and its SGD optimizer, as flat vectors for the wire.
+
+Every rank (workers and the server) holds a :class:`Replica`: the model, a
+``torch.optim.SGD`` over its parameters, and flat buffers sized once — the gradient the
+optimizer steps with and the *state* vector (parameters, then momentum buffers) that moves at a
+switch. Momentum buffers start as zeros (for SGD with dampening 0 that is the same first step as
+PyTorch's lazily made buffer), so the state has one fixed layout from the first step on.
+
+The optimizer never reads a ``p.grad`` left from before: :meth:`Replica.step` points every
+parameter's gradient at a slice of the flat vector it is given, then steps. Buffers (BatchNorm
+statistics) stay local and are reconciled at synchronisation points: floating-point ones
+averaged over the workers, integer ones (batch counters) taken from worker 0.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+__all__ = ["Replica"]
+
+
+class Replica:
+    """``model`` with SGD (``momentum``, ``weight_decay``, ``nesterov``) at learning rate
+    ``lr``; flat views for gradients and state."""
+
+    def __init__(self, model: nn.Module, *, lr: float, momentum: float, weight_decay: float,
+                 nesterov: bool) -> None:
+        self.model = model
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.numel = sum(p.numel() for p in self.params)
+        self.opt = torch.optim.SGD(self.params, lr=lr, momentum=momentum,
+                                   weight_decay=weight_decay, nesterov=nesterov)
+        self.momentum = momentum
+        if momentum:
+            for p in self.params:
+                self.opt.state[p]["momentum_buffer"] = torch.zeros_like(p)
+        self.float_buffers = [b for b in model.buffers() if b.is_floating_point()]
+        self.int_buffers = [b for b in model.buffers() if not b.is_floating_point()]
+        self.grad = torch.zeros(self.numel)
+        self.lr_at: Callable[[int], float] = lambda samples: lr  # set per segment
+        self.state = torch.zeros(self.state_numel)
+
+    @property
+    def state_numel(self) -> int:
+        return self.numel * (2 if self.momentum else 1)
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.opt.param_groups:
+            group["lr"] = lr
+
+    def _views(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        out, offset = [], 0
+        for p in self.params:
+            out.append(flat[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+        return out
+
+    def _momenta(self) -> list[torch.Tensor]:
+        return [self.opt.state[p]["momentum_buffer"] for p in self.params]
+
+    # --- parameters and gradients ------------------------------------------------------------
+
+    def params_into(self, out: torch.Tensor) -> torch.Tensor:
+        """The parameters, copied into ``out`` (``numel`` long)."""
+        with torch.no_grad():
+            for view, p in zip(self._views(out), self.params, strict=True):
+                view.copy_(p)
+        return out
+
+    def load_params(self, flat: torch.Tensor) -> None:
+        with torch.no_grad():
+            for view, p in zip(self._views(flat), self.params, strict=True):
+                p.copy_(view)
+
+    def grads_into(self, out: torch.Tensor) -> torch.Tensor:
+        """The gradients of the last backward, copied into ``out`` (zeros where none)."""
+        for view, p in zip(self._views(out), self.params, strict=True):
+            if p.grad is None:
+                view.zero_()
+            else:
+                view.copy_(p.grad)
+        return out
+
+    def step(self, flat_grad: torch.Tensor, *, samples: int) -> None:
+        """One optimizer step with the gradient ``flat_grad`` (``numel`` long), at the
+        learning rate of ``samples`` applied so far."""
+        self.set_lr(self.lr_at(samples))
+        for view, p in zip(self._views(flat_grad), self.params, strict=True):
+            p.grad = view
+        self.opt.step()
+        for p in self.params:
+            p.grad = None
+
+    # --- the state that moves at a switch ------------------------------------------------------
+
+    def state_into(self) -> torch.Tensor:
+        """Parameters, then momentum buffers, in :attr:`state` (returned)."""
+        self.params_into(self.state[:self.numel])
+        if self.momentum:
+            with torch.no_grad():
+                for view, m in zip(self._views(self.state[self.numel:]), self._momenta(),
+                                   strict=True):
+                    view.copy_(m)
+        return self.state
+
+    def load_state(self, flat: torch.Tensor) -> None:
+        self.load_params(flat[:self.numel])
+        if self.momentum:
+            with torch.no_grad():
+                for view, m in zip(self._views(flat[self.numel:]), self._momenta(),
+                                   strict=True):
+                    m.copy_(view)
+
+    def digest(self) -> int:
+        """A 63-bit hash of the state's bytes (equal states, equal digests)."""
+        data = self.state_into().numpy().tobytes()
+        return int.from_bytes(hashlib.sha256(data).digest()[:8], "little") >> 1
+
+    # --- buffers -------------------------------------------------------------------------------
+
+    def reconcile_buffers(self, group: Any, workers: int) -> None:
+        """Floating-point buffers averaged over ``group``'s ``workers``; integer ones from the
+        group's first rank."""
+        if workers == 1:
+            return
+        with torch.no_grad():
+            for b in self.float_buffers:
+                dist.all_reduce(b, group=group)
+                b.div_(workers)
+            for b in self.int_buffers:
+                dist.broadcast(b, src=0, group=group)
+
+    def buffers_state(self) -> dict[str, torch.Tensor]:
+        return {name: b.detach().clone() for name, b in self.model.named_buffers()}
+
+    def describe(self) -> list[list[Any]]:
+        """Names and shapes of the parameters (to check a checkpoint belongs to this model)."""
+        return [[n, list(p.shape)] for n, p in self.model.named_parameters()
+                if p.requires_grad]

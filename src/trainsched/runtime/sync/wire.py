@@ -1,0 +1,155 @@
+"""The parameter server's messages on gloo point-to-point, and failures as user errors.
+
+Every message is an int64 header of :data:`HEADER` fields and one flat float payload, each on
+its fixed tag, header first. A worker sends ``(rank, read_version, clock, samples, kind)`` with
+its gradient (``kind`` :data:`PUSH`; :data:`PULL` for the first pull of a phase, payload
+ignored); the server answers ``(status, version, samples applied, 0, 0)`` with the parameters
+(``status`` :data:`GO`, or :data:`STOP` at the end of the phase).
+
+gloo's receive handles cannot be polled (they report completion only once waited on), so the
+server's :class:`Inbox` keeps one receiver thread per worker, each with one posted receive into
+that worker's buffers (sized once). A thread hands a full message to the server loop through a
+queue, which the loop polls with a deadline, and posts its next receive only after the loop has
+released the buffers. A worker that dies closes its connection: its thread reports it at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from trainsched.errors import TrainschedError
+
+__all__ = ["GO", "HEADER", "PULL", "PUSH", "STOP", "Inbox", "Link", "Outbox", "guard", "short"]
+
+HEADER = 5
+# header fields, worker -> server
+RANK, READ_VERSION, CLOCK, SAMPLES, KIND = range(HEADER)
+# header fields, server -> worker
+STATUS, VERSION, APPLIED = range(3)
+PUSH, PULL = 1, 2
+GO, STOP = 1, 2
+TAG_HEADER, TAG_PAYLOAD, TAG_REPLY_HEADER, TAG_REPLY_PAYLOAD = 11, 12, 13, 14
+
+
+def short(exc: BaseException) -> str:
+    """The first line of an exception, without gloo's source location."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if text.startswith("[") and "] " in text:
+        text = text.split("] ", 1)[1]
+    return text[:200]
+
+
+@contextlib.contextmanager
+def guard(what: str) -> Iterator[None]:
+    """Turn a failed gloo operation (a peer died, closed its connection or timed out) into a
+    :class:`TrainschedError` that says ``what`` was under way."""
+    try:
+        yield
+    except TrainschedError:
+        raise
+    except RuntimeError as exc:  # DistBackendError, DistNetworkError and gloo's own
+        raise TrainschedError(f"{what} failed: {short(exc)}; a peer rank died or hung "
+                              f"(see its log)") from None
+
+
+class Inbox:
+    """The server's side: one posted receive per worker, polled through one queue."""
+
+    def __init__(self, workers: int, numel: int, group: Any) -> None:
+        self.headers = [torch.zeros(HEADER, dtype=torch.int64) for _ in range(workers)]
+        self.payloads = [torch.zeros(numel) for _ in range(workers)]
+        self.group = group
+        self.ready: queue.Queue[tuple[int, str | None]] = queue.Queue()
+        self.free = [threading.Semaphore(1) for _ in range(workers)]
+        self.held: dict[int, bool] = {}  # workers whose message the loop has not released
+        for r in range(workers):
+            threading.Thread(target=self._receive, args=(r,), daemon=True,
+                             name=f"inbox-{r}").start()
+
+    def _receive(self, r: int) -> None:
+        while True:
+            self.free[r].acquire()
+            try:
+                dist.recv(self.headers[r], src=r, group=self.group, tag=TAG_HEADER)
+                dist.recv(self.payloads[r], src=r, group=self.group, tag=TAG_PAYLOAD)
+            except Exception as exc:  # the worker is gone: tell the loop and stop
+                self.ready.put((r, short(exc)))
+                return
+            self.ready.put((r, None))
+
+    def wait(self, timeout_s: float) -> int:
+        """The next worker whose message arrived (its buffers held until :meth:`release`)."""
+        try:
+            r, error = self.ready.get(timeout=timeout_s)
+        except queue.Empty:
+            raise TrainschedError(f"the parameter server heard from no worker within "
+                                  f"{timeout_s:g} s; a worker hung (see the workers' logs) or "
+                                  f"the timeout is too short for one step") from None
+        if error is not None:
+            raise TrainschedError(f"worker {r} died mid-run (the parameter server lost its "
+                                  f"connection: {error}); see worker {r}'s log")
+        self.held[r] = True
+        return r
+
+    def header(self, r: int) -> list[int]:
+        return self.headers[r].tolist()
+
+    def release(self, r: int) -> None:
+        del self.held[r]
+        self.free[r].release()
+
+
+class Outbox:
+    """The server's replies: a header and a parameter snapshot per worker (sized once), sent
+    without blocking; a worker's previous reply is complete before its buffers are reused
+    (it has answered since, so it received them)."""
+
+    def __init__(self, workers: int, numel: int, group: Any) -> None:
+        self.headers = [torch.zeros(HEADER, dtype=torch.int64) for _ in range(workers)]
+        self.payloads = [torch.zeros(numel) for _ in range(workers)]
+        self.pending: list[list[Any]] = [[] for _ in range(workers)]
+        self.group = group
+
+    def send(self, r: int, status: int, version: int, applied: int,
+             params_into: Any) -> None:
+        for work in self.pending[r]:
+            work.wait()
+        self.headers[r].copy_(torch.tensor([status, version, applied, 0, 0]))
+        params_into(self.payloads[r])
+        self.pending[r] = [
+            dist.isend(self.headers[r], r, group=self.group, tag=TAG_REPLY_HEADER),
+            dist.isend(self.payloads[r], r, group=self.group, tag=TAG_REPLY_PAYLOAD)]
+
+
+class Link:
+    """A worker's side: push a header and payload, wait for the server's answer."""
+
+    def __init__(self, rank: int, server: int, numel: int, group: Any) -> None:
+        self.rank, self.server, self.group = rank, server, group
+        self.out_header = torch.zeros(HEADER, dtype=torch.int64)
+        self.in_header = torch.zeros(HEADER, dtype=torch.int64)
+        self.params = torch.zeros(numel)
+        self.pending: list[Any] = []
+
+    def exchange(self, kind: int, read_version: int, clock: int, samples: int,
+                 payload: torch.Tensor) -> list[int]:
+        """Send one message and return the answer's header (parameters in :attr:`params`)."""
+        what = f"worker {self.rank} talking to the parameter server (rank {self.server})"
+        with guard(what):
+            for work in self.pending:
+                work.wait()
+            self.out_header.copy_(torch.tensor([self.rank, read_version, clock, samples,
+                                                kind]))
+            self.pending = [
+                dist.isend(self.out_header, self.server, group=self.group, tag=TAG_HEADER),
+                dist.isend(payload, self.server, group=self.group, tag=TAG_PAYLOAD)]
+            dist.recv(self.in_header, src=self.server, group=self.group, tag=TAG_REPLY_HEADER)
+            dist.recv(self.params, src=self.server, group=self.group, tag=TAG_REPLY_PAYLOAD)
+        return self.in_header.tolist()

@@ -1,0 +1,123 @@
+"""A worker rank: its data, its batches, and the three ways it trains.
+
+* **BSP**: every rank's gradient is summed by one flat all-reduce over the workers' group and
+  divided by N, then every rank takes the same optimizer step (the plain all-reduce-average
+  loop; replicas stay bit-identical).
+* **Local SGD** with period H: every rank steps on its own gradient; every H rounds of the
+  phase the parameters are averaged over the workers' group (the optimizer state is averaged
+  when the phase ends, at the synchronisation point).
+* **Server protocols** (ASP, SSP, k-of-N): pull the parameters, compute a gradient, push it,
+  and repeat with the parameters the server answers, until it says stop.
+
+Worker ``r``'s ``j``-th batch (``j``: its position, every batch it computed so far across
+phases, which is also the step a :class:`~trainsched.sync.faults.Straggler` counts) is
+block ``j·N + r`` of the task's sample stream, so under BSP step ``t`` reads stream samples
+``t·N·b .. (t+1)·N·b`` and equals one full-batch step on them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from trainsched.runtime.sync.config import Segment, update_samples
+from trainsched.runtime.sync.state import Replica
+from trainsched.runtime.sync.wire import APPLIED, GO, PULL, PUSH, STATUS, VERSION, Link, guard
+from trainsched.runtime.tasks import TaskData, TeacherStudent
+from trainsched.sync.faults import Straggler
+
+__all__ = ["Worker"]
+
+
+class Worker:
+    """One worker: ``rank`` of ``workers``, batches of ``batch`` samples from ``task``."""
+
+    def __init__(self, *, rank: int, workers: int, batch: int, replica: Replica,
+                 task: TeacherStudent, data: TaskData, group: Any, link: Link | None,
+                 stragglers: Sequence[Straggler], die_at_batch: int | None,
+                 on_progress: Callable[[int], None]) -> None:
+        self.rank, self.workers, self.batch = rank, workers, batch
+        self.replica, self.task, self.data = replica, task, data
+        self.group, self.link = group, link
+        self.stragglers = [s for s in stragglers if s.rank == rank]
+        self.die_at_batch = die_at_batch
+        self.on_progress = on_progress  # called with the samples applied so far
+        self.position = 0
+        self.buffer = torch.zeros(replica.numel)
+
+    # --- one batch ---------------------------------------------------------------------------
+
+    def compute(self) -> None:
+        """Forward and backward on this rank's next batch; the gradient lands in
+        ``replica.grad``. A straggler sleeps after computing."""
+        if self.die_at_batch is not None and self.position == self.die_at_batch:
+            sys.stdout.flush()
+            os._exit(3)
+        start = time.perf_counter()
+        block = self.position * self.workers + self.rank
+        index = self.task.stream_indices(block * self.batch, self.batch)
+        model = self.replica.model
+        model.train()
+        for p in self.replica.params:
+            p.grad = None
+        loss = self.task.loss(model(self.data.x_train[index]), self.data.y_train[index])
+        loss.backward()
+        self.replica.grads_into(self.replica.grad)
+        elapsed = time.perf_counter() - start
+        for s in self.stragglers:
+            if s.active(self.position):
+                time.sleep(s.delay_s if s.delay_s is not None else (s.factor - 1) * elapsed)
+        self.position += 1
+
+    # --- the protocols -------------------------------------------------------------------------
+
+    def run_bsp(self, segment: Segment) -> int:
+        unit = update_samples(segment.protocol, self.workers, self.batch)
+        grad = self.replica.grad
+        for t in range(segment.samples // unit):
+            self.compute()
+            with guard(f"worker {self.rank}'s gradient all-reduce"):
+                dist.all_reduce(grad, group=self.group)
+            grad.div_(self.workers)
+            self.replica.step(grad, samples=segment.start + t * unit)
+            self.on_progress(segment.start + (t + 1) * unit)
+        return segment.samples // unit
+
+    def run_local(self, segment: Segment, period: int, rounds_before: int) -> int:
+        """Local steps; parameters averaged every ``period`` rounds of the phase
+        (``rounds_before``: rounds of this phase done in earlier segments)."""
+        unit = update_samples(segment.protocol, self.workers, self.batch)
+        for t in range(segment.samples // unit):
+            self.compute()
+            self.replica.step(self.replica.grad, samples=segment.start + t * unit)
+            if (rounds_before + t + 1) % period == 0:
+                self.average_params()
+            self.on_progress(segment.start + (t + 1) * unit)
+        return segment.samples // unit
+
+    def average_params(self) -> None:
+        self.replica.params_into(self.buffer)
+        with guard(f"worker {self.rank}'s parameter averaging"):
+            dist.all_reduce(self.buffer, group=self.group)
+        self.buffer.div_(self.workers)
+        self.replica.load_params(self.buffer)
+
+    def run_server(self) -> int:
+        """Pull, compute, push until the server says stop; returns the batches computed."""
+        assert self.link is not None
+        link, grad = self.link, self.replica.grad
+        header = link.exchange(PULL, 0, 0, 0, grad)
+        clock = 0
+        while header[STATUS] == GO:
+            self.replica.load_params(link.params)
+            self.on_progress(header[APPLIED])
+            self.compute()
+            clock += 1
+            header = link.exchange(PUSH, header[VERSION], clock, self.batch, grad)
+        return clock
