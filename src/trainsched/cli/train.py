@@ -24,6 +24,7 @@ from trainsched.cli.common import (
     tune_ranges,
 )
 from trainsched.cli.outputs import check_writable_dir
+from trainsched.cli.sync_train import SYNC_FLAGS, add_sync_args, run_sync_cli
 from trainsched.comm.policy import COMM_POLICIES, CREDIT_MODES
 from trainsched.errors import TrainschedError
 from trainsched.graph import OPTIMIZERS
@@ -111,6 +112,7 @@ def add_parser(sub: Subcommands) -> None:
                    help=f"--autotune: rounds re-measuring the 3 fastest points, in alternating "
                    f"order, to choose among them (0: take the fastest trial; default "
                    f"{DEFAULTS['tune_confirm']})")
+    add_sync_args(p)
     add_json(p)
     p.set_defaults(func=run)
 
@@ -169,8 +171,10 @@ def rules(model: str) -> tuple[list[Applies], dict[str, Fact]]:
 def check_flags(args: argparse.Namespace) -> None:
     """Refuse every flag that does not apply to the run the others describe (:func:`rules`),
     and a learning rate that is not a finite number > 0."""
-    import math
-
+    _check_sync_flags(args)
+    if args.sync is not None:
+        _check_lr(args.lr)
+        return
     comm = "plan" if args.plan is not None else args.comm_policy or DEFAULTS["comm_policy"]
     table, facts = rules(args.model)
     facts.update(
@@ -183,8 +187,7 @@ def check_flags(args: argparse.Namespace) -> None:
                       text="without --comm-policy auto or --backprop ooo (without --k)"),
         no_schedule=Fact(value=bool(args.no_schedule), text="with --no-schedule"))
     check_applicable(args, table, facts)
-    if not (math.isfinite(args.lr) and args.lr > 0):
-        raise TrainschedError(f"--lr {args.lr}: give a finite learning rate > 0, e.g. 0.01")
+    _check_lr(args.lr)
     check_count("--ranks", args.ranks, 1)
     check_count("--steps", args.steps, 1)
     check_count("--warmup", args.warmup, 0)
@@ -192,6 +195,32 @@ def check_flags(args: argparse.Namespace) -> None:
 
     if args.order is not None and args.order not in ORDERS:
         raise TrainschedError(f"--order {args.order}: give {' or '.join(ORDERS)}")
+
+
+def _check_lr(lr: float) -> None:
+    import math
+
+    if not (math.isfinite(lr) and lr > 0):
+        raise TrainschedError(f"--lr {lr}: give a finite learning rate > 0, e.g. 0.01")
+
+
+#: The flags of data-parallel training on zoo models, which a ``--sync`` run does not take.
+NOT_WITH_SYNC = ("plan", "comm_policy", "backprop", "k", "calibration", "partition", "credit",
+                 "credit_mode", "backfill", "order", "no_schedule", "autotune", "trace_dir")
+
+
+def _check_sync_flags(args: argparse.Namespace) -> None:
+    """``--sync`` trains a built-in task on the sync runtime: the scheduled data-parallel
+    runtime's flags do not apply to it, nor its own flags without it."""
+    if args.sync is None:
+        given = [f for f in SYNC_FLAGS if getattr(args, f) is not None]
+        if given:
+            raise TrainschedError(f"--{given[0]} applies only with --sync POLICY; drop it")
+        return
+    given = [f for f in NOT_WITH_SYNC if getattr(args, f) not in (None, False)]
+    if given:
+        raise TrainschedError(f"--{given[0].replace('_', '-')} does not apply with --sync (the "
+                              f"sync runtime trains a built-in task under the policy); drop it")
 
 
 def warn_oversubscribed(nproc: int) -> None:
@@ -211,6 +240,8 @@ def run(args: argparse.Namespace) -> int:
     from trainsched.units import parse_size
 
     check_flags(args)
+    if args.sync is not None:
+        return run_sync_cli(args)
     if args.trace_dir is not None:  # fail now, not once the workers have trained
         check_writable_dir(args.trace_dir, "--trace-dir")
     if args.plan is not None:

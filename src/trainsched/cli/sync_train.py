@@ -1,0 +1,91 @@
+"""``trainsched train TASK --sync POLICY``: the sync runtime from the command line.
+
+The flags ``--sync``, ``--straggler``, ``--samples`` and ``--momentum`` (added to ``train`` by
+:func:`add_sync_args`) train one of the built-in tasks (``teacher-student``) on N workers (plus
+a server rank for the ASP, SSP and k-of-N phases) through the policy's phases, switched in
+process, and print each phase, each switch's cost and the held-out loss and accuracy. The sync
+runtime trains the built-in tasks only, so a zoo model with ``--sync`` is refused in one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from trainsched.cli.common import check_count, dump
+from trainsched.errors import TrainschedError
+from trainsched.units import format_duration
+
+#: ``--samples``' default: samples applied to the shared model over the whole run.
+SAMPLES = 32768
+#: The flags that apply with ``--sync`` only.
+SYNC_FLAGS = ("straggler", "samples", "momentum")
+
+
+def add_sync_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sync", default=None, metavar="POLICY",
+                   help="train a built-in task (teacher-student) under this sync policy: bsp, "
+                   "asp, ssp(s=4), k-of-n(k=3), local(h=8), or phases such as "
+                   "bsp:0.125,asp:0.875 (docs/sync.md)")
+    p.add_argument("--straggler", action="append", default=None, metavar="RANK:DELAY[:FROM-TO]",
+                   help="--sync: slow a worker by a delay (1:50ms) or a factor (1:3x), "
+                   "optionally in steps FROM to TO-1; repeatable")
+    p.add_argument("--samples", type=int, default=None,
+                   help=f"--sync: samples applied to the shared model over the run (default "
+                   f"{SAMPLES}, rounded down to the phases' common update size)")
+    p.add_argument("--momentum", type=float, default=None,
+                   help="--sync: SGD momentum, kept across switches (default 0)")
+
+
+def run_sync_cli(args: argparse.Namespace) -> int:
+    """Train ``args.model`` (a built-in task) under ``args.sync``; print or dump the result."""
+    from trainsched.runtime.sync import phase_quantum, policy_phases, run_sync
+    from trainsched.runtime.tasks import TASKS
+    from trainsched.sync import format_policy, parse_policy, parse_stragglers
+
+    if args.model not in TASKS:
+        raise TrainschedError(f"--sync trains a built-in task ({', '.join(TASKS)}); the sync "
+                              f"runtime does not train {args.model!r}: give one of them")
+    policy = parse_policy(args.sync)
+    stragglers = parse_stragglers(args.straggler or ())
+    ranks, batch = args.ranks or 2, args.batch_size or 32
+    check_count("--ranks", ranks, 1)
+    check_count("--batch-size", batch, 1)
+    quantum = phase_quantum(policy.protocols, ranks, batch)
+    wanted = SAMPLES if args.samples is None else args.samples
+    check_count("--samples", wanted, quantum, None,
+                f"the phases' common update size is {quantum} samples")
+    total = wanted - wanted % quantum
+    phases = policy_phases(policy, total, ranks=ranks, batch_per_rank=batch)
+    task = TASKS[args.model]()
+    result = run_sync(task, phases, ranks=ranks, batch_per_rank=batch, lr=args.lr,
+                      momentum=args.momentum or 0.0, stragglers=stragglers,
+                      timeout_s=min(args.timeout, 120.0), deadline_s=args.timeout)
+    if args.json:
+        print(dump({"policy": format_policy(policy), **result.to_json()}))
+        return 0
+    print(sync_report(result, format_policy(policy)))
+    return 0
+
+
+def sync_report(result: Any, policy: str) -> str:
+    """The run's text: the setting, one row per phase, one per switch, the held-out result."""
+    lines = [f"{result.task}: {result.ranks} workers x batch {result.batch_per_rank}, policy "
+             f"{policy}, {result.total_samples} samples in {result.wall_s:.1f} s",
+             f"  {'phase':<16}{'samples':>9}{'updates':>9}{'lr':>9}{'step':>11}"
+             f"{'staleness':>11}"]
+    steps = []
+    for phase in result.phases:
+        step = phase.wall_s / phase.batches if phase.batches else 0.0
+        steps.append(step)
+        applied = [(s, n) for per_rank in phase.staleness for s, n in enumerate(per_rank)]
+        count = sum(n for _, n in applied)
+        stale = f"{sum(s * n for s, n in applied) / count:.2f}" if count else "-"
+        lines.append(f"  {phase.protocol:<16}{phase.samples:>9}{phase.updates:>9}"
+                     f"{phase.lr:>9.4g}{format_duration(step):>11}{stale:>11}")
+    for switch in result.switches:
+        lines.append(f"  switch {switch.from_protocol} -> {switch.to_protocol} at "
+                     f"{switch.samples} samples: {format_duration(switch.cost_s)}")
+    lines.append(f"  held-out loss {result.final_loss:.4f}, accuracy "
+                 f"{100 * result.final_accuracy:.1f}%")
+    return "\n".join(lines)
