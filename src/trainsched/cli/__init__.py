@@ -26,6 +26,7 @@ from trainsched.cli import (
     models,
     place,
     profile,
+    search_sync,
     show,
     simulate,
     train,
@@ -42,7 +43,8 @@ from trainsched.cli.failures import (
 from trainsched.errors import TrainschedError
 
 #: The verb modules, in the order the top-level ``--help`` lists them.
-VERBS = (profile, show, cluster, simulate, place, compare, calibrate, train, models)
+VERBS = (profile, show, cluster, simulate, place, compare, calibrate, train, search_sync,
+         models)
 
 
 def build_parser() -> argparse.ArgumentParser:
