@@ -38,8 +38,8 @@ from trainsched.registry import Registry
 from trainsched.units import is_int
 
 __all__ = ["BACKPROP_ORDERS", "NORM_TARGETS", "SLOT_KINDS", "Slot", "backprop_order", "check_k",
-           "check_slots", "format_slot", "in_order", "is_norm", "layers", "parse_slot",
-           "reverse_first_k", "weight_ops"]
+           "check_slots", "deferred_bytes", "format_slot", "in_order", "is_norm", "layers",
+           "parse_slot", "reverse_first_k", "weight_ops"]
 
 
 #: Fragments of the targets of normalisation ops (ATen ops at op granularity, module types at
@@ -79,6 +79,19 @@ def check_k(graph: Graph, k: int, what: str = "k") -> int:
                               f"layers with weight gradients, so k must be in 0..{count} "
                               f"(0 is in-order backprop)")
     return count
+
+
+def deferred_bytes(graph: Graph, k: int) -> int:
+    """The bytes the deferred weight gradients of reverse-first-k hold at their peak, the end of
+    the dX chain, when all k wait: each deferred layer keeps its input (the bytes its forward
+    edges bring in) and its output gradient (its forward op's ``output_bytes``) alive until its
+    dW runs. What the runtime's dW queue reports as its peak held bytes (each storage once;
+    parameters not counted)."""
+    check_k(graph, k)
+    held = 0
+    for name in layers(graph)[:k]:
+        held += sum(e.size_bytes for e in graph.in_edges(name)) + graph.op(name).output_bytes
+    return held
 
 
 def _ordered(graph: Graph, key: dict[str, float]) -> tuple[str, ...]:

@@ -389,9 +389,10 @@ def _slots_doc(choice: Any) -> dict[str, Any]:
 def _backprop_doc(plan: Any, graph: Any, sweep: Any) -> dict[str, Any]:
     """The backprop order of a data-parallel plan for the report: its name, k, the layer
     count and, when the simulator chose k, the sweep (step time of every k)."""
-    from trainsched.backprop.reorder import layers
+    from trainsched.backprop.reorder import deferred_bytes, layers
 
-    doc: dict[str, Any] = {"name": plan.backprop, "k": plan.k, "layers": len(layers(graph))}
+    doc: dict[str, Any] = {"name": plan.backprop, "k": plan.k, "layers": len(layers(graph)),
+                           "deferred_bytes": deferred_bytes(graph, plan.k)}
     if sweep is not None:
         doc["sweep"] = sweep.to_dict()
     return doc

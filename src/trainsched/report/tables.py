@@ -88,9 +88,11 @@ def backprop_lines(backprop: Mapping[str, Any] | None) -> list[str]:
         return [] if backprop is None else ["  backprop         in-order"]
     line = (f"  backprop         {backprop['name']}: reverse-first-k, k = {backprop['k']} of "
             f"{backprop['layers']} layers")
+    held = (f"  dW queue         holds {format_size(backprop['deferred_bytes'])} at its peak "
+            f"(the deferred layers' inputs and output gradients)")
     sweep = backprop.get("sweep")
     if sweep is None:
-        return [line + " (given)"]
+        return [line + " (given)", held]
     times = sweep["step_time_s"]
     worst = max(range(len(times)), key=lambda k: (times[k], -k))
     cap = sweep["memory_cap_bytes"]
@@ -98,7 +100,7 @@ def backprop_lines(backprop: Mapping[str, Any] | None) -> list[str]:
             + (f", within {format_size(cap)})" if cap is not None else ")"),
             f"  k sweep          k=0 {format_duration(times[0])}, k={sweep['k']} "
             f"{format_duration(times[sweep['k']])} ({sweep['speedup']:.3f}x), slowest "
-            f"k={worst} {format_duration(times[worst])}"]
+            f"k={worst} {format_duration(times[worst])}", held]
 
 
 def simulate_report(doc: Mapping[str, Any], model: str) -> str:
