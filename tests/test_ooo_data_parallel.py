@@ -248,7 +248,6 @@ def test_the_predicted_dw_queue_peak_matches_the_measured_one_within_ten_percent
 
     sys.path.insert(0, str(Path(__file__).parent))
     from ooo_jobs import batch, net
-
     from trainsched.backprop.reorder import deferred_bytes, layers
     from trainsched.capture import capture
     from trainsched.graph import to_training
