@@ -114,6 +114,7 @@ class PlacerSchedule:
     start_s: tuple[float, ...]
     end_s: tuple[float, ...]
     order: tuple[tuple[int, ...], ...]  # per device, ops in start order
+    sequence: tuple[int, ...]  # every op, in the order the placer committed them
     transfers: tuple[Transfer, ...]
     peak_bytes: tuple[int, ...]
     makespan_s: float
@@ -193,6 +194,11 @@ class _Scheduler:
             self.tensors_of[u].append(tid)
         self.free_at = [0.0] * m
         self.order: list[list[int]] = [[] for _ in range(m)]
+        self.sequence: list[int] = []  # ops in commit order
+        self.position = [-1] * n  # index in sequence
+        # Inputs of a ready op in the order its new transfers are appended: by the producer's
+        # position in the commit order, then tensor (what a replay of the sequence can rebuild).
+        self.ins: list[tuple[tuple[int, int, int], ...]] = [() for _ in range(n)]
         self.last_op = [-1] * m
         self.chan = [0.0] * m if self.seq else [[0.0] * m for _ in range(m)]
         self.arrival: dict[int, float] = {}  # tensor * m + device -> arrival time
@@ -243,7 +249,7 @@ class _Scheduler:
         over: dict[int, float] = {}
         seq = self.seq
         chan = self.chan
-        for u, tid, size in self.p.inputs[o]:
+        for u, tid, size in self.ins[o]:
             du = dev[u]
             if du == d:
                 a = end[u]
@@ -438,16 +444,21 @@ class _Scheduler:
             if high > self.peak_bound[d]:
                 self.peak_bound[d] = high
 
-    def fits(self, o: int, d: int, record: list) -> bool:
-        """Whether o, with the transfers in ``record``, fits on d now."""
+    def fits(self, o: int, d: int, record: list, start: float | None = None) -> bool:
+        """Whether o, with the transfers in ``record``, fits on d now (or from ``start`` on, a
+        time in the past: its output and temp then count from there, to the end)."""
         p = self.p
         g = p.group[o]
         extra_res = 0 if self.group_charged[g] else self.group_res[g]
         new = p.output[o] + p.temp[o]
         ts, vs, hs = self.hist_t[d], self.hist_v[d], self.hist_h[d]
+        allocs = [(s, size) for _, _, size, s, _ in record]
+        if start is not None:
+            allocs.append((start, new))
+            new = 0
         worst = max(vs[-1], hs[-1]) + new
-        if record:
-            starts = sorted((s, size) for _, _, size, s, _ in record)
+        if allocs:
+            starts = sorted(allocs)
             moved = sum(size for _, size in starts)
             worst += moved
             # Breakpoints before now: the instant's high plus the transfers started by then,
@@ -573,6 +584,8 @@ class _Scheduler:
         self.end[o] = end
         self.free_at[d] = end
         self.order[d].append(o)
+        self.position[o] = len(self.sequence)
+        self.sequence.append(o)
         self.last_op[d] = o
         self.out_alloc[o] = len(self.allocs)
         self.allocs.append([d, p.output[o], t, None])
@@ -601,6 +614,8 @@ class _Scheduler:
                 self.make_ready(v)
 
     def make_ready(self, v: int) -> None:
+        position = self.position
+        self.ins[v] = tuple(sorted(self.p.inputs[v], key=lambda x: (position[x[0]], x[1])))
         self.srcdevs[v] = tuple(sorted({self.dev[u] for u in self.preds[v]}))
         targets = (self.fixed[v],) if self.fixed is not None else self.devices_for(v)
         for d in targets:
@@ -642,10 +657,17 @@ class _Scheduler:
             self.now = when
             record: list = []
             self.data_ready(o, d, record)
-            if not self.fits(o, d, record):
+            # Semi-active: the op starts as soon as its device and inputs allow (what a replay
+            # of the orders does), even if it was chosen later (an m-SCT reservation that
+            # lapsed, an urgent op), unless memory held it back until now.
+            start = self.est(o, d)
+            if start < when and self.fits(o, d, record, start):
+                self.commit(o, d, start, record)
+            elif self.fits(o, d, record):
+                self.commit(o, d, when, record)
+            else:
                 self.block(o, d)
                 continue
-            self.commit(o, d, when, record)
             placed += 1
         return self.result()
 
@@ -663,9 +685,9 @@ class _Scheduler:
     def result(self) -> PlacerSchedule:
         peaks = _peaks(self.m, self.resident, self.allocs)
         return PlacerSchedule(device=tuple(self.dev), start_s=tuple(self.start),
-                        end_s=tuple(self.end), order=tuple(tuple(x) for x in self.order),
-                        transfers=tuple(self.transfers), peak_bytes=tuple(peaks),
-                        makespan_s=max(self.end, default=0.0))
+                              end_s=tuple(self.end), order=tuple(tuple(x) for x in self.order),
+                              sequence=tuple(self.sequence), transfers=tuple(self.transfers),
+                              peak_bytes=tuple(peaks), makespan_s=max(self.end, default=0.0))
 
 
 def _peaks(m: int, resident: list[int], allocs: list[list]) -> list[int]:

@@ -17,14 +17,16 @@ Four steps (``specs/placement.md`` §3), each mapping reduced ops to original op
    contracting) can exist. A fused op's temp is the peak of running its members in order
    minus its output, so no internal tensor is lost.
 
-Everything is ordered by a canonical topological order (Kahn, ties by op name), so the result
-does not depend on the order in which a graph lists its ops.
+Everything is ordered by a canonical topological order (:func:`structural_order`: Kahn, ties
+by the longest remaining path, a structural signature and the ranks of the predecessors, names
+last), so the result depends neither on the order in which a graph lists its ops nor on their
+names: renaming the ops renames the problem.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from trainsched.graph import Edge, Graph, Op
@@ -103,22 +105,88 @@ class Problem:
 
 
 def canonical_order(graph: Graph) -> list[str]:
-    """Kahn's topological order, ties by op name: independent of how the graph lists its ops."""
-    indegree = {op.name: 0 for op in graph.ops}
-    succ: dict[str, list[str]] = {op.name: [] for op in graph.ops}
-    for e in graph.edges:
-        succ[e.src].append(e.dst)
-        indegree[e.dst] += 1
-    ready = [name for name, d in indegree.items() if d == 0]
+    """A topological order that depends on the graph's structure, not on its names or listing:
+    :func:`structural_order` of its ops (attributes: compute, persistent, output and temp bytes,
+    kind; edges weighted by bytes)."""
+    ops = graph.ops
+    index = {op.name: i for i, op in enumerate(ops)}
+    attrs = [(op.compute_s, _persistent(op), op.output_bytes, op.temp_bytes, op.kind)
+             for op in ops]  # fmt: skip
+    edges = [(index[e.src], index[e.dst], e.size_bytes) for e in graph.edges]
+    order = structural_order([op.name for op in ops], [op.compute_s for op in ops], attrs, edges)
+    return [ops[i].name for i in order]
+
+
+def structural_order(names: Sequence[str], compute_s: Sequence[float],
+                     attrs: Sequence[tuple], edges: Sequence[tuple[int, int, int]]) -> list[int]:
+    """Kahn's topological order of a DAG (``edges``: (src, dst, bytes) over indices), taking
+    among ready nodes the one with the smallest structural key, names last:
+
+    1. the longest remaining path by ``compute_s`` (its own included), longest first, so that
+       critical work comes first wherever a rank breaks a tie;
+    2. the node's *descendant signature*: its ``attrs``, in- and out-degree, and the sorted
+       signatures (with bytes) of its successors, ranked level by level from the sinks, so
+       it is a comparable value that no name enters;
+    3. the sorted ranks of its predecessors (already ranked), which tells apart nodes alike
+       in themselves but fed by different nodes;
+    4. its name: reached only by nodes that nothing above tells apart (in practice, nodes that
+       an automorphism of the graph exchanges), where the order chosen does not matter.
+
+    Renaming the nodes of a graph therefore renames its order and changes nothing else.
+    """
+    n = len(names)
+    succ: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+    indeg = [0] * n
+    for u, v, size in edges:
+        succ[u].append((v, size))
+        indeg[v] += 1
+    # Any topological order, to compute the levels (the result never depends on it).
+    left = indeg[:]
+    stack = [i for i in range(n) if left[i] == 0]
+    topo: list[int] = []
+    while stack:
+        u = stack.pop()
+        topo.append(u)
+        for v, _ in succ[u]:
+            left[v] -= 1
+            if left[v] == 0:
+                stack.append(v)
+    assert len(topo) == n, "the graph has a cycle"
+    remaining = [0.0] * n
+    height = [0] * n
+    for u in reversed(topo):
+        remaining[u] = compute_s[u] + max((remaining[v] for v, _ in succ[u]), default=0.0)
+        height[u] = 1 + max((height[v] for v, _ in succ[u]), default=-1)
+    # Descendant signatures, ranked within each height (heights first, so comparable).
+    signature: list[tuple[int, int]] = [(0, 0)] * n
+    by_height: dict[int, list[int]] = {}
+    for u in range(n):
+        by_height.setdefault(height[u], []).append(u)
+    for h in sorted(by_height):
+        keys = {u: (attrs[u], indeg[u], len(succ[u]),
+                    tuple(sorted((signature[v], size) for v, size in succ[u])))
+                for u in by_height[h]}  # fmt: skip
+        ranked = sorted(set(keys.values()))
+        rank = {key: k for k, key in enumerate(ranked)}
+        for u, key in keys.items():
+            signature[u] = (h, rank[key])
+    preds: list[list[int]] = [[] for _ in range(n)]
+    for u, v, _ in edges:
+        preds[v].append(u)
+    position = [-1] * n
+    left = indeg[:]
+    ready = [(-remaining[u], signature[u], (), names[u], u) for u in range(n) if left[u] == 0]
     heapq.heapify(ready)
-    order = []
+    order: list[int] = []
     while ready:
-        name = heapq.heappop(ready)
-        order.append(name)
-        for s in succ[name]:
-            indegree[s] -= 1
-            if indegree[s] == 0:
-                heapq.heappush(ready, s)
+        u = heapq.heappop(ready)[-1]
+        position[u] = len(order)
+        order.append(u)
+        for v, _ in succ[u]:
+            left[v] -= 1
+            if left[v] == 0:
+                ranks = tuple(sorted(position[p] for p in preds[v]))
+                heapq.heappush(ready, (-remaining[v], signature[v], ranks, names[v], v))
     return order
 
 
@@ -310,24 +378,20 @@ def _build(graph: Graph, order: list[str], ops: list[Op], sched: list[int],
         attrs[r] = (sum(compute[k] for k in ks), sum(resident[k] for k in ks), out,
                     max(0, peak - out))
 
-    # Renumber nodes topologically (ties by name).
+    # Renumber nodes topologically, by structure (names last): structural_order.
     node_succ: dict[int, set[int]] = {r: set() for r in members}
-    indeg = dict.fromkeys(members, 0)
     for na, nb, _ in between:
-        if nb not in node_succ[na]:
-            node_succ[na].add(nb)
-            indeg[nb] += 1
-    ready = [(node_name[r], r) for r, d in indeg.items() if d == 0]
-    heapq.heapify(ready)
-    topo: list[int] = []
-    while ready:
-        _, r = heapq.heappop(ready)
-        topo.append(r)
-        for s in node_succ[r]:
-            indeg[s] -= 1
-            if indeg[s] == 0:
-                heapq.heappush(ready, (node_name[s], s))
-    assert len(topo) == len(members), "fusion closed a cycle"
+        node_succ[na].add(nb)
+    nodes = sorted(members)
+    slot = {r: k for k, r in enumerate(nodes)}
+    tensor_bytes: dict[tuple[int, str], int] = {}
+    for (na, _, key), size in between.items():
+        tensor_bytes[na, key] = max(tensor_bytes.get((na, key), 0), size)
+    ranked = structural_order(
+        [node_name[r] for r in nodes], [attrs[r][0] for r in nodes],
+        [(attrs[r][0], attrs[r][1], attrs[r][2], attrs[r][3], "forward") for r in nodes],
+        [(slot[na], slot[nb], tensor_bytes[na, key]) for na, nb, key in between])
+    topo = [nodes[k] for k in ranked]
     index = {r: i for i, r in enumerate(topo)}
 
     # Groups, numbered by their first op; unscheduled ops' memory goes to that first op.
