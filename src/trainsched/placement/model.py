@@ -196,8 +196,9 @@ class _Scheduler:
         self.order: list[list[int]] = [[] for _ in range(m)]
         self.sequence: list[int] = []  # ops in commit order
         self.position = [-1] * n  # index in sequence
-        # Inputs of a ready op in the order its new transfers are appended: by the producer's
-        # position in the commit order, then tensor (what a replay of the sequence can rebuild).
+        # Inputs of a ready op in the order its new transfers are appended: by the member that
+        # first reads it (fused ops), the producer's position in the commit order, then tensor
+        # (what a replay of the commit order, fused ops expanded, does).
         self.ins: list[tuple[tuple[int, int, int], ...]] = [() for _ in range(n)]
         self.last_op = [-1] * m
         self.chan = [0.0] * m if self.seq else [[0.0] * m for _ in range(m)]
@@ -615,7 +616,10 @@ class _Scheduler:
 
     def make_ready(self, v: int) -> None:
         position = self.position
-        self.ins[v] = tuple(sorted(self.p.inputs[v], key=lambda x: (position[x[0]], x[1])))
+        ins = self.p.inputs[v]
+        ranks = self.p.input_rank[v] if self.p.input_rank else (0,) * len(ins)
+        self.ins[v] = tuple(x for _, _, _, x in sorted(
+            (r, position[x[0]], x[1], x) for r, x in zip(ranks, ins, strict=True)))
         self.srcdevs[v] = tuple(sorted({self.dev[u] for u in self.preds[v]}))
         targets = (self.fixed[v],) if self.fixed is not None else self.devices_for(v)
         for d in targets:

@@ -43,7 +43,10 @@ class Problem:
     bytes), ordered by (producer, tensor key); tensors are numbered in that order too, and a
     tensor's bytes are the largest of its edges'.
     ``group_of`` maps every original op name to its group; ``members[i]`` are the original ops
-    op ``i`` runs.
+    op ``i`` runs (in topological order); ``input_rank[i][k]`` is the index among them of the
+    first that reads input ``k``, and a producer's tensors are numbered in the order of the
+    members that make them, so a placer can send them in the order a replay of its expanded
+    order does.
     """
 
     names: tuple[str, ...]
@@ -61,6 +64,7 @@ class Problem:
     group_ops: tuple[tuple[int, ...], ...]
     group_of: Mapping[str, int]
     original_ops: int
+    input_rank: tuple[tuple[int, ...], ...] = ()  # per input: its first reader among members
 
     @property
     def n(self) -> int:
@@ -346,6 +350,9 @@ def _build(graph: Graph, order: list[str], ops: list[Op], sched: list[int],
     leaves = dict.fromkeys(sched, False)  # has a consumer in another node
     consumed = dict.fromkeys(sched, False)
     between: dict[tuple[int, int, str], int] = {}  # (src node, dst node, tensor) -> bytes
+    rank = {k: i for ks in members.values() for i, k in enumerate(ks)}  # place in its node
+    made: dict[tuple[int, str], int] = {}  # (src node, tensor) -> rank of the member making it
+    read: dict[tuple[int, int, str], int] = {}  # -> rank of the first member reading it
     for e in graph.edges:
         a, b = pos[e.src], pos[e.dst]
         if not (scheduled[a] and scheduled[b]):
@@ -359,6 +366,8 @@ def _build(graph: Graph, order: list[str], ops: list[Op], sched: list[int],
             leaves[a] = True
             key = (na, nb, e.tensor)
             between[key] = max(between.get(key, 0), e.size_bytes)
+            made[na, e.tensor] = min(made.get((na, e.tensor), rank[a]), rank[a])
+            read[key] = min(read.get(key, rank[b]), rank[b])
 
     # Node attributes.
     node_name = {r: order[ks[0]] for r, ks in members.items()}
@@ -408,24 +417,27 @@ def _build(graph: Graph, order: list[str], ops: list[Op], sched: list[int],
         res_list[group_ops[group_index[uf.find(c)]][0]] += extra
     group_of = {order[k]: group_index[uf.find(k)] for k in range(len(order))}
 
-    # Tensors: per producer, by key; inputs ordered by (producer, key).
+    # Tensors: per producer, by (member making it, key); inputs ordered by (producer, tensor).
     n = len(topo)
-    by_tensor: dict[tuple[int, str], list[tuple[int, int]]] = {}
+    by_tensor: dict[tuple[int, int, str], list[tuple[int, int, int]]] = {}
     for (na, nb, key), size in between.items():
-        by_tensor.setdefault((index[na], key), []).append((index[nb], size))
+        by_tensor.setdefault((index[na], made[na, key], key), []).append(
+            (index[nb], size, read[na, nb, key]))
     tensor_key: list[str] = []
     tensor_producer: list[int] = []
     tensor_consumers: list[tuple[int, ...]] = []
     inputs: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]
-    for (u, key) in sorted(by_tensor):
+    input_rank: list[list[int]] = [[] for _ in range(n)]
+    for (u, made_by, key) in sorted(by_tensor):
         tid = len(tensor_key)
         tensor_key.append(key)
         tensor_producer.append(u)
-        users = sorted(by_tensor[u, key])
-        tensor_consumers.append(tuple(v for v, _ in users))
-        size = max(size for _, size in users)  # one tensor, one size (edges may disagree)
-        for v, _ in users:
+        users = sorted(by_tensor[u, made_by, key])
+        tensor_consumers.append(tuple(v for v, _, _ in users))
+        size = max(size for _, size, _ in users)  # one tensor, one size (edges may disagree)
+        for v, _, first in users:
             inputs[v].append((u, tid, size))
+            input_rank[v].append(first)
     successors = [sorted({index[s] for s in node_succ[r]}) for r in topo]
     return Problem(
         names=tuple(node_name[r] for r in topo),
@@ -436,6 +448,7 @@ def _build(graph: Graph, order: list[str], ops: list[Op], sched: list[int],
         temp=tuple(attrs[r][3] for r in topo),
         group=tuple(group_index[uf.find(r)] for r in topo),
         inputs=tuple(tuple(x) for x in inputs),
+        input_rank=tuple(tuple(x) for x in input_rank),
         successors=tuple(tuple(s) for s in successors),
         tensor_key=tuple(tensor_key),
         tensor_producer=tuple(tensor_producer),
