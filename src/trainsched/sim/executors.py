@@ -9,7 +9,8 @@
   channels: with ``sequential`` communication it holds the sender's and the receiver's device
   channel together, with ``parallel`` communication the channel of its directed link. A tensor
   (an edge's ``tensor`` key) is sent to a device once, for its first consumer there in the
-  order; later consumers there wait for that transfer. Compute and communication overlap.
+  order, with the largest size of its edges; later consumers there wait for that transfer.
+  Compute and communication overlap.
 
   **The replay rule.** A device runs its ops strictly in the order: its next op starts when
   the device's previous op has ended and its inputs are there, and the device waits for it
@@ -297,7 +298,11 @@ def _simulate(graph: Graph, cluster: Cluster | None, device_of: Mapping[str, int
     local_users: dict[str, list[int]] = {name: [] for name in order}  # consumers on its device
     sent: dict[str, list[int]] = {name: [] for name in order}  # its transfers
     received: dict[int, tuple[int, int, list[int]]] = {}  # transfer -> (device, bytes, consumers)
-    queued: list[tuple[int, int, str, int]] = []  # (consumer, producer, tensor position, transfer)
+    queued: list[tuple[int, int, str, int]] = []  # (consumer, producer, tensor, transfer)
+    size_of: dict[tuple[str, str], int] = {}  # one tensor, one size: the largest of its edges'
+    for e in edges:
+        key = (e.src, e.tensor)
+        size_of[key] = max(size_of.get(key, 0), e.size_bytes)
     for e in edges:
         a, b = op_task[e.src], op_task[e.dst]
         src, dst = dev[e.src], dev[e.dst]
@@ -307,12 +312,13 @@ def _simulate(graph: Graph, cluster: Cluster | None, device_of: Mapping[str, int
             continue
         x = transfers.get((e.src, e.tensor, dst))
         if x is None:  # the first edge carrying this tensor to dst sends it; later ones reuse it
-            x = low.transfer(e.tensor, e.size_bytes, src, dst, priority=position[e.dst])
+            size = size_of[e.src, e.tensor]
+            x = low.transfer(e.tensor, size, src, dst, priority=position[e.dst])
             low.tasks.add_dependency(a, x)
             transfers[e.src, e.tensor, dst] = x
             queued.append((position[e.dst], position[e.src], e.tensor, x))
             sent[e.src].append(x)
-            received[x] = (dst, e.size_bytes, [])
+            received[x] = (dst, size, [])
         low.tasks.add_dependency(x, b)
         received[x][2].append(b)
     last_transfer: dict[int, int] = {}  # channel resource -> its previous transfer
