@@ -11,6 +11,7 @@ fused placement, and for a forward-only one reproduces the list schedule of the 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import math
@@ -311,3 +312,73 @@ def test_more_resident_memory_than_the_cluster_raises(seed, n, m):
     cap = max(1, (resident - 1) // m)
     with pytest.raises(TrainschedError, match=r"does not fit.*needs at least"):
         place(graph, make_cluster(m, "parallel", f"{cap}B"), "auto")
+
+
+def renamed(graph: Graph, seed: int) -> tuple[Graph, dict[str, str]]:
+    """``graph`` with every op under a random new name (structure, costs and groups kept);
+    tensors are renamed after their producer, keeping their order among its tensors."""
+    rng = random.Random(seed)
+    names = [op.name for op in graph.ops]
+    fresh = rng.sample(range(16**6), len(names))
+    new = {name: f"n{k:06x}" for name, k in zip(names, fresh, strict=True)}
+    keys: dict[str, list[str]] = {}
+    for e in graph.edges:
+        keys.setdefault(e.src, [])
+        if e.tensor not in keys[e.src]:
+            keys[e.src].append(e.tensor)
+    tensor = {(src, key): f"{new[src]}#{k}" for src, ks in keys.items()
+              for k, key in enumerate(sorted(ks))}
+    ops = [dataclasses.replace(op, name=new[op.name],
+                               forward_op=new.get(op.forward_op) if op.forward_op else None)
+           for op in graph.ops]
+    edges = [Edge(src=new[e.src], dst=new[e.dst], size_bytes=e.size_bytes,
+                  tensor=tensor[e.src, e.tensor]) for e in graph.edges]
+    order = list(range(len(ops)))
+    rng.shuffle(order)
+    return Graph([ops[i] for i in order], edges), new
+
+
+def shared_groups(graph: Graph, seed: int) -> Graph:
+    """Some forward ops share a co-location group with another layer (tied weights), so that
+    their backward and optimizer ops share it too."""
+    rng = random.Random(seed)
+    forward = [op.name for op in graph.ops]
+    ties = {name: rng.choice(forward) for name in forward if rng.random() < 0.15}
+    ops = [dataclasses.replace(op, group=f"tie-{ties[op.name]}") if op.name in ties else op
+           for op in graph.ops]
+    return Graph(ops, graph.edges)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**6), n=st.integers(2, 24), m=st.integers(2, 4),
+       comm=st.sampled_from(["parallel", "sequential"]),
+       algorithm=st.sampled_from(["auto", *placement.PLACERS]))
+def test_renaming_the_ops_renames_the_placement(seed, n, m, comm, algorithm):
+    train = to_training(shared_groups(layered_dag(seed, n, groups=False), seed))
+    other, new = renamed(train, seed + 1)
+    cluster = make_cluster(m, comm)
+    a = place(train, cluster, algorithm)
+    b = place(other, cluster, algorithm)
+    assert b.predicted_step_s == a.predicted_step_s and b.makespan_s == a.makespan_s
+    assert b.placer == a.placer
+    # The same placement and order, up to the renaming and to exchanging ops that nothing
+    # in the graph tells apart (an automorphism: there the names break the tie).
+    lab = labels(train)
+    old = {v: k for k, v in new.items()}
+    assert [[lab[old[x]] for x in ops] for ops in b.placement.device_orders()] == \
+        [[lab[x] for x in ops] for ops in a.placement.device_orders()]
+    alike = {k for k in lab if sum(v == lab[k] for v in lab.values()) > 1}
+    assert {k: b.placement.device_of[new[k]] for k in lab if k not in alike} == \
+        {k: a.placement.device_of[k] for k in lab if k not in alike}
+
+
+def labels(graph: Graph) -> dict[str, tuple]:
+    """What an op is, apart from its name: its costs and the sizes of its edges."""
+    ins: dict[str, list[int]] = {op.name: [] for op in graph.ops}
+    outs: dict[str, list[int]] = {op.name: [] for op in graph.ops}
+    for e in graph.edges:
+        ins[e.dst].append(e.size_bytes)
+        outs[e.src].append(e.size_bytes)
+    return {op.name: (op.kind, op.compute_s, op.param_bytes, op.output_bytes, op.temp_bytes,
+                      tuple(sorted(ins[op.name])), tuple(sorted(outs[op.name])))
+            for op in graph.ops}
