@@ -239,6 +239,7 @@ class _Scheduler:
         self.G_free: list[tuple[float, int, int]] = []
         self.G_dev: list[list[tuple[float, int, int]]] = [[] for _ in range(m)]
         self.now = 0.0
+        self.reserved = -1  # set by best_on
 
     # --- estimates -----------------------------------------------------------------------
 
@@ -410,8 +411,12 @@ class _Scheduler:
         return f
 
     def best_on(self, d: int) -> tuple[float, int] | None:
+        """The op d would start next and when (its est, or for an urgent op its urgent time);
+        sets :attr:`reserved` to the op d is reserved for (-1: none)."""
+        self.reserved = -1
         if self.fav is not None:
             f = self.reserved_for(d)
+            self.reserved = f
             if f >= 0:
                 best = (self.est(f, d), f)
                 urgent = self.best_urgent(d, best[0])
@@ -637,10 +642,13 @@ class _Scheduler:
         placed = 0
         while placed < n:
             best = None
+            best_reserved = -1
             for d in range(m):
                 c = self.best_on(d)
-                if c is not None and (best is None or (c[0], c[1], d) < best):
-                    best = (c[0], c[1], d)
+                # Ties: the op's device reserved for it (m-SCT), then the lower index.
+                if c is not None and (best is None or (c[0], c[1], c[1] != self.reserved, d)
+                                      < (best[0], best[1], best[1] != best_reserved, best[2])):
+                    best, best_reserved = (c[0], c[1], d), self.reserved
             pending = self.pending
             if best is None:
                 if not pending:
