@@ -382,3 +382,18 @@ def labels(graph: Graph) -> dict[str, tuple]:
     return {op.name: (op.kind, op.compute_s, op.param_bytes, op.output_bytes, op.temp_bytes,
                       tuple(sorted(ins[op.name])), tuple(sorted(outs[op.name])))
             for op in graph.ops}
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**6), n=st.integers(2, 20), m=st.integers(2, 4),
+       comm=st.sampled_from(["parallel", "sequential"]))
+def test_reductions_never_make_auto_worse(seed, n, m, comm):
+    # Training graphs whose forward and backward ops share co-location groups across layers.
+    train = to_training(shared_groups(layered_dag(seed, n, groups=False), seed))
+    cluster = make_cluster(m, comm)
+    best = place(train, cluster, "auto")
+    for algorithm in placement.PLACERS:
+        for reductions in ({"fusion": False}, {"coplacement": False},
+                           {"fusion": False, "coplacement": False, "forward_only": False}):
+            alone = place(train, cluster, algorithm, **reductions)
+            assert best.predicted_step_s <= alone.predicted_step_s

@@ -357,7 +357,8 @@ def _place_once(graph: Graph, cluster: Cluster, machine: Machine, scaled: Machin
     options: dict[str, Any] = {"comm": cluster.comm,
                                "forward_only": chosen.settings.forward_only,
                                "fusion": chosen.settings.fusion,
-                               "coplacement": chosen.settings.coplacement}
+                               "coplacement": chosen.settings.coplacement,
+                               "sct_threshold": settings.sct_threshold}
     if scaled.capacity != machine.capacity:
         options["placer_capacity_bytes"] = scaled.capacity[0]
     timings = {"reduce_s": reduced_at - began, "placer_s": placer_s[chosen.name],
@@ -513,6 +514,8 @@ def _result(graph: Graph, cluster: Cluster, machine: Machine, algorithm: str,
     assert schedule is not None
     problem, chosen = attempt.problem, attempt.name
     whole = sum(len(m) for m in problem.members) == len(graph)
+    options = dict(options)
+    threshold = options.pop("sct_threshold")
     m = machine.num_devices
     critical, _ = graph.critical_path()
     lower = max(critical, graph.totals().compute_s / m)
@@ -534,6 +537,7 @@ def _result(graph: Graph, cluster: Cluster, machine: Machine, algorithm: str,
     }
     if run.lp_value_s is not None:
         meta["lp_value_s"] = run.lp_value_s
+        meta["sct_threshold"] = threshold
     placement = _candidate(attempt, run, orders, machine, meta)
     return PlacementResult(
         placement=placement, algorithm=algorithm, placer=chosen, problem=problem,
