@@ -21,7 +21,6 @@ runs it.
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -30,15 +29,16 @@ from typing import Any
 from trainsched.cluster import COMM_MODES, Cluster
 from trainsched.errors import TrainschedError
 from trainsched.graph import Graph
-from trainsched.placement.baselines import contiguous_devices, group_static_bytes, single_devices
+from trainsched.placement.baselines import contiguous_devices, single_devices
 from trainsched.placement.etf import m_etf
+from trainsched.placement.feasibility import check_totals, infeasible_error
 from trainsched.placement.model import Machine, PlacerSchedule, Stall, run_schedule
+from trainsched.placement.order import Orders, order_of
 from trainsched.placement.reduce import Problem, reduce_graph
 from trainsched.placement.sct import m_sct
 from trainsched.placement.topo import topo_devices
 from trainsched.plan import Placement
 from trainsched.registry import Registry
-from trainsched.units import format_size
 
 __all__ = ["ALGORITHMS", "AUTO_VARIANT_OPS", "PLACERS", "SCT_THRESHOLD", "Candidate",
            "PlacementResult", "Predictor", "order_of", "place"]
@@ -308,7 +308,7 @@ def _place_once(graph: Graph, cluster: Cluster, machine: Machine, scaled: Machin
             group_cap_bytes=variant.group_cap_fraction * min(scaled.capacity),
             backward_in_weight=variant.backward_in_weight)
         if k == 0:
-            _check_totals(problem, scaled)
+            check_totals(problem, scaled)
         elif problem.n > AUTO_VARIANT_OPS:
             continue
         key = (variant.forward_only, problem.members, problem.group)
@@ -341,8 +341,8 @@ def _place_once(graph: Graph, cluster: Cluster, machine: Machine, scaled: Machin
         except Stall as stall:
             stalls[attempt.name] = stall
     if not runs:
-        raise _infeasible(reduced[0][1], scaled, stalls)
-    orders = _Orders(graph)
+        raise infeasible_error(reduced[0][1], scaled, stalls)
+    orders = Orders(graph)
     if algorithm != "auto":
         chosen = attempts[0]
         wall = time.perf_counter() - began
@@ -420,44 +420,7 @@ def _expand(problem: Problem, schedule: PlacerSchedule) -> dict[str, int]:
     return {name: group_dev[g] for name, g in sorted(problem.group_of.items())}
 
 
-_UNLIMITED_BYTES = 2**62  # the list schedule of a whole step is ordered without memory limits
-
-
-class _Orders:
-    """The order of a placement of ``graph`` (:func:`order_of`), with the graph's unreduced
-    problem built once for every candidate that needs a list schedule."""
-
-    def __init__(self, graph: Graph) -> None:
-        self.graph = graph
-        self._full: Problem | None = None
-
-    def full(self) -> Problem:
-        if self._full is None:
-            self._full = reduce_graph(self.graph, forward_only=False, coplacement=False,
-                                      fusion=False, group_cap_bytes=math.inf)
-        return self._full
-
-    def __call__(self, problem: Problem, schedule: PlacerSchedule, machine: Machine,
-                 device_of: Mapping[str, int]) -> tuple[str, ...]:
-        if sum(len(m) for m in problem.members) == len(self.graph):
-            # The placer scheduled every op: its commit order, fused ops expanded in order.
-            return tuple(name for i in schedule.sequence for name in problem.members[i])
-        full = self.full()
-        ample = dataclasses.replace(machine, capacity=(_UNLIMITED_BYTES,) * machine.num_devices)
-        listed = run_schedule(full, ample, fixed=[device_of[name] for name in full.names])
-        return tuple(full.names[i] for i in listed.sequence)
-
-
-def order_of(graph: Graph, problem: Problem, schedule: PlacerSchedule, machine: Machine,
-             device_of: Mapping[str, int]) -> tuple[str, ...]:
-    """The order a placement of ``graph`` runs its ops in (the module docstring): the placer's
-    commit order (``schedule.sequence`` of ``problem``, fused ops expanded into their members)
-    when ``problem`` schedules every op of ``graph``, else the list schedule of ``graph`` with
-    the devices ``device_of`` fixed and memory unlimited."""
-    return _Orders(graph)(problem, schedule, machine, device_of)
-
-
-def _candidate(attempt: _Attempt, run: _Run, orders: _Orders, machine: Machine,
+def _candidate(attempt: _Attempt, run: _Run, orders: Orders, machine: Machine,
                meta: Mapping[str, Any] | None = None) -> Placement:
     """The placement an attempt produced: devices of every original op, and its order."""
     schedule = run.schedule
@@ -470,7 +433,7 @@ def _candidate(attempt: _Attempt, run: _Run, orders: _Orders, machine: Machine,
 
 def _choose(graph: Graph, cluster: Cluster, machine: Machine, attempts: list[_Attempt],
             runs: dict[str, _Run], stalls: dict[str, Stall], predict: Predictor | None,
-            orders: _Orders
+            orders: Orders
             ) -> tuple[_Attempt, tuple[float, tuple[int, ...]] | None, tuple[Candidate, ...]]:
     """auto: predict every placement (devices and order) on the full graph (without
     ``predict``: each placer's schedule); the fastest that fits wins (ties: fewer devices
@@ -509,7 +472,7 @@ def _choose(graph: Graph, cluster: Cluster, machine: Machine, attempts: list[_At
 def _result(graph: Graph, cluster: Cluster, machine: Machine, algorithm: str,
             attempt: _Attempt, run: _Run, simulated: tuple[float, tuple[int, ...]] | None,
             candidates: tuple[Candidate, ...], timings: dict[str, float],
-            options: dict[str, Any], orders: _Orders) -> PlacementResult:
+            options: dict[str, Any], orders: Orders) -> PlacementResult:
     schedule = run.schedule
     assert schedule is not None
     problem, chosen = attempt.problem, attempt.name
@@ -547,86 +510,3 @@ def _result(graph: Graph, cluster: Cluster, machine: Machine, algorithm: str,
         ops_before=len(graph), ops_after=problem.n, wall_s=timings["total_s"],
         reduce_s=timings["reduce_s"], placer_s=timings["placer_s"], lp_value_s=run.lp_value_s,
         candidates=candidates)
-
-
-# --- infeasibility ----------------------------------------------------------------------------
-
-
-def _check_totals(problem: Problem, machine: Machine) -> None:
-    """Resident memory alone must fit: in total, and each group on one device."""
-    cap = machine.capacity
-    group_res = problem.group_resident()
-    total = sum(group_res)
-    m = machine.num_devices
-    if total > sum(cap):
-        running, op = 0, problem.n - 1
-        for i, g in enumerate(problem.group):
-            if problem.group_ops[g][0] == i:
-                running += group_res[g]
-                if running > sum(cap):
-                    op = i
-                    break
-        raise TrainschedError(
-            f"op {problem.names[op]!r} does not fit: what the ops hold for the whole step "
-            f"(parameters, gradients, optimizer state, activations kept for backward) takes "
-            f"{format_size(total)}; that needs at least "
-            f"{format_size(math.ceil(total / m))} per device; the cluster has "
-            f"{format_size(min(cap))} on each of {m} devices")
-    for g, res in enumerate(group_res):
-        if res > max(cap):
-            op = problem.group_ops[g][0]
-            raise TrainschedError(
-                f"op {problem.names[op]!r} does not fit: its co-location group holds "
-                f"{format_size(res)} for the whole step, which needs at least {format_size(res)} "
-                f"per device; the cluster has {format_size(max(cap))}")
-
-
-def _infeasible(problem: Problem, machine: Machine, stalls: dict[str, Stall]) -> TrainschedError:
-    """The error for a graph no placer could place (``stalls`` of the attempts on ``problem``,
-    and maybe others, whose names have a ``/``)."""
-    name = "m-etf" if "m-etf" in stalls else next(k for k in stalls if "/" not in k)
-    stall = stalls[name]
-    need = _memory_needed(problem, machine)
-    return TrainschedError(
-        f"op {problem.names[stall.op]!r} does not fit ({name} found no device with "
-        f"{format_size(stall.needed_bytes)} free); placing this graph needs at least "
-        f"{format_size(need)} per device; the cluster has {format_size(min(machine.capacity))}"
-        f" on each of {machine.num_devices} devices (use more or larger devices, or a smaller "
-        f"batch)")
-
-
-_SEARCH_OPS = 3000  # above this, only contiguous splits are tried when looking for the need
-
-
-def _memory_needed(problem: Problem, machine: Machine) -> int:
-    """About the least capacity per device at which a placer succeeds: bisection on the
-    capacity, a capacity counting as enough when m-ETF (on graphs up to ``_SEARCH_OPS`` ops)
-    or the count-balanced contiguous split places the graph with it."""
-    m = machine.num_devices
-    weights = [1.0] * len(problem.group_ops)
-
-    def fits(cap: int) -> bool:
-        trial = dataclasses.replace(machine, capacity=(cap,) * m)
-        tries = [lambda: run_schedule(problem, trial, fixed=contiguous_devices(
-            problem, trial, weights))]
-        if problem.n <= _SEARCH_OPS:
-            tries.insert(0, lambda: run_schedule(problem, trial))
-        for attempt in tries:
-            try:
-                attempt()
-                return True
-            except Stall:
-                pass
-        return False
-
-    lo = max(max(problem.group_resident(), default=0), 1)
-    hi = max(sum(group_static_bytes(problem)), lo)
-    while not fits(hi):
-        lo, hi = hi, 2 * hi
-    while hi - lo > max(1, hi // 1000):
-        mid = (lo + hi) // 2
-        if fits(mid):
-            hi = mid
-        else:
-            lo = mid + 1
-    return hi

@@ -9,11 +9,18 @@ dynamic placer shares (``specs/placement.md`` §2 and §4):
 - **time**: op o starts on device d at ``est(o, d) = max(free_at(d), data_ready(o, d))``;
   ``data_ready`` takes, per input, the producer's end on d, the arrival of a copy already sent
   to d (caching per (tensor, device)), or a new transfer appended to a copy of the channel
-  state in (producer, tensor) order; commit replays the same appends, so estimate = outcome.
-  Transfers are never back-filled: a channel serves them in commit order.
+  state, ordered by the member that first reads it (fused ops), the producer's position in the
+  commit order, then tensor; commit replays the same appends, so estimate = outcome.
+  Transfers are never back-filled: a channel serves them in commit order. Schedules are
+  semi-active: a chosen op starts at its est even when chosen later (an m-SCT reservation
+  that lapsed, an urgent op), unless memory held it back. So the commit order
+  (``PlacerSchedule.sequence``), replayed with each device and channel strictly in that order
+  (``trainsched.sim.simulate_placed``'s rule), reproduces the schedule.
 - **choice**: among ready ops (all predecessors placed) and devices, the pair with the smallest
   (est, topological index, device) starts, unless memory says no (m-ETF); with ``fixed``
-  devices it is a list schedule of a given placement; with ``favourite`` children it is m-SCT.
+  devices it is a list schedule of a given placement; with ``favourite`` children it is m-SCT
+  (device ties then go to the device reserved for the op). The topological index is the
+  structural one of :func:`~trainsched.placement.reduce.structural_order`, never a name.
 - **memory** (the simulator's accounting, so a replay agrees): a group's resident bytes are
   charged from the step's start, when its first op lands; an op allocates output + temp at
   its start and frees temp at its end; a copy is allocated on its destination when its
