@@ -221,9 +221,13 @@ class _Scheduler:
                 self.group_dev[p.group[i]] = d
         self.group_charged = [False] * len(p.group_ops)
         self.resident = [0] * m
+        # Per device, breakpoints (times), the level's change at each and how far the instant's
+        # high is above its level; the current level. Deltas, so a free far in the past costs
+        # an insertion, not a pass over everything after it.
         self.hist_t: list[list[float]] = [[0.0] for _ in range(m)]
-        self.hist_v: list[list[int]] = [[0] for _ in range(m)]
-        self.hist_h: list[list[int]] = [[0] for _ in range(m)]
+        self.hist_dv: list[list[int]] = [[0] for _ in range(m)]
+        self.hist_hi: list[list[int]] = [[0] for _ in range(m)]
+        self.level = [0] * m
         self.peak_bound = [0] * m
         self.pending: list[tuple[float, int, int, int, int]] = []  # (t, phase, seq, dev, bytes)
         self.allocs: list[list] = []  # [device, bytes, at, free or None]
@@ -242,9 +246,14 @@ class _Scheduler:
         self.memo_v = [0.0] * (n * m)
         self.memo_e = [-1] * (n * m)
         # m-SCT: urgent ops (heap by the latest est over their devices), per device and free.
+        # Urgent time = max(devices' free time F, data part D = max over devices of data ready).
+        # Per heap (ops free to go anywhere; ops whose group is on d): A keyed by D (lower
+        # bounds) for ops with D > F, B by topological index for ops with D <= F (all at F).
         self.gtok = [0] * n
-        self.G_free: list[tuple[float, int, int]] = []
-        self.G_dev: list[list[tuple[float, int, int]]] = [[] for _ in range(m)]
+        self.UA_free: list[tuple[float, int, int]] = []
+        self.UB_free: list[tuple[int, int]] = []
+        self.UA_dev: list[list[tuple[float, int, int]]] = [[] for _ in range(m)]
+        self.UB_dev: list[list[tuple[int, int]]] = [[] for _ in range(m)]
         self.now = 0.0
         self.reserved = -1  # set by best_on
 
@@ -325,7 +334,7 @@ class _Scheduler:
     def push_urgent(self, o: int) -> None:
         self.gtok[o] += 1
         g = self.group_dev[self.p.group[o]]
-        heap = self.G_free if g < 0 else self.G_dev[g]
+        heap = self.UA_free if g < 0 else self.UA_dev[g]
         heapq.heappush(heap, (0.0, o, self.gtok[o]))
 
     def devices_for(self, o: int) -> range | tuple[int, ...]:
@@ -371,36 +380,71 @@ class _Scheduler:
             if not moved:
                 return None
 
-    def urgent_ts(self, o: int) -> float:
-        return max(self.est(o, x) for x in self.devices_for(o))
+    def urgent_data(self, o: int) -> float:
+        """When o's inputs can be on every device it may go to (its urgent time is the later of
+        this and those devices' free times)."""
+        return max(self.dr(o, x) for x in self.devices_for(o))
 
     def best_urgent(self, d: int, bound: float) -> tuple[float, int] | None:
-        """The ready op, placeable on d, whose inputs are available everywhere soonest, if
-        that is no later than ``bound`` (heap keys are lower bounds: later ones stay stale)."""
+        """The ready op, placeable on d, that could start on every device soonest (its urgent
+        time), with that time, if it is no later than ``bound``; ties by topological index."""
         best = None
-        for heap in (self.G_free, self.G_dev[d]):
-            while heap:
-                key, o, t = heap[0]
-                if key > bound:
-                    break
-                if self.gtok[o] != t or self.dev[o] >= 0:
-                    heapq.heappop(heap)
-                    continue
-                g = self.group_dev[self.p.group[o]]
-                if heap is self.G_free and g >= 0:  # its group was placed: move it
-                    heapq.heappop(heap)
-                    self.push_urgent(o)
-                    continue
-                if self.is_blocked[o * self.m + d]:
-                    break
-                u = self.urgent_ts(o)
-                if u != key:
-                    heapq.heapreplace(heap, (u, o, t))
-                    continue
-                if best is None or (u, o) < best:
-                    best = (u, o)
-                break
+        for free in (True, False):
+            c = self.urgent_in(d, bound, free)
+            if c is not None and (best is None or c < best):
+                best = c
         return best
+
+    def urgent_in(self, d: int, bound: float, free: bool) -> tuple[float, int] | None:
+        if free:
+            UA, UB, F = self.UA_free, self.UB_free, max(self.free_at)
+        else:
+            UA, UB, F = self.UA_dev[d], self.UB_dev[d], self.free_at[d]
+        pop, push = heapq.heappop, heapq.heappush
+        gtok, dev = self.gtok, self.dev
+
+        def valid(o: int, t: int) -> bool:
+            if gtok[o] != t or dev[o] >= 0:
+                return False
+            if free and self.group_dev[self.p.group[o]] >= 0:  # its group was placed: move it
+                self.push_urgent(o)
+                return False
+            return True
+
+        while UA and UA[0][0] <= F:
+            _, o, t = pop(UA)
+            if valid(o, t):
+                push(UB, (o, t))
+        while True:
+            while UB:
+                o, t = UB[0]
+                if not valid(o, t):
+                    pop(UB)
+                    continue
+                data = self.urgent_data(o)
+                if data > F:
+                    pop(UB)
+                    push(UA, (data, o, t))
+                    continue
+                if bound < F or self.is_blocked[o * self.m + d]:
+                    return None
+                return F, o
+            while UA and UA[0][0] <= bound:
+                key, o, t = UA[0]
+                if not valid(o, t):
+                    pop(UA)
+                    continue
+                data = self.urgent_data(o)
+                if data <= F:  # its data got ready sooner (a copy another op had sent)
+                    pop(UA)
+                    push(UB, (o, t))
+                    break
+                if data != key:
+                    heapq.heapreplace(UA, (data, o, t))
+                    continue
+                return None if self.is_blocked[o * self.m + d] else (data, o)
+            else:
+                return None
 
     def reserved_for(self, d: int) -> int:
         """m-SCT: the favourite child d waits for, or -1."""
@@ -441,19 +485,23 @@ class _Scheduler:
         allocations, before frees of buffers allocated at that same instant, which is when the
         simulator takes a peak); ``instant_free`` marks such a free, which leaves the high.
         """
-        ts, vs, hs = self.hist_t[d], self.hist_v[d], self.hist_h[d]
+        ts, dv, hi = self.hist_t[d], self.hist_dv[d], self.hist_hi[d]
         i = bisect_left(ts, at)
         if i == len(ts) or ts[i] != at:
             ts.insert(i, at)
-            level = vs[i - 1] if i > 0 else 0
-            vs.insert(i, level)
-            hs.insert(i, level)
-        for k in range(i, len(vs)):
-            vs[k] += delta
-        for k in range(i + 1 if instant_free else i, len(hs)):
-            hs[k] += delta
+            dv.insert(i, 0)
+            hi.insert(i, 0)
+        dv[i] += delta
+        self.level[d] += delta
+        if instant_free:
+            hi[i] -= delta
         if delta > 0:
-            high = max(hs[i:])
+            level = self.level[d]
+            high = level + hi[-1]
+            for k in range(len(ts) - 1, i, -1):
+                level -= dv[k]
+                if level + hi[k - 1] > high:
+                    high = level + hi[k - 1]
             if high > self.peak_bound[d]:
                 self.peak_bound[d] = high
 
@@ -464,12 +512,13 @@ class _Scheduler:
         g = p.group[o]
         extra_res = 0 if self.group_charged[g] else self.group_res[g]
         new = p.output[o] + p.temp[o]
-        ts, vs, hs = self.hist_t[d], self.hist_v[d], self.hist_h[d]
+        ts, dv, hi = self.hist_t[d], self.hist_dv[d], self.hist_hi[d]
         allocs = [(s, size) for _, _, size, s, _ in record]
         if start is not None:
             allocs.append((start, new))
             new = 0
-        worst = max(vs[-1], hs[-1]) + new
+        vk = self.level[d]  # the level at breakpoint k, walking back
+        worst = vk + max(0, hi[-1]) + new
         if allocs:
             starts = sorted(allocs)
             moved = sum(size for _, size in starts)
@@ -483,6 +532,7 @@ class _Scheduler:
                 seg_end = ts[k + 1]
                 if seg_end <= s_min:
                     break
+                vk -= dv[k + 1]
                 while j >= 0 and starts[j][0] >= seg_end:
                     before -= starts[j][1]
                     j -= 1
@@ -491,7 +541,7 @@ class _Scheduler:
                 while i >= 0 and starts[i][0] > ts[k]:
                     at -= starts[i][1]
                     i -= 1
-                level = max(vs[k] + before, hs[k] + at)
+                level = max(vk + before, vk + hi[k] + at)
                 if level > worst:
                     worst = level
         if extra_res:
@@ -697,7 +747,7 @@ class _Scheduler:
         p = self.p
         g = p.group[o]
         extra = 0 if self.group_charged[g] else self.group_res[g]
-        need = min(self.resident[d] + extra + self.hist_v[d][-1] + p.output[o] + p.temp[o]
+        need = min(self.resident[d] + extra + self.level[d] + p.output[o] + p.temp[o]
                    for d in self.devices_for(o))
         return Stall(o, need)
 

@@ -25,11 +25,13 @@ _UNLIMITED_BYTES = 2**62  # the list schedule of a whole step is ordered without
 
 class Orders:
     """The order of a placement of ``graph`` (:func:`order_of`), with the graph's unreduced
-    problem built once for every candidate that needs a list schedule."""
+    problem built once for every candidate that needs a list schedule, and each distinct
+    placement list-scheduled once."""
 
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
         self._full: Problem | None = None
+        self._listed: dict[tuple[int, ...], tuple[str, ...]] = {}
 
     def full(self) -> Problem:
         if self._full is None:
@@ -43,9 +45,13 @@ class Orders:
             # The placer scheduled every op: its commit order, fused ops expanded in order.
             return tuple(name for i in schedule.sequence for name in problem.members[i])
         full = self.full()
-        ample = dataclasses.replace(machine, capacity=(_UNLIMITED_BYTES,) * machine.num_devices)
-        listed = run_schedule(full, ample, fixed=[device_of[name] for name in full.names])
-        return tuple(full.names[i] for i in listed.sequence)
+        devices = tuple(device_of[name] for name in full.names)
+        if devices not in self._listed:
+            ample = dataclasses.replace(machine,
+                                        capacity=(_UNLIMITED_BYTES,) * machine.num_devices)
+            listed = run_schedule(full, ample, fixed=devices)
+            self._listed[devices] = tuple(full.names[i] for i in listed.sequence)
+        return self._listed[devices]
 
 
 def order_of(graph: Graph, problem: Problem, schedule: PlacerSchedule, machine: Machine,
