@@ -301,7 +301,10 @@ def _place_once(graph: Graph, cluster: Cluster, machine: Machine, scaled: Machin
     variants = _variants(settings) if algorithm == "auto" else [settings]
     reduced: list[tuple[_Settings, Problem]] = []
     seen: set[tuple] = set()
+    forward_ops = sum(op.kind == "forward" for op in graph.ops)
     for k, variant in enumerate(variants):
+        if k and not _worth_reducing(variant, len(graph), forward_ops):
+            continue
         problem = reduce_graph(
             graph, forward_only=variant.forward_only, fusion=variant.fusion,
             coplacement=variant.coplacement,
@@ -383,6 +386,15 @@ class _Attempt:
 AUTO_VARIANT_OPS = 5000
 
 _REDUCTIONS = ("forward_only", "coplacement", "fusion")
+
+
+def _worth_reducing(variant: _Settings, ops: int, forward_ops: int) -> bool:
+    """Whether a variant may come within :data:`AUTO_VARIANT_OPS` ops: without fusion it has
+    exactly the ops it schedules (co-placement merges groups, not ops); with fusion, graphs
+    ten times larger are not tried."""
+    scheduled = forward_ops if variant.forward_only else ops
+    limit = AUTO_VARIANT_OPS if not variant.fusion else 10 * AUTO_VARIANT_OPS
+    return scheduled <= limit
 
 
 def _variants(settings: _Settings) -> list[_Settings]:
