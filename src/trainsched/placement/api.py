@@ -21,6 +21,7 @@ runs it.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from typing import Any
 
 from trainsched.cluster import COMM_MODES, Cluster
 from trainsched.errors import TrainschedError
-from trainsched.graph import Graph
+from trainsched.graph import Graph, Op
 from trainsched.placement.baselines import contiguous_devices, single_devices
 from trainsched.placement.etf import m_etf
 from trainsched.placement.feasibility import check_totals, infeasible_error
@@ -415,14 +416,14 @@ def _suffix(variant: _Settings, settings: _Settings) -> str:
 
 
 def _group_weights(graph: Graph, problem: Problem) -> dict[str, list[float]]:
-    groups = len(problem.group_ops)
-    weights = {"params": [0.0] * groups, "compute": [0.0] * groups, "count": [0.0] * groups}
+    """Per group: parameter bytes, compute and op count (exact sums, so the listing order of
+    the graph's ops cannot change a contiguous split)."""
+    members: list[list[Op]] = [[] for _ in problem.group_ops]
     for op in graph.ops:
-        g = problem.group_of[op.name]
-        weights["params"][g] += op.param_bytes
-        weights["compute"][g] += op.compute_s
-        weights["count"][g] += 1
-    return weights
+        members[problem.group_of[op.name]].append(op)
+    return {"params": [float(sum(op.param_bytes for op in ops)) for ops in members],
+            "compute": [math.fsum(op.compute_s for op in ops) for ops in members],
+            "count": [float(len(ops)) for ops in members]}
 
 
 def _expand(problem: Problem, schedule: PlacerSchedule) -> dict[str, int]:

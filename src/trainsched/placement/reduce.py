@@ -28,6 +28,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from trainsched.graph import Edge, Graph, Op
 
@@ -116,25 +117,32 @@ def canonical_order(graph: Graph) -> list[str]:
     index = {op.name: i for i, op in enumerate(ops)}
     attrs = [(op.compute_s, _persistent(op), op.output_bytes, op.temp_bytes, op.kind)
              for op in ops]  # fmt: skip
-    edges = [(index[e.src], index[e.dst], e.size_bytes) for e in graph.edges]
+    readers: dict[tuple[str, str], int] = {}  # (producer, tensor) -> edges reading it
+    for e in graph.edges:
+        readers[e.src, e.tensor] = readers.get((e.src, e.tensor), 0) + 1
+    edges = [(index[e.src], index[e.dst], (e.size_bytes, readers[e.src, e.tensor]))
+             for e in graph.edges]
     order = structural_order([op.name for op in ops], [op.compute_s for op in ops], attrs, edges)
     return [ops[i].name for i in order]
 
 
-def structural_order(names: Sequence[str], compute_s: Sequence[float],
-                     attrs: Sequence[tuple], edges: Sequence[tuple[int, int, int]]) -> list[int]:
-    """Kahn's topological order of a DAG (``edges``: (src, dst, bytes) over indices), taking
-    among ready nodes the one with the smallest structural key, names last:
+def structural_order(names: Sequence[Any], compute_s: Sequence[float],
+                     attrs: Sequence[tuple], edges: Sequence[tuple[int, int, Any]]) -> list[int]:
+    """Kahn's topological order of a DAG (``edges``: (src, dst, label) over indices, the label a
+    comparable value such as the bytes sent), taking among ready nodes the one with the
+    smallest structural key, names last:
 
     1. the longest remaining path by ``compute_s`` (its own included), longest first, so that
        critical work comes first wherever a rank breaks a tie;
     2. the node's *descendant signature*: its ``attrs``, in- and out-degree, and the sorted
        signatures (with bytes) of its successors, ranked level by level from the sinks, so
        it is a comparable value that no name enters;
-    3. the sorted ranks of its predecessors (already ranked), which tells apart nodes alike
-       in themselves but fed by different nodes;
-    4. its name: reached only by nodes that nothing above tells apart (in practice, nodes that
-       an automorphism of the graph exchanges), where the order chosen does not matter.
+    3. the sorted ranks of its predecessors (already ranked) with the labels of the edges from
+       them, which tells apart nodes alike in themselves but fed by different nodes or
+       tensors;
+    4. its name (or any distinct sortable key given as ``names``): reached only by nodes that
+       nothing above tells apart (in practice, nodes that an automorphism of the graph
+       exchanges), where the order chosen does not matter.
 
     Renaming the nodes of a graph therefore renames its order and changes nothing else.
     """
@@ -174,9 +182,9 @@ def structural_order(names: Sequence[str], compute_s: Sequence[float],
         rank = {key: k for k, key in enumerate(ranked)}
         for u, key in keys.items():
             signature[u] = (h, rank[key])
-    preds: list[list[int]] = [[] for _ in range(n)]
-    for u, v, _ in edges:
-        preds[v].append(u)
+    preds: list[list[tuple[int, Any]]] = [[] for _ in range(n)]
+    for u, v, label in edges:
+        preds[v].append((u, label))
     position = [-1] * n
     left = indeg[:]
     ready = [(-remaining[u], signature[u], (), names[u], u) for u in range(n) if left[u] == 0]
@@ -189,7 +197,7 @@ def structural_order(names: Sequence[str], compute_s: Sequence[float],
         for v, _ in succ[u]:
             left[v] -= 1
             if left[v] == 0:
-                ranks = tuple(sorted(position[p] for p in preds[v]))
+                ranks = tuple(sorted((position[p], label) for p, label in preds[v]))
                 heapq.heappush(ready, (-remaining[v], signature[v], ranks, names[v], v))
     return order
 
@@ -394,12 +402,21 @@ def _build(graph: Graph, order: list[str], ops: list[Op], sched: list[int],
     nodes = sorted(members)
     slot = {r: k for k, r in enumerate(nodes)}
     tensor_bytes: dict[tuple[int, str], int] = {}
+    readers: dict[tuple[int, str], int] = {}  # nodes reading a tensor
     for (na, _, key), size in between.items():
         tensor_bytes[na, key] = max(tensor_bytes.get((na, key), 0), size)
+        readers[na, key] = readers.get((na, key), 0) + 1
+    # Ties: the bytes its class holds in unscheduled ops (gradients, optimizer state), then
+    # its first member's place in the original graph's structural order (not its name).
+    held_by: dict[int, int] = {}
+    for c, extra in extra_resident.items():
+        held_by[uf.find(c)] = held_by.get(uf.find(c), 0) + extra
+    held = {r: held_by.get(uf.find(r), 0) for r in nodes}
     ranked = structural_order(
-        [node_name[r] for r in nodes], [attrs[r][0] for r in nodes],
-        [(attrs[r][0], attrs[r][1], attrs[r][2], attrs[r][3], "forward") for r in nodes],
-        [(slot[na], slot[nb], tensor_bytes[na, key]) for na, nb, key in between])
+        nodes, [attrs[r][0] for r in nodes],
+        [(attrs[r][0], attrs[r][1], attrs[r][2], attrs[r][3], held[r]) for r in nodes],
+        [(slot[na], slot[nb], (tensor_bytes[na, key], readers[na, key]))
+         for na, nb, key in between])
     topo = [nodes[k] for k in ranked]
     index = {r: i for i, r in enumerate(topo)}
 
