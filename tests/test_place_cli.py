@@ -102,3 +102,34 @@ def test_place_rejects_an_unknown_algorithm(tmp_path, capsys):
         main(["place", str(graph), "--cluster", "baechi-4x2080", "--algorithm", "m-best"])
     assert info.value.code == 2
     assert "invalid choice: 'm-best'" in capsys.readouterr().err
+
+
+def test_sct_threshold_flag_reaches_m_sct_and_is_checked(tmp_path, capsys):
+    graph = forward_graph(tmp_path / "g.json", layers=6)
+    out = tmp_path / "p.json"
+    code, _, _ = run(capsys, "place", graph, "--cluster", "baechi-4x2080", "--algorithm",
+                     "m-sct", "--sct-threshold", "0.1", "-o", out, "--json")
+    assert code == 0
+    assert Placement.load(out).meta["sct_threshold"] == 0.1
+    code, _, _ = run(capsys, "place", graph, "--cluster", "baechi-4x2080", "--algorithm",
+                     "m-sct", "-o", out, "--json")
+    assert code == 0 and Placement.load(out).meta["sct_threshold"] == 0.5  # the default
+    code, _, err = run(capsys, "place", graph, "--cluster", "baechi-4x2080",
+                       "--sct-threshold", "2")
+    assert code == 2 and "sct_threshold must be in [0, 1], got 2.0" in err
+
+
+def test_the_placement_file_carries_the_order_simulate_replays(tmp_path, capsys):
+    graph = forward_graph(tmp_path / "g.json")
+    out = tmp_path / "p.json"
+    code, _, _ = run(capsys, "place", graph, "--cluster", "baechi-4x2080", "--algorithm",
+                     "m-etf", "-o", out, "--json")
+    assert code == 0
+    placement = Placement.load(out)
+    assert placement.order is not None and set(placement.order) == set(placement.device_of)
+    # Without its order (a file from before orders were stored) it still loads and simulates.
+    old = Placement(device_of=placement.device_of, num_devices=placement.num_devices)
+    old.save(tmp_path / "old.json")
+    code, _, _ = run(capsys, "simulate", graph, "--cluster", "baechi-4x2080", "--parallelism",
+                     "placed", "--placement", tmp_path / "old.json", "--json")
+    assert code == 0

@@ -437,3 +437,69 @@ def test_runtime_package_import_stays_torch_free():
                             timeout=60)
     assert result.returncode == 0, result.stderr
     assert "PlacedModule" in result.stdout
+
+
+# --- the order ----------------------------------------------------------------------------------
+
+
+class TwoBranch(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.b = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.a(x).relu() + self.b(x).tanh()
+
+
+@pytest.fixture(scope="module")
+def two_branch() -> Case:
+    torch.manual_seed(0)
+    return _case("two-branch", TwoBranch(), (torch.randn(4, 8),), {})
+
+
+def test_runs_the_stored_order_not_program_order(two_branch):
+    graph = two_branch.graph
+    program = [n for n in graph.topological_order() if graph.op(n).target != "input"]
+    inputs = [n for n in graph.topological_order() if graph.op(n).target == "input"]
+    # program order runs branch a (linear, relu) first; the stored order runs branch b first
+    branch_a = [n for n in program if graph.op(n).module_path.startswith("a")]
+    branch_b = [n for n in program if graph.op(n).module_path.startswith("b")]
+    rest = [n for n in program if n not in branch_a and n not in branch_b]
+    assert branch_a and branch_b and rest and program.index(branch_a[0]) < program.index(
+        branch_b[0])
+    order = [*inputs, *branch_b, *branch_a, *rest]
+    device_of = {n: 0 for n in graph.topological_order()} | dict.fromkeys(branch_b, 1)
+    placement = Placement(device_of=device_of, num_devices=2, order=order)
+    placement.validate(graph)
+    placed = _check(two_branch, placement)
+    assert placed.last_order == (*branch_b, *branch_a, *rest)
+    assert [s.ops for s in placed.segments] == [tuple(branch_b), (*branch_a, *rest)]
+    assert [s.device for s in placed.segments] == [1, 0]
+    # without an order: program order, as before
+    plain = _check(two_branch, Placement(device_of=device_of, num_devices=2))
+    assert plain.last_order == tuple(program)
+
+
+def test_runs_the_order_a_placer_stored(cnn):
+    from trainsched.cluster import cluster_from_flags
+    from trainsched.placement import place
+
+    cluster = cluster_from_flags(devices=3, memory="1TB", bandwidth="1GB/s", latency="0s")
+    placement = place(cnn.graph, cluster, "m-etf", fusion=False, coplacement=False).placement
+    assert placement.order is not None
+    placed = _check(cnn, placement)
+    steps = set(placed.device_of) & {n for n in cnn.graph.topological_order()
+                                     if cnn.graph.op(n).target != "input"}
+    assert placed.last_order == tuple(n for n in placement.order if n in steps)
+    for device, ops in enumerate(placement.device_orders()):
+        ran = [n for n in placed.last_order if placed.device_of[n] == device]
+        assert ran == [n for n in ops if n in steps]
+
+
+def test_an_order_against_the_dependencies_is_refused(two_branch):
+    graph = two_branch.graph
+    order = list(reversed(graph.topological_order()))
+    placement = Placement(device_of=dict.fromkeys(order, 0), num_devices=1, order=order)
+    with pytest.raises(TrainschedError, match=r"order runs .* before"):
+        PlacedModule(copy.deepcopy(two_branch.model), placement, example_args=two_branch.args)

@@ -434,3 +434,52 @@ def test_long_schedules_validate_in_linear_time():
     for r in range(p):
         rows.append(" ".join([f"{r}F{k}" for k in range(m)] + [f"{r}B{k}" for k in range(m)]))
     Schedule.from_text("\n".join(rows)).validate()  # 64k actions; well under a second
+
+
+# --- Placement.order ----------------------------------------------------------------------------
+
+
+def test_placement_order_round_trips_and_orders_each_device():
+    g = chain_graph()
+    p = Placement(device_of={"c": 1, "a": 0, "b": 0}, num_devices=2, order=["c", "a", "b"])
+    text = p.to_json()
+    assert text.endswith('"device_of": {\n  "a": 0,\n  "b": 0,\n  "c": 1\n},\n'
+                         '"order": [\n  "c",\n  "a",\n  "b"\n]}\n')
+    back = Placement.from_json(text)
+    assert back == p and back.order == ("c", "a", "b") and back.to_json() == text
+    p.validate(g)
+    assert p.device_orders() == (("a", "b"), ("c",))
+    assert p.order_for(g) == ("c", "a", "b")
+    assert repr(p) == "<Placement: 3 ops on 2 devices, ordered>"
+
+
+def test_a_file_without_order_runs_the_graphs_own_order():
+    g = chain_graph()  # listed a, b, c; topological order c, a, b
+    old = Placement.from_json(two_device().to_json())
+    assert old.order is None and "order" not in old.to_json()
+    assert old.order_for(g) == ("c", "a", "b") == g.topological_order()
+    assert old.device_orders(g) == (("a", "b"), ("c",))
+
+
+def test_an_order_that_runs_an_op_before_its_input_is_refused():
+    p = Placement(device_of={"c": 1, "a": 0, "b": 0}, num_devices=2, order=["a", "c", "b"])
+    with pytest.raises(TrainschedError, match=r"order runs 'a' before 'c'"):
+        p.validate(chain_graph())
+
+
+@pytest.mark.parametrize(("order", "message"), [
+    (["a", "b"], r"order leaves out 1 placed op\(s\): 'c'"),
+    (["a", "b", "c", "a"], r"order lists 'a' more than once"),
+    (["a", "b", "c", "d"], r"order names 1 op\(s\) without a device: 'd'"),
+    ("abc", r"order must be a sequence of op names, got str"),
+])
+def test_bad_orders(order, message):
+    with pytest.raises(TrainschedError, match=message):
+        Placement(device_of={"c": 1, "a": 0, "b": 0}, num_devices=2, order=order)
+
+
+def test_bad_order_in_a_file():
+    with pytest.raises(TrainschedError, match=r"f\.json: order: expected a list of op names"):
+        Placement.from_json(_doc(order={"a": 0}), source="f.json")
+    with pytest.raises(TrainschedError, match=r"f\.json: placement: order leaves out"):
+        Placement.from_json(_doc(order=[]), source="f.json")

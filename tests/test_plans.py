@@ -241,3 +241,25 @@ def test_a_graph_that_says_nothing_of_its_costs_simulates_anywhere():
     for name in ("cpu", "p3.16xlarge", "dgx-h100"):
         assert simulate(SinglePlan(model=ModelRef.of(graph)), graph,
                         resolve_cluster(name)).step_time_s > 0
+
+
+def test_a_placed_plan_keeps_its_order_through_the_file_and_simulate_replays_it():
+    graph = chain()
+    model = ModelRef.of(graph)
+    device_of = {op.name: int(op.name[1]) % 2 if op.name[0] == "l" else 0 for op in graph.ops}
+    order = graph.topological_order()
+    ordered = PlacedPlan(model=model, placement=Placement(device_of=device_of, num_devices=2,
+                                                          order=order))
+    back = plan_from_json(plan_to_json(ordered))
+    assert back == ordered and back.placement.order == order
+    cluster = resolve_cluster("p3.16xlarge")
+    # Every weight gradient after every input gradient: a valid order, and a slower step.
+    late = [n for n in order if not n.endswith((":dW", ":opt"))] + \
+        [n for n in order if n.endswith(":dW")] + [n for n in order if n.endswith(":opt")]
+    moved = PlacedPlan(model=model, placement=Placement(device_of=device_of, num_devices=2,
+                                                        order=late))
+    step = simulate(moved, graph, cluster).step_time_s
+    assert step == simulate_placed(graph, cluster.first_devices(2), device_of,
+                                   order=late).step_time_s
+    assert step > simulate(ordered, graph, cluster).step_time_s
+    assert json.loads(plan_to_json(every_kind(graph)[1]))["strategy"].get("order") is None

@@ -14,7 +14,7 @@ from trainsched.cli.common import (
     training_graph,
 )
 from trainsched.cluster import COMM_MODES
-from trainsched.placement import PLACERS
+from trainsched.placement import PLACERS, SCT_THRESHOLD
 from trainsched.report.tables import place_report
 
 NAME = "place"
@@ -37,6 +37,10 @@ def add_parser(sub: Subcommands) -> None:
     p.add_argument("--forward-only", action=argparse.BooleanOptionalAction, default=None,
                    help="place forward ops, backward/optimizer ops follow (default: on for "
                    "training graphs)")
+    p.add_argument("--sct-threshold", type=float, default=SCT_THRESHOLD, metavar="THETA",
+                   help="m-SCT's rounding threshold in [0, 1]: an edge whose LP value is at "
+                   f"most THETA can make its child the favourite (default {SCT_THRESHOLD:g}, "
+                   "Baechi's function default; its command line used 0.1)")
     add_optimizer(p)
     p.add_argument("-o", "--output", default=None, help="write the placement JSON here")
     add_json(p)
@@ -53,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     check_costs_fit(graph, cluster)
     result = place(graph, cluster, args.algorithm, comm=args.channels, fusion=not args.no_fusion,
                    coplacement=not args.no_coplacement, forward_only=args.forward_only,
-                   predict=predict_placement)
+                   sct_threshold=args.sct_threshold, predict=predict_placement)
     if args.output:
         result.placement.save(args.output)
     summary = result.summary()

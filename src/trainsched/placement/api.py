@@ -1,18 +1,26 @@
-"""``place()``: reduce a graph, run a placer (or all of them), expand, predict, report.
+"""``place()``: reduce a graph, run a placer (or all of them), expand, order, predict, report.
 
 Every placer is a pure function of (reduced problem, machine, context) registered in
-:data:`PLACERS`; ``auto`` runs them all and keeps the one predicted fastest without running out
-of memory. The prediction is a :data:`Predictor` the caller passes: the simulator's
-(:func:`trainsched.sim.predict_placement`, on the full graph), which makes ``auto`` never worse
-than one device (when the model fits there) or the best contiguous split by the simulator's own
+:data:`PLACERS`; ``auto`` runs them all, on the graph reduced as asked and on every variant with
+fewer reductions (up to :data:`AUTO_VARIANT_OPS` ops), and keeps the one predicted fastest
+without running out of memory. The prediction is a :data:`Predictor` the caller passes: the
+simulator's (:func:`trainsched.sim.predict_placement`, on the full graph, replaying the
+placement's order), which makes ``auto`` never worse than one device (when the model fits
+there), the best contiguous split, or any placer without a reduction, by the simulator's own
 measure; without one, each placer's own schedule (makespan and peak bytes) decides. This
 package never imports the simulator: the command line and ``compare`` pass it in.
+
+**The order.** The placement carries the order the ops run in (:attr:`Placement.order`,
+:func:`order_of`): the placer's own commit order when it scheduled every op (fused ops expanded
+into their members, in topological order); for a forward-only placement, whose placer never saw
+the backward and optimizer ops, the list schedule of the whole step on that placement (m-ETF's
+rule with the devices fixed, memory not limiting). The simulator replays it and ``PlacedModule``
+runs it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -21,22 +29,28 @@ from typing import Any
 
 from trainsched.cluster import COMM_MODES, Cluster
 from trainsched.errors import TrainschedError
-from trainsched.graph import Graph
-from trainsched.placement.baselines import contiguous_devices, group_static_bytes, single_devices
+from trainsched.graph import Graph, Op
+from trainsched.placement.baselines import contiguous_devices, single_devices
 from trainsched.placement.etf import m_etf
+from trainsched.placement.feasibility import check_totals, infeasible_error
 from trainsched.placement.model import Machine, PlacerSchedule, Stall, run_schedule
+from trainsched.placement.order import Orders, order_of
 from trainsched.placement.reduce import Problem, reduce_graph
 from trainsched.placement.sct import m_sct
 from trainsched.placement.topo import topo_devices
 from trainsched.plan import Placement
 from trainsched.registry import Registry
-from trainsched.units import format_size
 
-__all__ = ["ALGORITHMS", "PLACERS", "Candidate", "PlacementResult", "Predictor", "place"]
+__all__ = ["ALGORITHMS", "AUTO_VARIANT_OPS", "PLACERS", "SCT_THRESHOLD", "Candidate",
+           "PlacementResult", "Predictor", "order_of", "place"]
 
-#: ``(graph, cluster, device_of) -> (step seconds, peak bytes per cluster device)``: how a
-#: placement of the whole graph is predicted to run.
-Predictor = Callable[[Graph, Cluster, Mapping[str, int]], tuple[float, tuple[int, ...]]]
+#: m-SCT's rounding threshold θ by default: an edge whose LP value x_e ≤ θ may make its child
+#: the favourite. Baechi's function default (its command line used 0.1).
+SCT_THRESHOLD = 0.5
+
+#: ``(graph, cluster, placement) -> (step seconds, peak bytes per cluster device)``: how a
+#: placement of the whole graph (devices and order) is predicted to run.
+Predictor = Callable[[Graph, Cluster, Placement], tuple[float, tuple[int, ...]]]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -180,7 +194,7 @@ class PlacementResult:
 
 def place(graph: Graph, cluster: Cluster, algorithm: str = "auto", *, comm: str | None = None,
           fusion: bool = True, coplacement: bool = True, forward_only: bool | None = None,
-          group_cap_fraction: float = 0.5, sct_threshold: float = 0.5,
+          group_cap_fraction: float = 0.5, sct_threshold: float = SCT_THRESHOLD,
           memory_fraction: float = 1.0, reserved_bytes: int = 0,
           backward_in_weight: bool = False,
           predict: Predictor | None = None) -> PlacementResult:
@@ -188,8 +202,9 @@ def place(graph: Graph, cluster: Cluster, algorithm: str = "auto", *, comm: str 
 
     ``comm`` overrides the cluster's contention mode; ``forward_only`` defaults to True for
     training graphs (any non-forward op). Usable memory per device is ``memory_bytes ×
-    memory_fraction − reserved_bytes``. Raises :class:`TrainschedError` when nothing fits,
-    naming the op and the memory per device a placement would need.
+    memory_fraction − reserved_bytes``. ``sct_threshold`` is m-SCT's rounding threshold θ in
+    [0, 1] (:data:`SCT_THRESHOLD`). Raises :class:`TrainschedError` when nothing fits, naming
+    the op and the memory per device a placement would need.
     """
     began = time.perf_counter()
     if algorithm not in ALGORITHMS:
@@ -217,32 +232,40 @@ def place(graph: Graph, cluster: Cluster, algorithm: str = "auto", *, comm: str 
                            began)
     # auto: the placers' memory model sees forward ops only (when forward-only), so the
     # simulator's full step may need more; while the best placement runs out of memory, give
-    # the placers less, in proportion to the overshoot.
+    # the placers less, in proportion to the overshoot (and below what the placers used, or
+    # they would place the same again), halving back towards the last capacity that placed
+    # something when a smaller one leaves nothing placeable.
     best: PlacementResult | None = None
     scaled = machine
+    placed_at: float | None = None  # the last fraction of the capacity that placed something
     for _ in range(AUTO_MEMORY_ROUNDS):
+        fraction = scaled.capacity[0] / machine.capacity[0]
         try:
             result = _place_once(graph, cluster, machine, scaled, algorithm, settings, predict,
                                  began)
         except TrainschedError:
-            if best is None:
+            if best is None or placed_at is None:
                 raise
-            break
-        if best is None or _rank(result) < _rank(best):
-            best = result
-        if not _oom(result):
-            break
-        peaks = result.simulated_peak_bytes or result.peak_bytes
-        shrink = min(c / b for b, c in zip(peaks, machine.capacity, strict=True) if b > c)
+            fraction = (fraction + placed_at) / 2
+        else:
+            placed_at = fraction
+            if best is None or _rank(result) < _rank(best):
+                best = result
+            if not _oom(result):
+                break
+            peaks = result.simulated_peak_bytes or result.peak_bytes
+            shrink = min(c / b for b, c in zip(peaks, machine.capacity, strict=True) if b > c)
+            used = max(b / c for b, c in zip(result.peak_bytes, machine.capacity, strict=True))
+            fraction = min(fraction * shrink, used) * AUTO_MEMORY_MARGIN
         scaled = dataclasses.replace(scaled, capacity=tuple(
-            int(c * shrink * AUTO_MEMORY_MARGIN) for c in scaled.capacity))
+            int(c * fraction) for c in machine.capacity))
         if min(scaled.capacity) <= 0:
             break
     assert best is not None
     return best
 
 
-AUTO_MEMORY_ROUNDS = 4
+AUTO_MEMORY_ROUNDS = 6
 AUTO_MEMORY_MARGIN = 0.97
 
 
@@ -276,24 +299,32 @@ def _place_once(graph: Graph, cluster: Cluster, machine: Machine, scaled: Machin
                 began: float) -> PlacementResult:
     """One placement with the placers given ``scaled`` capacities (``machine``'s are the
     real ones, which results and out-of-memory checks use)."""
-    reduce = functools.partial(
-        reduce_graph, graph, forward_only=settings.forward_only, fusion=settings.fusion,
-        group_cap_bytes=settings.group_cap_fraction * min(scaled.capacity),
-        backward_in_weight=settings.backward_in_weight)
-    coplacement = settings.coplacement
-    problem = reduce(coplacement=coplacement)
-    _check_totals(problem, scaled)
+    variants = _variants(settings) if algorithm == "auto" else [settings]
+    reduced: list[tuple[_Settings, Problem]] = []
+    seen: set[tuple] = set()
+    forward_ops = sum(op.kind == "forward" for op in graph.ops)
+    for k, variant in enumerate(variants):
+        if k and not _worth_reducing(variant, len(graph), forward_ops):
+            continue
+        problem = reduce_graph(
+            graph, forward_only=variant.forward_only, fusion=variant.fusion,
+            coplacement=variant.coplacement,
+            group_cap_bytes=variant.group_cap_fraction * min(scaled.capacity),
+            backward_in_weight=variant.backward_in_weight)
+        if k == 0:
+            check_totals(problem, scaled)
+        elif problem.n > AUTO_VARIANT_OPS:
+            continue
+        key = (variant.forward_only, problem.members, problem.group)
+        if key in seen:  # the reduction changed nothing here
+            continue
+        seen.add(key)
+        reduced.append((variant, problem))
     reduced_at = time.perf_counter()
     names = list(PLACERS) if algorithm == "auto" else [algorithm]
-    attempts = [_Attempt(name=name, placer=name, problem=problem, coplacement=coplacement)
-                for name in names]
-    if algorithm == "auto" and coplacement:
-        # Co-placement can merge parallel branches (as Baechi's does); the dynamic placers
-        # also try without it when that problem is small enough.
-        loose = reduce(coplacement=False)
-        if len(problem.group_ops) < len(loose.group_ops) and loose.n <= AUTO_LOOSE_OPS:
-            attempts += [_Attempt(name=f"{name}/no-coplacement", placer=name, problem=loose,
-                                  coplacement=False) for name in ("m-sct", "m-etf")]
+    attempts = [_Attempt(name=name + _suffix(variant, settings), placer=name, problem=problem,
+                         settings=variant)
+                for variant, problem in reduced for name in names]  # fmt: skip
     runs: dict[str, _Run] = {}
     stalls: dict[str, Stall] = {}
     placer_s: dict[str, float] = {}
@@ -314,27 +345,30 @@ def _place_once(graph: Graph, cluster: Cluster, machine: Machine, scaled: Machin
         except Stall as stall:
             stalls[attempt.name] = stall
     if not runs:
-        raise _infeasible(problem, scaled, stalls)
+        raise infeasible_error(reduced[0][1], scaled, stalls)
+    orders = Orders(graph)
     if algorithm != "auto":
         chosen = attempts[0]
         wall = time.perf_counter() - began
-        schedule = runs[chosen.name].schedule
-        assert schedule is not None
-        simulated = (predict(graph, cluster, _expand(problem, schedule))
+        simulated = (predict(graph, cluster,
+                             _candidate(chosen, runs[chosen.name], orders, machine))
                      if predict is not None else None)
         candidates: tuple[Candidate, ...] = ()
     else:
         chosen, simulated, candidates = _choose(graph, cluster, machine, attempts, runs, stalls,
-                                                predict)
+                                                predict, orders)
         wall = time.perf_counter() - began
-    options: dict[str, Any] = {"comm": cluster.comm, "forward_only": settings.forward_only,
-                               "fusion": settings.fusion, "coplacement": chosen.coplacement}
+    options: dict[str, Any] = {"comm": cluster.comm,
+                               "forward_only": chosen.settings.forward_only,
+                               "fusion": chosen.settings.fusion,
+                               "coplacement": chosen.settings.coplacement,
+                               "sct_threshold": settings.sct_threshold}
     if scaled.capacity != machine.capacity:
         options["placer_capacity_bytes"] = scaled.capacity[0]
     timings = {"reduce_s": reduced_at - began, "placer_s": placer_s[chosen.name],
                "total_s": wall}
-    return _result(graph, cluster, machine, chosen.problem, algorithm, chosen.name,
-                   runs[chosen.name], simulated, candidates, timings, options)
+    return _result(graph, cluster, machine, algorithm, chosen, runs[chosen.name], simulated,
+                   candidates, timings, options, orders)
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -344,21 +378,52 @@ class _Attempt:
     name: str
     placer: str
     problem: Problem
-    coplacement: bool
+    settings: _Settings
 
 
-AUTO_LOOSE_OPS = 5000  # auto tries the dynamic placers without co-placement up to this size
+#: auto also places the graph with fewer reductions (no fusion, no co-placement, not
+#: forward-only: every combination of the reductions asked for) when that problem has at most
+#: this many ops, so that no reduction can make auto worse than a placer without it.
+AUTO_VARIANT_OPS = 5000
+
+_REDUCTIONS = ("forward_only", "coplacement", "fusion")
+
+
+def _worth_reducing(variant: _Settings, ops: int, forward_ops: int) -> bool:
+    """Whether a variant may come within :data:`AUTO_VARIANT_OPS` ops: without fusion it has
+    exactly the ops it schedules (co-placement merges groups, not ops); with fusion, graphs
+    ten times larger are not tried."""
+    scheduled = forward_ops if variant.forward_only else ops
+    limit = AUTO_VARIANT_OPS if not variant.fusion else 10 * AUTO_VARIANT_OPS
+    return scheduled <= limit
+
+
+def _variants(settings: _Settings) -> list[_Settings]:
+    """``settings`` first, then every combination with some of its reductions turned off."""
+    on = [r for r in _REDUCTIONS if getattr(settings, r)]
+    out = [settings]
+    for mask in range(1, 2 ** len(on)):
+        off = {r: False for k, r in enumerate(on) if mask >> k & 1}
+        out.append(dataclasses.replace(settings, **off))
+    return out
+
+
+def _suffix(variant: _Settings, settings: _Settings) -> str:
+    """``/no-coplacement+fusion`` for a variant with those reductions off, '' for the asked."""
+    off = [r.replace("_", "-") for r in _REDUCTIONS
+           if getattr(settings, r) and not getattr(variant, r)]
+    return "/no-" + "+".join(off) if off else ""
 
 
 def _group_weights(graph: Graph, problem: Problem) -> dict[str, list[float]]:
-    groups = len(problem.group_ops)
-    weights = {"params": [0.0] * groups, "compute": [0.0] * groups, "count": [0.0] * groups}
+    """Per group: parameter bytes, compute and op count (exact sums, so the listing order of
+    the graph's ops cannot change a contiguous split)."""
+    members: list[list[Op]] = [[] for _ in problem.group_ops]
     for op in graph.ops:
-        g = problem.group_of[op.name]
-        weights["params"][g] += op.param_bytes
-        weights["compute"][g] += op.compute_s
-        weights["count"][g] += 1
-    return weights
+        members[problem.group_of[op.name]].append(op)
+    return {"params": [float(sum(op.param_bytes for op in ops)) for ops in members],
+            "compute": [math.fsum(op.compute_s for op in ops) for ops in members],
+            "count": [float(len(ops)) for ops in members]}
 
 
 def _expand(problem: Problem, schedule: PlacerSchedule) -> dict[str, int]:
@@ -368,14 +433,28 @@ def _expand(problem: Problem, schedule: PlacerSchedule) -> dict[str, int]:
     return {name: group_dev[g] for name, g in sorted(problem.group_of.items())}
 
 
+def _candidate(attempt: _Attempt, run: _Run, orders: Orders, machine: Machine,
+               meta: Mapping[str, Any] | None = None) -> Placement:
+    """The placement an attempt produced: devices of every original op, and its order."""
+    schedule = run.schedule
+    assert schedule is not None
+    device_of = _expand(attempt.problem, schedule)
+    order = orders(attempt.problem, schedule, machine, device_of)
+    return Placement(device_of=device_of, num_devices=machine.num_devices, meta=meta or {},
+                     order=order)
+
+
 def _choose(graph: Graph, cluster: Cluster, machine: Machine, attempts: list[_Attempt],
-            runs: dict[str, _Run], stalls: dict[str, Stall], predict: Predictor | None
+            runs: dict[str, _Run], stalls: dict[str, Stall], predict: Predictor | None,
+            orders: Orders
             ) -> tuple[_Attempt, tuple[float, tuple[int, ...]] | None, tuple[Candidate, ...]]:
-    """auto: predict every placement on the full graph (without ``predict``: each placer's
-    schedule); the fastest that fits wins (ties: fewer devices used, then the order of
-    :data:`PLACERS`)."""
+    """auto: predict every placement (devices and order) on the full graph (without
+    ``predict``: each placer's schedule); the fastest that fits wins (ties: fewer devices
+    used, then the order of the attempts: the reductions asked for first, :data:`PLACERS`'
+    order within). Identical placements are predicted once."""
     scored = []
     candidates = []
+    predicted: dict[tuple, tuple[float, tuple[int, ...]]] = {}
     for k, attempt in enumerate(attempts):
         name = attempt.name
         if name in stalls:
@@ -387,7 +466,11 @@ def _choose(graph: Graph, cluster: Cluster, machine: Machine, attempts: list[_At
         assert schedule is not None
         device_of = _expand(attempt.problem, schedule)
         if predict is not None:
-            step, peaks = predict(graph, cluster, device_of)
+            placement = _candidate(attempt, runs[name], orders, machine)
+            key = (tuple(placement.device_of.values()), placement.order)
+            if key not in predicted:
+                predicted[key] = predict(graph, cluster, placement)
+            step, peaks = predicted[key]
         else:
             step, peaks = schedule.makespan_s, tuple(schedule.peak_bytes)
         over = max(b / c for b, c in zip(peaks, machine.capacity, strict=True))
@@ -399,13 +482,16 @@ def _choose(graph: Graph, cluster: Cluster, machine: Machine, attempts: list[_At
     return chosen, simulated if predict is not None else None, tuple(candidates)
 
 
-def _result(graph: Graph, cluster: Cluster, machine: Machine, problem: Problem, algorithm: str,
-            chosen: str, run: _Run, simulated: tuple[float, tuple[int, ...]] | None,
+def _result(graph: Graph, cluster: Cluster, machine: Machine, algorithm: str,
+            attempt: _Attempt, run: _Run, simulated: tuple[float, tuple[int, ...]] | None,
             candidates: tuple[Candidate, ...], timings: dict[str, float],
-            options: dict[str, Any]) -> PlacementResult:
+            options: dict[str, Any], orders: Orders) -> PlacementResult:
     schedule = run.schedule
     assert schedule is not None
-    device_of = _expand(problem, schedule)
+    problem, chosen = attempt.problem, attempt.name
+    whole = sum(len(m) for m in problem.members) == len(graph)
+    options = dict(options)
+    threshold = options.pop("sct_threshold")
     m = machine.num_devices
     critical, _ = graph.critical_path()
     lower = max(critical, graph.totals().compute_s / m)
@@ -423,10 +509,12 @@ def _result(graph: Graph, cluster: Cluster, machine: Machine, problem: Problem, 
                                                     strict=True) if b > c],
         "ops_before": len(graph),
         "ops_after": problem.n,
+        "order_from": "placer" if whole else "list schedule of the step",
     }
     if run.lp_value_s is not None:
         meta["lp_value_s"] = run.lp_value_s
-    placement = Placement(device_of=device_of, num_devices=m, meta=meta)
+        meta["sct_threshold"] = threshold
+    placement = _candidate(attempt, run, orders, machine, meta)
     return PlacementResult(
         placement=placement, algorithm=algorithm, placer=chosen, problem=problem,
         schedule=schedule, machine=machine, makespan_s=schedule.makespan_s,
@@ -435,86 +523,3 @@ def _result(graph: Graph, cluster: Cluster, machine: Machine, problem: Problem, 
         ops_before=len(graph), ops_after=problem.n, wall_s=timings["total_s"],
         reduce_s=timings["reduce_s"], placer_s=timings["placer_s"], lp_value_s=run.lp_value_s,
         candidates=candidates)
-
-
-# --- infeasibility ----------------------------------------------------------------------------
-
-
-def _check_totals(problem: Problem, machine: Machine) -> None:
-    """Resident memory alone must fit: in total, and each group on one device."""
-    cap = machine.capacity
-    group_res = problem.group_resident()
-    total = sum(group_res)
-    m = machine.num_devices
-    if total > sum(cap):
-        running, op = 0, problem.n - 1
-        for i, g in enumerate(problem.group):
-            if problem.group_ops[g][0] == i:
-                running += group_res[g]
-                if running > sum(cap):
-                    op = i
-                    break
-        raise TrainschedError(
-            f"op {problem.names[op]!r} does not fit: what the ops hold for the whole step "
-            f"(parameters, gradients, optimizer state, activations kept for backward) takes "
-            f"{format_size(total)}; that needs at least "
-            f"{format_size(math.ceil(total / m))} per device; the cluster has "
-            f"{format_size(min(cap))} on each of {m} devices")
-    for g, res in enumerate(group_res):
-        if res > max(cap):
-            op = problem.group_ops[g][0]
-            raise TrainschedError(
-                f"op {problem.names[op]!r} does not fit: its co-location group holds "
-                f"{format_size(res)} for the whole step, which needs at least {format_size(res)} "
-                f"per device; the cluster has {format_size(max(cap))}")
-
-
-def _infeasible(problem: Problem, machine: Machine, stalls: dict[str, Stall]) -> TrainschedError:
-    """The error for a graph no placer could place (``stalls`` of the attempts on ``problem``,
-    and maybe others, whose names have a ``/``)."""
-    name = "m-etf" if "m-etf" in stalls else next(k for k in stalls if "/" not in k)
-    stall = stalls[name]
-    need = _memory_needed(problem, machine)
-    return TrainschedError(
-        f"op {problem.names[stall.op]!r} does not fit ({name} found no device with "
-        f"{format_size(stall.needed_bytes)} free); placing this graph needs at least "
-        f"{format_size(need)} per device; the cluster has {format_size(min(machine.capacity))}"
-        f" on each of {machine.num_devices} devices (use more or larger devices, or a smaller "
-        f"batch)")
-
-
-_SEARCH_OPS = 3000  # above this, only contiguous splits are tried when looking for the need
-
-
-def _memory_needed(problem: Problem, machine: Machine) -> int:
-    """About the least capacity per device at which a placer succeeds: bisection on the
-    capacity, a capacity counting as enough when m-ETF (on graphs up to ``_SEARCH_OPS`` ops)
-    or the count-balanced contiguous split places the graph with it."""
-    m = machine.num_devices
-    weights = [1.0] * len(problem.group_ops)
-
-    def fits(cap: int) -> bool:
-        trial = dataclasses.replace(machine, capacity=(cap,) * m)
-        tries = [lambda: run_schedule(problem, trial, fixed=contiguous_devices(
-            problem, trial, weights))]
-        if problem.n <= _SEARCH_OPS:
-            tries.insert(0, lambda: run_schedule(problem, trial))
-        for attempt in tries:
-            try:
-                attempt()
-                return True
-            except Stall:
-                pass
-        return False
-
-    lo = max(max(problem.group_resident(), default=0), 1)
-    hi = max(sum(group_static_bytes(problem)), lo)
-    while not fits(hi):
-        lo, hi = hi, 2 * hi
-    while hi - lo > max(1, hi // 1000):
-        mid = (lo + hi) // 2
-        if fits(mid):
-            hi = mid
-        else:
-            lo = mid + 1
-    return hi

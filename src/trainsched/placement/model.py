@@ -9,11 +9,18 @@ dynamic placer shares (``specs/placement.md`` §2 and §4):
 - **time**: op o starts on device d at ``est(o, d) = max(free_at(d), data_ready(o, d))``;
   ``data_ready`` takes, per input, the producer's end on d, the arrival of a copy already sent
   to d (caching per (tensor, device)), or a new transfer appended to a copy of the channel
-  state in (producer, tensor) order; commit replays the same appends, so estimate = outcome.
-  Transfers are never back-filled: a channel serves them in commit order.
+  state, ordered by the member that first reads it (fused ops), the producer's position in the
+  commit order, then tensor; commit replays the same appends, so estimate = outcome.
+  Transfers are never back-filled: a channel serves them in commit order. Schedules are
+  semi-active: a chosen op starts at its est even when chosen later (an m-SCT reservation
+  that lapsed, an urgent op), unless memory held it back. So the commit order
+  (``PlacerSchedule.sequence``), replayed with each device and channel strictly in that order
+  (``trainsched.sim.simulate_placed``'s rule), reproduces the schedule.
 - **choice**: among ready ops (all predecessors placed) and devices, the pair with the smallest
   (est, topological index, device) starts, unless memory says no (m-ETF); with ``fixed``
-  devices it is a list schedule of a given placement; with ``favourite`` children it is m-SCT.
+  devices it is a list schedule of a given placement; with ``favourite`` children it is m-SCT
+  (device ties then go to the device reserved for the op). The topological index is the
+  structural one of :func:`~trainsched.placement.reduce.structural_order`, never a name.
 - **memory** (the simulator's accounting, so a replay agrees): a group's resident bytes are
   charged from the step's start, when its first op lands; an op allocates output + temp at
   its start and frees temp at its end; a copy is allocated on its destination when its
@@ -114,6 +121,7 @@ class PlacerSchedule:
     start_s: tuple[float, ...]
     end_s: tuple[float, ...]
     order: tuple[tuple[int, ...], ...]  # per device, ops in start order
+    sequence: tuple[int, ...]  # every op, in the order the placer committed them
     transfers: tuple[Transfer, ...]
     peak_bytes: tuple[int, ...]
     makespan_s: float
@@ -193,6 +201,12 @@ class _Scheduler:
             self.tensors_of[u].append(tid)
         self.free_at = [0.0] * m
         self.order: list[list[int]] = [[] for _ in range(m)]
+        self.sequence: list[int] = []  # ops in commit order
+        self.position = [-1] * n  # index in sequence
+        # Inputs of a ready op in the order its new transfers are appended: by the member that
+        # first reads it (fused ops), the producer's position in the commit order, then tensor
+        # (what a replay of the commit order, fused ops expanded, does).
+        self.ins: list[tuple[tuple[int, int, int], ...]] = [() for _ in range(n)]
         self.last_op = [-1] * m
         self.chan = [0.0] * m if self.seq else [[0.0] * m for _ in range(m)]
         self.arrival: dict[int, float] = {}  # tensor * m + device -> arrival time
@@ -207,9 +221,13 @@ class _Scheduler:
                 self.group_dev[p.group[i]] = d
         self.group_charged = [False] * len(p.group_ops)
         self.resident = [0] * m
+        # Per device, breakpoints (times), the level's change at each and how far the instant's
+        # high is above its level; the current level. Deltas, so a free far in the past costs
+        # an insertion, not a pass over everything after it.
         self.hist_t: list[list[float]] = [[0.0] for _ in range(m)]
-        self.hist_v: list[list[int]] = [[0] for _ in range(m)]
-        self.hist_h: list[list[int]] = [[0] for _ in range(m)]
+        self.hist_dv: list[list[int]] = [[0] for _ in range(m)]
+        self.hist_hi: list[list[int]] = [[0] for _ in range(m)]
+        self.level = [0] * m
         self.peak_bound = [0] * m
         self.pending: list[tuple[float, int, int, int, int]] = []  # (t, phase, seq, dev, bytes)
         self.allocs: list[list] = []  # [device, bytes, at, free or None]
@@ -228,10 +246,16 @@ class _Scheduler:
         self.memo_v = [0.0] * (n * m)
         self.memo_e = [-1] * (n * m)
         # m-SCT: urgent ops (heap by the latest est over their devices), per device and free.
+        # Urgent time = max(devices' free time F, data part D = max over devices of data ready).
+        # Per heap (ops free to go anywhere; ops whose group is on d): A keyed by D (lower
+        # bounds) for ops with D > F, B by topological index for ops with D <= F (all at F).
         self.gtok = [0] * n
-        self.G_free: list[tuple[float, int, int]] = []
-        self.G_dev: list[list[tuple[float, int, int]]] = [[] for _ in range(m)]
+        self.UA_free: list[tuple[float, int, int]] = []
+        self.UB_free: list[tuple[int, int]] = []
+        self.UA_dev: list[list[tuple[float, int, int]]] = [[] for _ in range(m)]
+        self.UB_dev: list[list[tuple[int, int]]] = [[] for _ in range(m)]
         self.now = 0.0
+        self.reserved = -1  # set by best_on
 
     # --- estimates -----------------------------------------------------------------------
 
@@ -243,7 +267,7 @@ class _Scheduler:
         over: dict[int, float] = {}
         seq = self.seq
         chan = self.chan
-        for u, tid, size in self.p.inputs[o]:
+        for u, tid, size in self.ins[o]:
             du = dev[u]
             if du == d:
                 a = end[u]
@@ -310,7 +334,7 @@ class _Scheduler:
     def push_urgent(self, o: int) -> None:
         self.gtok[o] += 1
         g = self.group_dev[self.p.group[o]]
-        heap = self.G_free if g < 0 else self.G_dev[g]
+        heap = self.UA_free if g < 0 else self.UA_dev[g]
         heapq.heappush(heap, (0.0, o, self.gtok[o]))
 
     def devices_for(self, o: int) -> range | tuple[int, ...]:
@@ -356,36 +380,71 @@ class _Scheduler:
             if not moved:
                 return None
 
-    def urgent_ts(self, o: int) -> float:
-        return max(self.est(o, x) for x in self.devices_for(o))
+    def urgent_data(self, o: int) -> float:
+        """When o's inputs can be on every device it may go to (its urgent time is the later of
+        this and those devices' free times)."""
+        return max(self.dr(o, x) for x in self.devices_for(o))
 
     def best_urgent(self, d: int, bound: float) -> tuple[float, int] | None:
-        """The ready op, placeable on d, whose inputs are available everywhere soonest, if
-        that is no later than ``bound`` (heap keys are lower bounds: later ones stay stale)."""
+        """The ready op, placeable on d, that could start on every device soonest (its urgent
+        time), with that time, if it is no later than ``bound``; ties by topological index."""
         best = None
-        for heap in (self.G_free, self.G_dev[d]):
-            while heap:
-                key, o, t = heap[0]
-                if key > bound:
-                    break
-                if self.gtok[o] != t or self.dev[o] >= 0:
-                    heapq.heappop(heap)
-                    continue
-                g = self.group_dev[self.p.group[o]]
-                if heap is self.G_free and g >= 0:  # its group was placed: move it
-                    heapq.heappop(heap)
-                    self.push_urgent(o)
-                    continue
-                if self.is_blocked[o * self.m + d]:
-                    break
-                u = self.urgent_ts(o)
-                if u != key:
-                    heapq.heapreplace(heap, (u, o, t))
-                    continue
-                if best is None or (u, o) < best:
-                    best = (u, o)
-                break
+        for free in (True, False):
+            c = self.urgent_in(d, bound, free)
+            if c is not None and (best is None or c < best):
+                best = c
         return best
+
+    def urgent_in(self, d: int, bound: float, free: bool) -> tuple[float, int] | None:
+        if free:
+            UA, UB, F = self.UA_free, self.UB_free, max(self.free_at)
+        else:
+            UA, UB, F = self.UA_dev[d], self.UB_dev[d], self.free_at[d]
+        pop, push = heapq.heappop, heapq.heappush
+        gtok, dev = self.gtok, self.dev
+
+        def valid(o: int, t: int) -> bool:
+            if gtok[o] != t or dev[o] >= 0:
+                return False
+            if free and self.group_dev[self.p.group[o]] >= 0:  # its group was placed: move it
+                self.push_urgent(o)
+                return False
+            return True
+
+        while UA and UA[0][0] <= F:
+            _, o, t = pop(UA)
+            if valid(o, t):
+                push(UB, (o, t))
+        while True:
+            while UB:
+                o, t = UB[0]
+                if not valid(o, t):
+                    pop(UB)
+                    continue
+                data = self.urgent_data(o)
+                if data > F:
+                    pop(UB)
+                    push(UA, (data, o, t))
+                    continue
+                if bound < F or self.is_blocked[o * self.m + d]:
+                    return None
+                return F, o
+            while UA and UA[0][0] <= bound:
+                key, o, t = UA[0]
+                if not valid(o, t):
+                    pop(UA)
+                    continue
+                data = self.urgent_data(o)
+                if data <= F:  # its data got ready sooner (a copy another op had sent)
+                    pop(UA)
+                    push(UB, (o, t))
+                    break
+                if data != key:
+                    heapq.heapreplace(UA, (data, o, t))
+                    continue
+                return None if self.is_blocked[o * self.m + d] else (data, o)
+            else:
+                return None
 
     def reserved_for(self, d: int) -> int:
         """m-SCT: the favourite child d waits for, or -1."""
@@ -403,8 +462,12 @@ class _Scheduler:
         return f
 
     def best_on(self, d: int) -> tuple[float, int] | None:
+        """The op d would start next and when (its est, or for an urgent op its urgent time);
+        sets :attr:`reserved` to the op d is reserved for (-1: none)."""
+        self.reserved = -1
         if self.fav is not None:
             f = self.reserved_for(d)
+            self.reserved = f
             if f >= 0:
                 best = (self.est(f, d), f)
                 urgent = self.best_urgent(d, best[0])
@@ -422,32 +485,42 @@ class _Scheduler:
         allocations, before frees of buffers allocated at that same instant, which is when the
         simulator takes a peak); ``instant_free`` marks such a free, which leaves the high.
         """
-        ts, vs, hs = self.hist_t[d], self.hist_v[d], self.hist_h[d]
+        ts, dv, hi = self.hist_t[d], self.hist_dv[d], self.hist_hi[d]
         i = bisect_left(ts, at)
         if i == len(ts) or ts[i] != at:
             ts.insert(i, at)
-            level = vs[i - 1] if i > 0 else 0
-            vs.insert(i, level)
-            hs.insert(i, level)
-        for k in range(i, len(vs)):
-            vs[k] += delta
-        for k in range(i + 1 if instant_free else i, len(hs)):
-            hs[k] += delta
+            dv.insert(i, 0)
+            hi.insert(i, 0)
+        dv[i] += delta
+        self.level[d] += delta
+        if instant_free:
+            hi[i] -= delta
         if delta > 0:
-            high = max(hs[i:])
+            level = self.level[d]
+            high = level + hi[-1]
+            for k in range(len(ts) - 1, i, -1):
+                level -= dv[k]
+                if level + hi[k - 1] > high:
+                    high = level + hi[k - 1]
             if high > self.peak_bound[d]:
                 self.peak_bound[d] = high
 
-    def fits(self, o: int, d: int, record: list) -> bool:
-        """Whether o, with the transfers in ``record``, fits on d now."""
+    def fits(self, o: int, d: int, record: list, start: float | None = None) -> bool:
+        """Whether o, with the transfers in ``record``, fits on d now (or from ``start`` on, a
+        time in the past: its output and temp then count from there, to the end)."""
         p = self.p
         g = p.group[o]
         extra_res = 0 if self.group_charged[g] else self.group_res[g]
         new = p.output[o] + p.temp[o]
-        ts, vs, hs = self.hist_t[d], self.hist_v[d], self.hist_h[d]
-        worst = max(vs[-1], hs[-1]) + new
-        if record:
-            starts = sorted((s, size) for _, _, size, s, _ in record)
+        ts, dv, hi = self.hist_t[d], self.hist_dv[d], self.hist_hi[d]
+        allocs = [(s, size) for _, _, size, s, _ in record]
+        if start is not None:
+            allocs.append((start, new))
+            new = 0
+        vk = self.level[d]  # the level at breakpoint k, walking back
+        worst = vk + max(0, hi[-1]) + new
+        if allocs:
+            starts = sorted(allocs)
             moved = sum(size for _, size in starts)
             worst += moved
             # Breakpoints before now: the instant's high plus the transfers started by then,
@@ -459,6 +532,7 @@ class _Scheduler:
                 seg_end = ts[k + 1]
                 if seg_end <= s_min:
                     break
+                vk -= dv[k + 1]
                 while j >= 0 and starts[j][0] >= seg_end:
                     before -= starts[j][1]
                     j -= 1
@@ -467,7 +541,7 @@ class _Scheduler:
                 while i >= 0 and starts[i][0] > ts[k]:
                     at -= starts[i][1]
                     i -= 1
-                level = max(vs[k] + before, hs[k] + at)
+                level = max(vk + before, vk + hi[k] + at)
                 if level > worst:
                     worst = level
         if extra_res:
@@ -573,6 +647,8 @@ class _Scheduler:
         self.end[o] = end
         self.free_at[d] = end
         self.order[d].append(o)
+        self.position[o] = len(self.sequence)
+        self.sequence.append(o)
         self.last_op[d] = o
         self.out_alloc[o] = len(self.allocs)
         self.allocs.append([d, p.output[o], t, None])
@@ -601,6 +677,11 @@ class _Scheduler:
                 self.make_ready(v)
 
     def make_ready(self, v: int) -> None:
+        position = self.position
+        ins = self.p.inputs[v]
+        ranks = self.p.input_rank[v] if self.p.input_rank else (0,) * len(ins)
+        self.ins[v] = tuple(x for _, _, _, x in sorted(
+            (r, position[x[0]], x[1], x) for r, x in zip(ranks, ins, strict=True)))
         self.srcdevs[v] = tuple(sorted({self.dev[u] for u in self.preds[v]}))
         targets = (self.fixed[v],) if self.fixed is not None else self.devices_for(v)
         for d in targets:
@@ -618,10 +699,13 @@ class _Scheduler:
         placed = 0
         while placed < n:
             best = None
+            best_reserved = -1
             for d in range(m):
                 c = self.best_on(d)
-                if c is not None and (best is None or (c[0], c[1], d) < best):
-                    best = (c[0], c[1], d)
+                # Ties: the op's device reserved for it (m-SCT), then the lower index.
+                if c is not None and (best is None or (c[0], c[1], c[1] != self.reserved, d)
+                                      < (best[0], best[1], best[1] != best_reserved, best[2])):
+                    best, best_reserved = (c[0], c[1], d), self.reserved
             pending = self.pending
             if best is None:
                 if not pending:
@@ -642,10 +726,17 @@ class _Scheduler:
             self.now = when
             record: list = []
             self.data_ready(o, d, record)
-            if not self.fits(o, d, record):
+            # Semi-active: the op starts as soon as its device and inputs allow (what a replay
+            # of the orders does), even if it was chosen later (an m-SCT reservation that
+            # lapsed, an urgent op), unless memory held it back until now.
+            start = self.est(o, d)
+            if start < when and self.fits(o, d, record, start):
+                self.commit(o, d, start, record)
+            elif self.fits(o, d, record):
+                self.commit(o, d, when, record)
+            else:
                 self.block(o, d)
                 continue
-            self.commit(o, d, when, record)
             placed += 1
         return self.result()
 
@@ -656,16 +747,16 @@ class _Scheduler:
         p = self.p
         g = p.group[o]
         extra = 0 if self.group_charged[g] else self.group_res[g]
-        need = min(self.resident[d] + extra + self.hist_v[d][-1] + p.output[o] + p.temp[o]
+        need = min(self.resident[d] + extra + self.level[d] + p.output[o] + p.temp[o]
                    for d in self.devices_for(o))
         return Stall(o, need)
 
     def result(self) -> PlacerSchedule:
         peaks = _peaks(self.m, self.resident, self.allocs)
         return PlacerSchedule(device=tuple(self.dev), start_s=tuple(self.start),
-                        end_s=tuple(self.end), order=tuple(tuple(x) for x in self.order),
-                        transfers=tuple(self.transfers), peak_bytes=tuple(peaks),
-                        makespan_s=max(self.end, default=0.0))
+                              end_s=tuple(self.end), order=tuple(tuple(x) for x in self.order),
+                              sequence=tuple(self.sequence), transfers=tuple(self.transfers),
+                              peak_bytes=tuple(peaks), makespan_s=max(self.end, default=0.0))
 
 
 def _peaks(m: int, resident: list[int], allocs: list[list]) -> list[int]:

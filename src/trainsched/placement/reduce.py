@@ -17,15 +17,18 @@ Four steps (``specs/placement.md`` §3), each mapping reduced ops to original op
    contracting) can exist. A fused op's temp is the peak of running its members in order
    minus its output, so no internal tensor is lost.
 
-Everything is ordered by a canonical topological order (Kahn, ties by op name), so the result
-does not depend on the order in which a graph lists its ops.
+Everything is ordered by a canonical topological order (:func:`structural_order`: Kahn, ties
+by the longest remaining path, a structural signature and the ranks of the predecessors, names
+last), so the result depends neither on the order in which a graph lists its ops nor on their
+names: renaming the ops renames the problem.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from trainsched.graph import Edge, Graph, Op
 
@@ -41,7 +44,10 @@ class Problem:
     bytes), ordered by (producer, tensor key); tensors are numbered in that order too, and a
     tensor's bytes are the largest of its edges'.
     ``group_of`` maps every original op name to its group; ``members[i]`` are the original ops
-    op ``i`` runs.
+    op ``i`` runs (in topological order); ``input_rank[i][k]`` is the index among them of the
+    first that reads input ``k``, and a producer's tensors are numbered in the order of the
+    members that make them, so a placer can send them in the order a replay of its expanded
+    order does.
     """
 
     names: tuple[str, ...]
@@ -59,6 +65,7 @@ class Problem:
     group_ops: tuple[tuple[int, ...], ...]
     group_of: Mapping[str, int]
     original_ops: int
+    input_rank: tuple[tuple[int, ...], ...] = ()  # per input: its first reader among members
 
     @property
     def n(self) -> int:
@@ -103,22 +110,95 @@ class Problem:
 
 
 def canonical_order(graph: Graph) -> list[str]:
-    """Kahn's topological order, ties by op name: independent of how the graph lists its ops."""
-    indegree = {op.name: 0 for op in graph.ops}
-    succ: dict[str, list[str]] = {op.name: [] for op in graph.ops}
+    """A topological order that depends on the graph's structure, not on its names or listing:
+    :func:`structural_order` of its ops (attributes: compute, persistent, output and temp bytes,
+    kind; edges weighted by bytes)."""
+    ops = graph.ops
+    index = {op.name: i for i, op in enumerate(ops)}
+    attrs = [(op.compute_s, _persistent(op), op.output_bytes, op.temp_bytes, op.kind)
+             for op in ops]  # fmt: skip
+    readers: dict[tuple[str, str], int] = {}  # (producer, tensor) -> edges reading it
     for e in graph.edges:
-        succ[e.src].append(e.dst)
-        indegree[e.dst] += 1
-    ready = [name for name, d in indegree.items() if d == 0]
+        readers[e.src, e.tensor] = readers.get((e.src, e.tensor), 0) + 1
+    edges = [(index[e.src], index[e.dst], (e.size_bytes, readers[e.src, e.tensor]))
+             for e in graph.edges]
+    order = structural_order([op.name for op in ops], [op.compute_s for op in ops], attrs, edges)
+    return [ops[i].name for i in order]
+
+
+def structural_order(names: Sequence[Any], compute_s: Sequence[float],
+                     attrs: Sequence[tuple], edges: Sequence[tuple[int, int, Any]]) -> list[int]:
+    """Kahn's topological order of a DAG (``edges``: (src, dst, label) over indices, the label a
+    comparable value such as the bytes sent), taking among ready nodes the one with the
+    smallest structural key, names last:
+
+    1. the longest remaining path by ``compute_s`` (its own included), longest first, so that
+       critical work comes first wherever a rank breaks a tie;
+    2. the node's *descendant signature*: its ``attrs``, in- and out-degree, and the sorted
+       signatures (with bytes) of its successors, ranked level by level from the sinks, so
+       it is a comparable value that no name enters;
+    3. the sorted ranks of its predecessors (already ranked) with the labels of the edges from
+       them, which tells apart nodes alike in themselves but fed by different nodes or
+       tensors;
+    4. its name (or any distinct sortable key given as ``names``): reached only by nodes that
+       nothing above tells apart (in practice, nodes that an automorphism of the graph
+       exchanges), where the order chosen does not matter.
+
+    Renaming the nodes of a graph therefore renames its order and changes nothing else.
+    """
+    n = len(names)
+    succ: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+    indeg = [0] * n
+    for u, v, size in edges:
+        succ[u].append((v, size))
+        indeg[v] += 1
+    # Any topological order, to compute the levels (the result never depends on it).
+    left = indeg[:]
+    stack = [i for i in range(n) if left[i] == 0]
+    topo: list[int] = []
+    while stack:
+        u = stack.pop()
+        topo.append(u)
+        for v, _ in succ[u]:
+            left[v] -= 1
+            if left[v] == 0:
+                stack.append(v)
+    assert len(topo) == n, "the graph has a cycle"
+    remaining = [0.0] * n
+    height = [0] * n
+    for u in reversed(topo):
+        remaining[u] = compute_s[u] + max((remaining[v] for v, _ in succ[u]), default=0.0)
+        height[u] = 1 + max((height[v] for v, _ in succ[u]), default=-1)
+    # Descendant signatures, ranked within each height (heights first, so comparable).
+    signature: list[tuple[int, int]] = [(0, 0)] * n
+    by_height: dict[int, list[int]] = {}
+    for u in range(n):
+        by_height.setdefault(height[u], []).append(u)
+    for h in sorted(by_height):
+        keys = {u: (attrs[u], indeg[u], len(succ[u]),
+                    tuple(sorted((signature[v], size) for v, size in succ[u])))
+                for u in by_height[h]}  # fmt: skip
+        ranked = sorted(set(keys.values()))
+        rank = {key: k for k, key in enumerate(ranked)}
+        for u, key in keys.items():
+            signature[u] = (h, rank[key])
+    preds: list[list[tuple[int, Any]]] = [[] for _ in range(n)]
+    for u, v, label in edges:
+        preds[v].append((u, label))
+    position = [-1] * n
+    left = indeg[:]
+    ready = [(-remaining[u], signature[u], (), names[u], u) for u in range(n) if left[u] == 0]
     heapq.heapify(ready)
-    order = []
+    order: list[int] = []
     while ready:
-        name = heapq.heappop(ready)
-        order.append(name)
-        for s in succ[name]:
-            indegree[s] -= 1
-            if indegree[s] == 0:
-                heapq.heappush(ready, s)
+        u = heapq.heappop(ready)[-1]
+        position[u] = len(order)
+        order.append(u)
+        for v, _ in succ[u]:
+            left[v] -= 1
+            if left[v] == 0:
+                ranks = tuple(sorted((position[p], label) for p, label in preds[v]))
+                heapq.heappush(ready, (-remaining[v], signature[v], ranks, names[v], v))
     return order
 
 
@@ -278,6 +358,9 @@ def _build(graph: Graph, order: list[str], ops: list[Op], sched: list[int],
     leaves = dict.fromkeys(sched, False)  # has a consumer in another node
     consumed = dict.fromkeys(sched, False)
     between: dict[tuple[int, int, str], int] = {}  # (src node, dst node, tensor) -> bytes
+    rank = {k: i for ks in members.values() for i, k in enumerate(ks)}  # place in its node
+    made: dict[tuple[int, str], int] = {}  # (src node, tensor) -> rank of the member making it
+    read: dict[tuple[int, int, str], int] = {}  # -> rank of the first member reading it
     for e in graph.edges:
         a, b = pos[e.src], pos[e.dst]
         if not (scheduled[a] and scheduled[b]):
@@ -291,6 +374,8 @@ def _build(graph: Graph, order: list[str], ops: list[Op], sched: list[int],
             leaves[a] = True
             key = (na, nb, e.tensor)
             between[key] = max(between.get(key, 0), e.size_bytes)
+            made[na, e.tensor] = min(made.get((na, e.tensor), rank[a]), rank[a])
+            read[key] = min(read.get(key, rank[b]), rank[b])
 
     # Node attributes.
     node_name = {r: order[ks[0]] for r, ks in members.items()}
@@ -310,24 +395,29 @@ def _build(graph: Graph, order: list[str], ops: list[Op], sched: list[int],
         attrs[r] = (sum(compute[k] for k in ks), sum(resident[k] for k in ks), out,
                     max(0, peak - out))
 
-    # Renumber nodes topologically (ties by name).
+    # Renumber nodes topologically, by structure (names last): structural_order.
     node_succ: dict[int, set[int]] = {r: set() for r in members}
-    indeg = dict.fromkeys(members, 0)
     for na, nb, _ in between:
-        if nb not in node_succ[na]:
-            node_succ[na].add(nb)
-            indeg[nb] += 1
-    ready = [(node_name[r], r) for r, d in indeg.items() if d == 0]
-    heapq.heapify(ready)
-    topo: list[int] = []
-    while ready:
-        _, r = heapq.heappop(ready)
-        topo.append(r)
-        for s in node_succ[r]:
-            indeg[s] -= 1
-            if indeg[s] == 0:
-                heapq.heappush(ready, (node_name[s], s))
-    assert len(topo) == len(members), "fusion closed a cycle"
+        node_succ[na].add(nb)
+    nodes = sorted(members)
+    slot = {r: k for k, r in enumerate(nodes)}
+    tensor_bytes: dict[tuple[int, str], int] = {}
+    readers: dict[tuple[int, str], int] = {}  # nodes reading a tensor
+    for (na, _, key), size in between.items():
+        tensor_bytes[na, key] = max(tensor_bytes.get((na, key), 0), size)
+        readers[na, key] = readers.get((na, key), 0) + 1
+    # Ties: the bytes its class holds in unscheduled ops (gradients, optimizer state), then
+    # its first member's place in the original graph's structural order (not its name).
+    held_by: dict[int, int] = {}
+    for c, extra in extra_resident.items():
+        held_by[uf.find(c)] = held_by.get(uf.find(c), 0) + extra
+    held = {r: held_by.get(uf.find(r), 0) for r in nodes}
+    ranked = structural_order(
+        nodes, [attrs[r][0] for r in nodes],
+        [(attrs[r][0], attrs[r][1], attrs[r][2], attrs[r][3], held[r]) for r in nodes],
+        [(slot[na], slot[nb], (tensor_bytes[na, key], readers[na, key]))
+         for na, nb, key in between])
+    topo = [nodes[k] for k in ranked]
     index = {r: i for i, r in enumerate(topo)}
 
     # Groups, numbered by their first op; unscheduled ops' memory goes to that first op.
@@ -344,24 +434,27 @@ def _build(graph: Graph, order: list[str], ops: list[Op], sched: list[int],
         res_list[group_ops[group_index[uf.find(c)]][0]] += extra
     group_of = {order[k]: group_index[uf.find(k)] for k in range(len(order))}
 
-    # Tensors: per producer, by key; inputs ordered by (producer, key).
+    # Tensors: per producer, by (member making it, key); inputs ordered by (producer, tensor).
     n = len(topo)
-    by_tensor: dict[tuple[int, str], list[tuple[int, int]]] = {}
+    by_tensor: dict[tuple[int, int, str], list[tuple[int, int, int]]] = {}
     for (na, nb, key), size in between.items():
-        by_tensor.setdefault((index[na], key), []).append((index[nb], size))
+        by_tensor.setdefault((index[na], made[na, key], key), []).append(
+            (index[nb], size, read[na, nb, key]))
     tensor_key: list[str] = []
     tensor_producer: list[int] = []
     tensor_consumers: list[tuple[int, ...]] = []
     inputs: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]
-    for (u, key) in sorted(by_tensor):
+    input_rank: list[list[int]] = [[] for _ in range(n)]
+    for (u, made_by, key) in sorted(by_tensor):
         tid = len(tensor_key)
         tensor_key.append(key)
         tensor_producer.append(u)
-        users = sorted(by_tensor[u, key])
-        tensor_consumers.append(tuple(v for v, _ in users))
-        size = max(size for _, size in users)  # one tensor, one size (edges may disagree)
-        for v, _ in users:
+        users = sorted(by_tensor[u, made_by, key])
+        tensor_consumers.append(tuple(v for v, _, _ in users))
+        size = max(size for _, size, _ in users)  # one tensor, one size (edges may disagree)
+        for v, _, first in users:
             inputs[v].append((u, tid, size))
+            input_rank[v].append(first)
     successors = [sorted({index[s] for s in node_succ[r]}) for r in topo]
     return Problem(
         names=tuple(node_name[r] for r in topo),
@@ -372,6 +465,7 @@ def _build(graph: Graph, order: list[str], ops: list[Op], sched: list[int],
         temp=tuple(attrs[r][3] for r in topo),
         group=tuple(group_index[uf.find(r)] for r in topo),
         inputs=tuple(tuple(x) for x in inputs),
+        input_rank=tuple(tuple(x) for x in input_rank),
         successors=tuple(tuple(s) for s in successors),
         tensor_key=tuple(tensor_key),
         tensor_producer=tuple(tensor_producer),

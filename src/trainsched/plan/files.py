@@ -60,8 +60,11 @@ def _strategy_doc(plan: Plan) -> dict[str, Any]:
             return {"kind": plan.kind, "slots": [format_slot(s) for s in plan.slots]}
         return {"kind": plan.kind}
     if isinstance(plan, PlacedPlan):
-        return {"kind": plan.kind, "num_devices": plan.placement.num_devices,
-                "device_of": dict(plan.placement.device_of), "meta": dict(plan.placement.meta)}
+        doc = {"kind": plan.kind, "num_devices": plan.placement.num_devices,
+               "device_of": dict(plan.placement.device_of), "meta": dict(plan.placement.meta)}
+        if plan.placement.order is not None:  # plans written before orders were stored: none
+            doc["order"] = list(plan.placement.order)
+        return doc
     if isinstance(plan, DataParallelPlan):
         return {"kind": plan.kind, "ranks": plan.ranks,
                 "comm": {"name": plan.comm, **_policy_doc(plan.policy)},
@@ -168,9 +171,10 @@ def _read_strategy(r: _Reader, model: ModelRef) -> Plan:
                                   "overlap_forward(j)), one per layer")
         return SinglePlan(model=model, slots=tuple(slots))
     if kind == "placed":
-        r.only("kind", "num_devices", "device_of", "meta")
+        r.only("kind", "num_devices", "device_of", "meta", "order")
         placement = Placement(device_of=r.get("device_of", dict),
-                              num_devices=r.get("num_devices", int), meta=r.get("meta", dict, {}))
+                              num_devices=r.get("num_devices", int), meta=r.get("meta", dict, {}),
+                              order=r.get("order", list, None))
         return PlacedPlan(model=model, placement=placement)
     if kind == "data":
         r.only("kind", "ranks", "comm", "algorithm", "order", "sync", "steps", "startup_overlap",

@@ -3,7 +3,14 @@
 ``PlacedModule(model, placement, devices, example_args=...)`` exports the model once (the same
 ``torch.export`` + ``run_decompositions({})`` program that :func:`trainsched.capture.capture`
 names its ops after), gives every op the device the placement says, and runs the program as
-maximal same-device *segments* in program order. Nothing in the model is rewritten.
+maximal same-device *segments* in the placement's order. Nothing in the model is rewritten.
+
+- **Order.** The forward ops run in the order the placement stores (``Placement.order``, the
+  order its placer scheduled and the simulator replays): the host launches them one after
+  another in that order, so each device runs its ops in that order. A placement without an
+  order (or a plain mapping) runs program order, which is the captured graph's own order and
+  so again what the simulator replays for it. :attr:`PlacedModule.last_order` records the
+  order the last forward ran its ops in.
 
 - **Ops.** Steps (the ops of the captured graph) run on their device. Views and input-independent
   work (masks, ``num_batches_tracked + 1``) are no ops of the graph: they are evaluated on every
@@ -67,11 +74,11 @@ GRANULARITIES = ("auto", "op", "module")
 
 @dataclass(frozen=True)
 class PlacedSegment:
-    """A maximal run of consecutive ops (program order) on one logical device."""
+    """A maximal run of consecutive ops (in the order they run) on one logical device."""
 
     index: int
     device: int
-    ops: tuple[str, ...]          # exported node names, in program order
+    ops: tuple[str, ...]          # exported node names, in the order they run
 
 
 @dataclass(frozen=True)
@@ -339,7 +346,39 @@ class _Plan:
     roots: dict[str, tuple[str, ...]]     # node -> the ops its value comes from, program order
 
 
-def _plan(program: ExportedProgram, placed: dict[str, int]) -> _Plan:
+def _step_order(program: ExportedProgram, names: Mapping[str, str],
+                order: Sequence[str] | None) -> list[str]:
+    """The steps in the order they run: by the placement's ``order`` (of the names it uses,
+    ``names[node]``; the steps of one coarse op in program order), else program order.
+    Raises if that order runs a step before one whose value it needs."""
+    if order is None:
+        return list(program.steps)
+    rank = {name: k for k, name in enumerate(order)}
+    position = {name: k for k, name in enumerate(program.steps)}
+    missing = [names[n] for n in program.steps if names[n] not in rank]
+    if missing:
+        raise TrainschedError(f"the placement's order leaves out {_listed(missing)}; list every "
+                              "op of the graph it places")
+    steps = sorted(program.steps, key=lambda n: (rank[names[n]], position[n]))
+    done: set[str] = set()
+    needs: dict[str, set[str]] = {}  # node -> the steps its value comes from
+    for name, node in program.nodes.items():
+        found: set[str] = set()
+        for i in node.all_input_nodes:
+            found |= {i.name} if i.name in position else needs.get(i.name, set())
+        needs[name] = found
+    for name in steps:
+        early = sorted(needs[name] - done, key=position.__getitem__)
+        if early:
+            raise TrainschedError(
+                f"the placement's order runs {names[name]!r} before {names[early[0]]!r}, whose "
+                "output it reads; place the graph captured from this model (its order is "
+                "topological for it)")
+        done.add(name)
+    return steps
+
+
+def _plan(program: ExportedProgram, placed: dict[str, int], steps_in_order: list[str]) -> _Plan:
     """Give every node the program needs a home device and list the copies between homes.
 
     Inputs and steps: the placement. A view or other non-op node that reads activations: the
@@ -398,14 +437,16 @@ def _plan(program: ExportedProgram, placed: dict[str, int]) -> _Plan:
 
     segments: list[PlacedSegment] = []
     slot: dict[str, int] = {}
-    for name in order:
-        if kind[name] == "step":
-            if not segments or segments[-1].device != home[name]:
-                segments.append(PlacedSegment(len(segments), home[name], ()))
-            last = segments[-1]
-            segments[-1] = PlacedSegment(last.index, last.device, (*last.ops, name))
-            slot[name] = last.index
-        else:
+    for name in steps_in_order:
+        if kind.get(name) != "step":
+            continue
+        if not segments or segments[-1].device != home[name]:
+            segments.append(PlacedSegment(len(segments), home[name], ()))
+        last = segments[-1]
+        segments[-1] = PlacedSegment(last.index, last.device, (*last.ops, name))
+        slot[name] = last.index
+    for name in order:  # every other node: after the segments of what it reads
+        if kind[name] != "step":
             slot[name] = max((slot[i.name] for i in nodes[name].all_input_nodes), default=-1)
 
     state_fqn = {name: fqn for name, (_kind, fqn) in program.state_of.items()}
@@ -535,12 +576,16 @@ class PlacedModule(nn.Module):
         self._state_kind = {fqn: kind for kind, fqn in self._program.state_of.values()}
         names, self.granularity = _resolve_names(self._program, device_of, granularity,
                                                  module_depth)
-        self._plan = _plan(self._program, {node: device_of[op] for node, op in names.items()})
+        order = getattr(placement, "order", None)
+        self._plan = _plan(self._program, {node: device_of[op] for node, op in names.items()},
+                           _step_order(self._program, names, order))
         self._move_state()
         pairs = sorted({(t.src, t.dst) for t in self.transfers})
         self._streams = _Streams(physical, comm, pairs) if physical[0].type == "cuda" else None
         self._timing: list[tuple[int, Any, Any]] | None = None
         self.last_step: StepStats | None = None
+        #: The exported ops (op-level names) in the order the last forward ran them.
+        self.last_order: tuple[str, ...] = ()
 
     # --- introspection -------------------------------------------------------------------------
 
@@ -622,6 +667,7 @@ class PlacedModule(nn.Module):
         step = _Step(self)
         outputs = step.run(self._flat_inputs(args, kwargs))
         self.last_step = step.stats()
+        self.last_order = tuple(step.executed)
         return pytree.tree_unflatten(outputs, self._program.out_spec)
 
     # --- measuring -----------------------------------------------------------------------------
@@ -721,6 +767,7 @@ class _Step:
         self.ready: set[tuple[str, int]] = set()             # received values the device waited
         self.pairs: set[tuple[str, int]] = set()
         self.copies = self.bytes = self.state_copies = self.state_bytes = 0
+        self.executed: list[str] = []                         # steps, in the order they ran
 
     def stats(self) -> StepStats:
         return StepStats(transfers=len(self.pairs), copies=self.copies, bytes_moved=self.bytes,
@@ -754,6 +801,7 @@ class _Step:
                 begin = _event(stream) if timing is not None else None
                 for name in segment.ops:
                     self.values[name] = self.call(program.nodes[name], segment.device)
+                    self.executed.append(name)
                 if timing is not None:
                     timing.append((segment.device, begin, _event(stream)))
             self.send(segment.index)

@@ -176,8 +176,10 @@ def run(plan: Plan, model: str | None = None, *, steps: int = 10, warmup: int = 
         # and the parameters put them: with their forward op, as the placers place them.
         forward = {n: d for n, d in plan.placement.device_of.items()
                    if n.rpartition(":")[2] not in TRAINING_SUFFIXES}
+        order = plan.placement.order
         segment = Segment(label="placed", kind="placed", steps=steps, warmup=warmup,
-                          placement=forward)
+                          placement=forward, placement_order=None if order is None
+                          else [n for n in order if n in forward])
         ranks = 1
     elif isinstance(plan, DataParallelPlan):
         segment = policy_segment(plan.policy, label=plan.comm, order=plan.order, steps=steps,

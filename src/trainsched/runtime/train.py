@@ -106,6 +106,7 @@ class Segment:
     policy_fields: dict[str, Any] | None = None
     placement: dict[str, int] | None = None  # placed: op name -> logical device (on the CPU)
     backprop_k: int = 0  # sdp: the layers nearest the input whose dW run after the last dX
+    placement_order: list[str] | None = None  # placed: the order its ops run (None: program's)
 
     def tuner(self) -> Any:
         """A fresh :class:`~trainsched.comm.tune.OnlineTuner` from ``tune`` (or ``None``)."""
@@ -481,9 +482,14 @@ def _run_segment(model: Any, args: tuple, kwargs: dict, seg: Segment, cfg: dict[
         net = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=seg.bucket_mb)
         opt = opt_cls(params, **opt_kwargs)
     elif seg.kind == "placed":  # logical devices on this CPU, in the placement's order
+        from trainsched.plan import Placement
         from trainsched.runtime.placed import PlacedModule
 
-        net = PlacedModule(model, seg.placement, example_args=args, example_kwargs=kwargs,
+        assert seg.placement is not None
+        placement = Placement(device_of=seg.placement,
+                              num_devices=max(seg.placement.values(), default=0) + 1,
+                              order=seg.placement_order)
+        net = PlacedModule(model, placement, example_args=args, example_kwargs=kwargs,
                            granularity="op")
         opt = opt_cls(params, **opt_kwargs)
     else:  # flat, compute: the plain module, one optimizer

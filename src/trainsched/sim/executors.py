@@ -3,14 +3,23 @@
 - :func:`simulate_single` runs every op on one device's compute stream, in a given topological
   order (default: the graph's own, which keeps program order).
 - :func:`simulate_placed` runs each op on the compute stream of the device a placement gives it
-  (model parallelism). Every edge between devices becomes a transfer of
-  ``costs.p2p_s(size, cluster.link(src, dst))`` on the cluster's channels: with ``sequential``
-  communication it holds the sender's and the receiver's device channel together, with
-  ``parallel`` communication the channel of its directed link. A tensor (an edge's ``tensor``
-  key) is sent to a device once; later consumers there wait for that first transfer. Compute and
-  communication overlap. Ready ops on a device run by a stable priority: their position in a
-  topological order (default: :func:`priority_order`, longest remaining path first, which does
-  not depend on how the graph lists its ops). Channels serve transfers FIFO.
+  (model parallelism), replaying one order: the placement's stored ``order`` (the order its
+  placer ran the ops in), or without one the graph's topological order. Every edge between
+  devices becomes a transfer of ``costs.p2p_s(size, cluster.link(src, dst))`` on the cluster's
+  channels: with ``sequential`` communication it holds the sender's and the receiver's device
+  channel together, with ``parallel`` communication the channel of its directed link. A tensor
+  (an edge's ``tensor`` key) is sent to a device once, for its first consumer there in the
+  order, with the largest size of its edges; later consumers there wait for that transfer.
+  Compute and communication overlap.
+
+  **The replay rule.** A device runs its ops strictly in the order: its next op starts when
+  the device's previous op has ended and its inputs are there, and the device waits for it
+  (idles) rather than run a later op first. A channel serves its transfers strictly in the
+  order of the op each is made for (then the producer's position, then the tensor key): a
+  transfer starts when its producer has ended and the channel's previous transfer has ended.
+  This is how the placers build their schedules (:mod:`trainsched.placement.model`), so the
+  replay of a placer's order reproduces its schedule, and how ``PlacedModule`` launches the
+  ops, so the prediction is of the schedule that runs.
 
 Memory (both executors, per device): ``param_bytes + buffer_bytes + optimizer_state_bytes`` of
 its ops and the gradients its ``backward_weight`` ops produce (their ``output_bytes``) are
@@ -100,10 +109,11 @@ def simulate_placed(graph: Graph, cluster: Cluster, placement: Any, *,
                     order: Sequence[str] | None = None,
                     allow_forward_only: bool = False) -> SimResult:
     """Each op on the device ``placement`` gives it (a ``Mapping[str, int]`` from op name to
-    device index, or an object with such a ``device_of``), transfers between devices on the
-    cluster's channels. ``order`` (a topological order of all ops) sets the priority of ready
-    ops on a device; default :func:`priority_order`. ``allow_forward_only``: as for
-    :func:`simulate_single`."""
+    device index, or an object with such a ``device_of``, such as a
+    :class:`~trainsched.plan.Placement`), transfers between devices on the cluster's channels,
+    replayed in one order (the module's replay rule): ``order`` (a topological order of all
+    ops) if given, else the placement's stored ``order``, else ``graph.topological_order()``.
+    ``allow_forward_only``: as for :func:`simulate_single`."""
     began = time.perf_counter()
     check_inputs(graph, cluster, "simulate_placed", allow_forward_only=allow_forward_only)
     if cluster is None:
@@ -111,7 +121,9 @@ def simulate_placed(graph: Graph, cluster: Cluster, placement: Any, *,
                               "in")
     with _gc_paused():
         device_of = _checked_placement(graph, cluster, placement)
-        order = priority_order(graph) if order is None else _checked_order(graph, order)
+        if order is None:
+            order = getattr(placement, "order", None)
+        order = graph.topological_order() if order is None else _checked_order(graph, order)
         return _simulate(graph, cluster, device_of, order, sorted(set(device_of.values())),
                          began)
 
@@ -260,7 +272,8 @@ class _Lowering:
 
 def _simulate(graph: Graph, cluster: Cluster | None, device_of: Mapping[str, int],
               order: Sequence[str], used: Sequence[int], began: float) -> SimResult:
-    """Lower ops (compute), edges (dependencies or transfers) and memory, then run."""
+    """Lower ops (compute), edges (dependencies or transfers) and memory, then run: each
+    device's ops and each channel's transfers chained in ``order`` (the replay rule)."""
     low = _Lowering(cluster, used)
     local = {d: k for k, d in enumerate(used)}
     position = {name: k for k, name in enumerate(order)}
@@ -272,6 +285,12 @@ def _simulate(graph: Graph, cluster: Cluster | None, device_of: Mapping[str, int
                           args={"op": name, "bytes": op_of[name].output_bytes})
         for k, name in enumerate(order)
     }  # fmt: skip
+    last_on: dict[int, int] = {}  # device -> its previous op's task
+    for name in order:
+        t = op_task[name]
+        if dev[name] in last_on:
+            low.tasks.add_dependency(last_on[dev[name]], t)
+        last_on[dev[name]] = t
     # Edges in a listing-independent order: by producer, consumer, tensor.
     edges = sorted(graph.edges, key=lambda e: (position[e.src], position[e.dst], e.tensor))
     low.add_channels([(dev[e.src], dev[e.dst]) for e in edges if dev[e.src] != dev[e.dst]])
@@ -279,6 +298,11 @@ def _simulate(graph: Graph, cluster: Cluster | None, device_of: Mapping[str, int
     local_users: dict[str, list[int]] = {name: [] for name in order}  # consumers on its device
     sent: dict[str, list[int]] = {name: [] for name in order}  # its transfers
     received: dict[int, tuple[int, int, list[int]]] = {}  # transfer -> (device, bytes, consumers)
+    queued: list[tuple[int, int, str, int]] = []  # (consumer, producer, tensor, transfer)
+    size_of: dict[tuple[str, str], int] = {}  # one tensor, one size: the largest of its edges'
+    for e in edges:
+        key = (e.src, e.tensor)
+        size_of[key] = max(size_of.get(key, 0), e.size_bytes)
     for e in edges:
         a, b = op_task[e.src], op_task[e.dst]
         src, dst = dev[e.src], dev[e.dst]
@@ -288,13 +312,21 @@ def _simulate(graph: Graph, cluster: Cluster | None, device_of: Mapping[str, int
             continue
         x = transfers.get((e.src, e.tensor, dst))
         if x is None:  # the first edge carrying this tensor to dst sends it; later ones reuse it
-            x = low.transfer(e.tensor, e.size_bytes, src, dst, priority=position[e.dst])
+            size = size_of[e.src, e.tensor]
+            x = low.transfer(e.tensor, size, src, dst, priority=position[e.dst])
             low.tasks.add_dependency(a, x)
             transfers[e.src, e.tensor, dst] = x
+            queued.append((position[e.dst], position[e.src], e.tensor, x))
             sent[e.src].append(x)
-            received[x] = (dst, e.size_bytes, [])
+            received[x] = (dst, size, [])
         low.tasks.add_dependency(x, b)
         received[x][2].append(b)
+    last_transfer: dict[int, int] = {}  # channel resource -> its previous transfer
+    for _, _, _, x in sorted(queued):
+        for channel in low.tasks.needs[x]:
+            if channel in last_transfer:
+                low.tasks.add_dependency(last_transfer[channel], x)
+            last_transfer[channel] = x
 
     resident = [0] * len(used)
     for name in order:

@@ -24,7 +24,14 @@ from trainsched.backprop.stages import stage_costs_from_graph
 from trainsched.cluster import Cluster
 from trainsched.errors import TrainschedError
 from trainsched.graph import Graph, to_training
-from trainsched.plan import DataParallelPlan, PipelinePlan, PlacedPlan, Plan, SinglePlan
+from trainsched.plan import (
+    DataParallelPlan,
+    PipelinePlan,
+    PlacedPlan,
+    Placement,
+    Plan,
+    SinglePlan,
+)
 from trainsched.sim.data_parallel import simulate_data_parallel
 from trainsched.sim.executors import simulate_placed, simulate_single
 from trainsched.sim.pipeline import simulate_pipeline
@@ -110,10 +117,11 @@ def simulate(plan: Plan, graph: Graph, cluster: Cluster) -> SimResult:
 
 
 def predict_placement(graph: Graph, cluster: Cluster,
-                      device_of: Mapping[str, int]) -> tuple[float, tuple[int, ...]]:
-    """The simulator's step time of a placement and its peak bytes per cluster device (0 where
-    unused): the predictor :func:`trainsched.placement.place` takes. A forward-only graph (an
-    inference graph, as placers also place) is predicted as its forward pass."""
-    result = simulate_placed(graph, cluster, dict(device_of), allow_forward_only=True)
+                      placement: Placement | Mapping[str, int]) -> tuple[float, tuple[int, ...]]:
+    """The simulator's step time of a placement (replaying its stored order, see
+    :func:`simulate_placed`) and its peak bytes per cluster device (0 where unused): the
+    predictor :func:`trainsched.placement.place` takes. A forward-only graph (an inference
+    graph, as placers also place) is predicted as its forward pass."""
+    result = simulate_placed(graph, cluster, placement, allow_forward_only=True)
     peaks = tuple(result.peak_memory_bytes.get(name, 0) for name in cluster.device_names())
     return result.step_time_s, peaks
