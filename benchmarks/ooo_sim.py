@@ -1,8 +1,8 @@
 """Simulated out-of-order backprop (reverse-first-k) on the published data-parallel setups.
 
 ResNet-50 at batch 128 and ResNet-101 at batch 96 per GPU, captured with roofline costs for a
-V100 in two precisions: ``fp32`` (fp32 compute and gradients) and ``fp16`` (the model in half
-precision: tensor-core compute, 2-byte gradients, as mixed-precision training communicates).
+V100 in two precisions: ``fp32`` (fp32 compute and gradients) and ``fp16`` (capture's ``fp16``
+precision: 16-bit weights, activations and gradients, tensor-core compute, fp32 master weights).
 Clusters are built from the catalogue's V100 kind as the published runs had them: 4 V100 per
 node on NVLink with 10 Gbit/s between nodes (p3.8xlarge), 8 per node with 25 Gbit/s
 (p3.16xlarge); 4, 8, 16, 32 and 48 GPUs. Gradients are all-reduced by ring with the
@@ -11,8 +11,10 @@ barrier), the baseline out-of-order backprop was measured against (BytePS priori
 k = 0). ``ooo`` is reverse-first-k with k chosen by simulating every k in [0, L]
 (``sim.sweep_k``, steady step of 3, within the V100's 16 GiB unless k = 0 is over it already).
 
-Layers are the ops with a weight gradient (convolutions, batch norms and the classifier: L =
-107 for ResNet-50, 209 for ResNet-101); ``convs`` counts the convolutions among the k deferred,
+Layers are the ops with a weight gradient that are not normalisations, as the runtime's split
+backward counts them (the convolutions and the classifier: L = 54 for ResNet-50, 105 for
+ResNet-101; batch norms keep their small dW with their dX); ``convs`` counts the convolutions
+among the k deferred,
 beside the published k (45 of 53 convolutions at 4-32 GPUs and 30 at 48 for ResNet-50; 70 of
 104 for ResNet-101). ``extra`` is the peak memory the deferral adds over k = 0. Results: a table
 on stdout and ``benchmarks/results/ooo_sim.json``.
@@ -56,10 +58,8 @@ def capture_graph(name: str, batch: int, precision: str) -> Any:
 
     model = getattr(torchvision.models, name)(weights=None)
     example = torch.randn(batch, 3, 224, 224)
-    if precision == "fp16":
-        model, example = model.half(), example.half()
     graph = capture(model, (example,), costs="roofline", device_kind="V100", name=name,
-                    meta={"batch_size": batch})
+                    meta={"batch_size": batch}, precision=precision)
     return to_training(graph, optimizer="momentum")
 
 
