@@ -61,7 +61,7 @@ class Ledger:
             "index": segment.phase, "protocol": format_protocol(segment.protocol),
             "samples": 0, "updates": 0, "gradients": 0, "dropped": 0, "drained": 0,
             "lr": lr, "staleness": [[] for _ in range(self.ranks)], "max_clock_lead": None,
-            "wall_s": 0.0, "batches": 0})
+            "wall_s": 0.0, "batches": 0, "local_s": 0.0})
         for key in ("samples", "updates", "gradients", "dropped", "drained"):
             record[key] += int(counters[key])
         record["staleness"] = [_merge_hist(a, b) for a, b in
@@ -72,6 +72,7 @@ class Ledger:
         record["lr"] = lr
         record["wall_s"] += wall_s
         record["batches"] += batches
+        record["local_s"] += float(counters.get("local_s", 0.0))
 
     def switch(self, segment: Segment, following: Segment, *, step: int, at_s: float,
                cost_s: float, samples: int | None = None) -> None:

@@ -68,6 +68,7 @@ class Online:
         self.costs: list[float] = []  # worker 0: switch costs measured
         self.estimate_s = 0.0  # worker 0: the first estimate (from the start)
         self.mark = time.perf_counter()
+        self.local_mark = 0.0  # the worker's local-time sum at the last observation
         self.control = torch.zeros(3, dtype=torch.int64)
 
     # --- shared bookkeeping ------------------------------------------------------------------
@@ -95,7 +96,7 @@ class Online:
         me, worker = self.me, self.me.worker
         unit = me.n * me.b
         done = since = 0
-        worker.local_sum_s = 0.0
+        self.local_mark = worker.local_sum_s
         self.mark = time.perf_counter()
         while True:
             steps = self.trained(segment) // unit
@@ -110,7 +111,7 @@ class Online:
                 continue
             events = self._observe(since, segment.start + self.relaxed + done * unit)
             since = 0
-            worker.local_sum_s = 0.0
+            self.local_mark = worker.local_sum_s
             out = [e for e in events if e.kind == "out"]
             if out:
                 self._episode(out[0].ranks, segment.start + self.relaxed + done * unit, left)
@@ -122,8 +123,8 @@ class Online:
     def _observe(self, steps: int, samples: int) -> tuple[Any, ...]:
         me = self.me
         now = time.perf_counter()
-        mine = torch.tensor([me.worker.local_sum_s / steps, now - self.mark, self.switch_s()],
-                            dtype=torch.float64)
+        local_s = (me.worker.local_sum_s - self.local_mark) / steps
+        mine = torch.tensor([local_s, now - self.mark, self.switch_s()], dtype=torch.float64)
         rows = [torch.zeros(3, dtype=torch.float64) for _ in range(me.n)]
         with guard(f"worker {me.rank} gathering local step times"):
             dist.all_gather(rows, mine, group=me.workers_group)

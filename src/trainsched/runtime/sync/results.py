@@ -32,7 +32,10 @@ class PhaseRecord:
     BSP: all 0; local SGD: empty).
     ``max_clock_lead``: the most clocks a worker was let ahead of the slowest when its pull was
     answered (ASP and SSP; ``None`` otherwise). ``wall_s`` and ``batches``: worker 0's time in
-    the phase (switches excluded) and its batches, so ``wall_s / batches`` is its step time.
+    the phase (switches excluded) and its batches, so ``wall_s / batches`` is its step time;
+    ``local_s``: the part of ``wall_s`` worker 0 spent computing its batches (forward and
+    backward until the gradient was ready, injected delays included), so ``local_s / batches``
+    is its local time per batch.
     """
 
     index: int
@@ -47,6 +50,7 @@ class PhaseRecord:
     max_clock_lead: int | None
     wall_s: float
     batches: int
+    local_s: float = 0.0
 
     @property
     def step_s(self) -> float | None:

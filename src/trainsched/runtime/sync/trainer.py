@@ -267,7 +267,7 @@ class _Rank:
                                   samples_per_update=unit, samples_before=segment.start)
             return {}
         assert self.worker is not None
-        before = self.worker.position
+        before, local_before = self.worker.position, self.worker.local_sum_s
         if needs_server(protocol):
             self.worker.run_server()
             # the server's counters come later (_collect_server_counters)
@@ -287,7 +287,8 @@ class _Rank:
             else:
                 rounds = self.worker.run_bsp(segment)
             counters = self._collective_counters(rounds, segment, staleness=True)
-        return {**counters, "batches": self.worker.position - before}
+        return {**counters, "batches": self.worker.position - before,
+                "local_s": self.worker.local_sum_s - local_before}
 
     def _collective_counters(self, rounds: int, segment: Segment,
                              staleness: bool) -> dict[str, Any]:
