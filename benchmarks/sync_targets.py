@@ -17,7 +17,8 @@ Target: within 0.5 points of BSP's accuracy in at most 0.6x its time.
 
 **(b) Simulated against real time per step**: ``bsp``, ``asp``, ``ssp(s=2)``, ``k-of-n(k=3)``,
 ``local(h=4)``, each under no straggler, worker 3 at 2x and at 3x, ``--steps`` BSP steps' worth
-of samples per run (72: 9216 samples; a multiple of 3 steps, so k-of-n(k=3) updates fit). Real: worker 0's time in the phase per 4 x 32 samples.
+of samples per run (72: 9216 samples; a multiple of 3 steps, so k-of-n(k=3) updates fit).
+Real: worker 0's time in the phase per 4 x 32 samples.
 The simulator's workload (:class:`trainsched.sim.sync.SyncWorkload`) is **fitted on the two
 no-straggler runs of bsp and asp only**:
 

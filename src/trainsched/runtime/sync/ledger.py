@@ -1,5 +1,6 @@
 """Worker 0's running account of a sync run (torch-free): per-phase counters merged over the
-phase's segments, switch events, checkpoints and the held-out curve. It goes into every
+phase's segments, switch events, checkpoints, the held-out curve and, under an online
+straggler policy, the detector's events and the relaxed episodes. It goes into every
 checkpoint (so a resumed run reports the whole run) and becomes the
 :class:`~trainsched.runtime.sync.results.SyncRunResult` at the end.
 """

@@ -17,6 +17,10 @@ survives a restart. Worker 0 records a switch event when the protocol changes an
 checkpoint where the plan says, after the synchronisation point. The server's counters reach
 worker 0 at checkpoints and at the end (one collective fewer per switch).
 
+With a straggler policy (``cfg["straggler_policy"]``) the BSP segments run under watch
+(:mod:`~trainsched.runtime.sync.online`): a relaxed episode may interrupt one, and later
+segments shrink by its samples so the run's total is kept.
+
 ``TRAINSCHED_SYNC_FAULT=R:K`` (tests) makes worker ``R`` exit with status 3 before its ``K``-th
 batch, or the server (``R = N``) before its ``K``-th update.
 """
