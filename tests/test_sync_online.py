@@ -76,6 +76,25 @@ def test_a_noisy_but_fair_run_never_switches(sleepy_models):
     assert result.switches == () and result.total_samples == 150 * STEP
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_an_episode_in_the_bsp_phase_shortens_the_last_phase_not_the_bsp_quota(sleepy_models):
+    policy = parse_policy("bsp:0.5,asp:0.5;straggler(relax)")
+    result = run_sync(TASK, [("bsp", 40 * STEP), ("asp", 40 * STEP)], ranks=N,
+                      batch_per_rank=B, lr=0.05, model="sync_models:steady",
+                      straggler_policy=policy.straggler, timeout_s=30, deadline_s=240,
+                      stragglers=[Straggler(rank=1, factor=3.0, from_step=10, to_step=25)])
+    (episode,) = result.episodes
+    assert episode.end == "recovered" and 0 < episode.samples < 40 * STEP
+    bsp, asp = result.phases
+    assert bsp.samples == 40 * STEP  # the BSP quota is trained in full, under BSP
+    assert asp.samples == 40 * STEP - episode.samples  # the relaxed samples came off the end
+    assert result.total_samples == 80 * STEP
+    planned = [s for s in result.switches if s.reason == "plan"]
+    assert [(s.from_protocol, s.to_protocol, s.samples) for s in planned] == [
+        ("bsp", "asp", 40 * STEP + episode.samples)]
+
+
 @pytest.mark.parametrize(("kw", "words"), [
     ({"straggler_policy": StragglerPolicy(action="exclude")}, "straggler(exclude)"),
     ({"straggler_policy": RELAX, "deterministic": True}, "cannot be deterministic"),
