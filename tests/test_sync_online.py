@@ -55,7 +55,9 @@ def test_a_straggler_from_step_20_is_relaxed_within_10_steps_and_bsp_resumes_aft
     assert [(s.from_protocol, s.to_protocol, s.ranks) for s in ours] == [
         ("bsp", "asp", (1,)), ("asp", "bsp", (1,))]
     out, back = ours
-    assert out.step == slow.step and out.at_s < back.at_s
+    # the decider may decline at the first slow observation (the saving is weighed against
+    # two switches); either way the switch comes within 10 steps of the straggler
+    assert slow.step <= out.step <= start + 10 and out.at_s < back.at_s
     (episode,) = result.episodes
     assert episode.end == "recovered" and episode.ranks == (1,)
     # BSP came back only after the window: in the episode worker 1 got through the rest of its
