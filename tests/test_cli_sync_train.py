@@ -16,6 +16,8 @@ from trainsched.cli import main
      "--comm-policy does not apply with --sync"),
     (["teacher-student", "--sync", "bsp:0.5,asp:0.4"], "sum to 0.9"),
     (["teacher-student", "--sync", "bsp:0.5,hogwild:0.5"], "column"),
+    (["teacher-student", "--sync", "bsp;straggler(exclude)"],
+     "does not run straggler(exclude) yet"),
 ])
 def test_bad_sync_runs_are_one_line(argv, words, capsys):
     assert main(["train", *argv]) == 2

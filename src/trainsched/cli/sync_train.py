@@ -3,8 +3,11 @@
 The flags ``--sync``, ``--straggler``, ``--samples`` and ``--momentum`` (added to ``train`` by
 :func:`add_sync_args`) train one of the built-in tasks (``teacher-student``) on N workers (plus
 a server rank for the ASP, SSP and k-of-N phases) through the policy's phases, switched in
-process, and print each phase, each switch's cost and the held-out loss and accuracy. The sync
-runtime trains the built-in tasks only, so a zoo model with ``--sync`` is refused in one line.
+process, and print each phase, each switch's cost and the held-out loss and accuracy. A
+policy's straggler part (``bsp;straggler(relax)``) watches the BSP phases
+(:mod:`trainsched.runtime.sync.online`); the report then lists the detector's events and the
+relaxed episodes. The sync runtime trains the built-in tasks only, so a zoo model with
+``--sync`` is refused in one line.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ def run_sync_cli(args: argparse.Namespace) -> int:
     task = TASKS[args.model]()
     result = run_sync(task, phases, ranks=ranks, batch_per_rank=batch, lr=args.lr,
                       momentum=args.momentum or 0.0, stragglers=stragglers,
+                      straggler_policy=policy.straggler,
                       timeout_s=min(args.timeout, 120.0), deadline_s=args.timeout)
     if args.json:
         print(dump({"policy": format_policy(policy), **result.to_json()}))
@@ -83,9 +87,18 @@ def sync_report(result: Any, policy: str) -> str:
         stale = f"{sum(s * n for s, n in applied) / count:.2f}" if count else "-"
         lines.append(f"  {phase.protocol:<16}{phase.samples:>9}{phase.updates:>9}"
                      f"{phase.lr:>9.4g}{format_duration(step):>11}{stale:>11}")
+    for event in result.detector_events:
+        lines.append(f"  detector: worker {event.rank} {event.kind} at step {event.step} "
+                     f"({event.samples} samples, {event.at_s:.2f} s, ratio {event.ratio:.2f})")
     for switch in result.switches:
+        why = (f" (straggler: worker {', '.join(map(str, switch.ranks))})"
+               if switch.reason == "straggler" else "")
         lines.append(f"  switch {switch.from_protocol} -> {switch.to_protocol} at "
-                     f"{switch.samples} samples: {format_duration(switch.cost_s)}")
+                     f"{switch.samples} samples{why}: {format_duration(switch.cost_s)}")
+    for episode in result.episodes:
+        lines.append(f"  relaxed episode: {episode.samples} samples in {episode.updates} "
+                     f"{episode.protocol} updates from {episode.start_samples}, "
+                     f"{episode.wall_s:.2f} s, ended by {episode.end}")
     lines.append(f"  held-out loss {result.final_loss:.4f}, accuracy "
                  f"{100 * result.final_accuracy:.1f}%")
     return "\n".join(lines)

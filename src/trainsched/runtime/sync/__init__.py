@@ -8,7 +8,9 @@ are the clock: a phase applies exactly its samples to the shared model, the lear
 the base rate times the protocol's effective batch over ``N·b``, momentum is kept across
 switches, and checkpoints resume exactly. :class:`trainsched.sync.Straggler` values slow ranks
 for tests and benchmarks; :func:`policy_phases` turns a
-:class:`~trainsched.sync.SyncPolicy` into phase sample counts.
+:class:`~trainsched.sync.SyncPolicy` into phase sample counts. A policy's straggler part
+(``straggler_policy``) watches the BSP phases and relaxes to ASP while a worker is slow
+(:mod:`.online`).
 
 Importing this package stays torch-free; torch is imported in the worker processes
 (:mod:`.trainer`, :mod:`.server`, :mod:`.worker`, :mod:`.state`, :mod:`.wire`).
@@ -20,11 +22,20 @@ from trainsched.runtime.sync.config import (
     policy_phases,
     update_samples,
 )
-from trainsched.runtime.sync.results import EvalPoint, PhaseRecord, SwitchRecord, SyncRunResult
+from trainsched.runtime.sync.results import (
+    DetectorRecord,
+    EpisodeRecord,
+    EvalPoint,
+    PhaseRecord,
+    SwitchRecord,
+    SyncRunResult,
+)
 from trainsched.runtime.sync.run import run_sync
 
 __all__ = [
     "LR_SCHEDULES",
+    "DetectorRecord",
+    "EpisodeRecord",
     "EvalPoint",
     "PhaseRecord",
     "SwitchRecord",

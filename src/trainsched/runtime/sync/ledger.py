@@ -1,5 +1,6 @@
 """Worker 0's running account of a sync run (torch-free): per-phase counters merged over the
-phase's segments, switch events, checkpoints and the held-out curve. It goes into every
+phase's segments, switch events, checkpoints, the held-out curve and, under an online
+straggler policy, the detector's events and the relaxed episodes. It goes into every
 checkpoint (so a resumed run reports the whole run) and becomes the
 :class:`~trainsched.runtime.sync.results.SyncRunResult` at the end.
 """
@@ -35,6 +36,10 @@ class Ledger:
         self.checkpoints: list[int] = []
         self.curve: list[dict[str, Any]] = []
         self.resumed_from: int | None = None
+        self.detector_events: list[dict[str, Any]] = []
+        self.episodes: list[dict[str, Any]] = []
+        self.observations = 0
+        self.declined = 0
 
     def first_point(self, loss_accuracy: tuple[float, float]) -> None:
         loss, accuracy = loss_accuracy
@@ -57,7 +62,7 @@ class Ledger:
             "index": segment.phase, "protocol": format_protocol(segment.protocol),
             "samples": 0, "updates": 0, "gradients": 0, "dropped": 0, "drained": 0,
             "lr": lr, "staleness": [[] for _ in range(self.ranks)], "max_clock_lead": None,
-            "wall_s": 0.0, "batches": 0})
+            "wall_s": 0.0, "batches": 0, "local_s": 0.0})
         for key in ("samples", "updates", "gradients", "dropped", "drained"):
             record[key] += int(counters[key])
         record["staleness"] = [_merge_hist(a, b) for a, b in
@@ -68,14 +73,33 @@ class Ledger:
         record["lr"] = lr
         record["wall_s"] += wall_s
         record["batches"] += batches
+        record["local_s"] += float(counters.get("local_s", 0.0))
 
     def switch(self, segment: Segment, following: Segment, *, step: int, at_s: float,
-               cost_s: float) -> None:
+               cost_s: float, samples: int | None = None) -> None:
+        """A planned switch at the end of ``segment`` (``samples``: those applied then, when
+        the online policy moved them off the plan's count)."""
         self.switches.append({
             "from_protocol": format_protocol(segment.protocol),
             "to_protocol": format_protocol(following.protocol),
-            "samples": segment.start + segment.samples, "step": step, "at_s": at_s,
-            "cost_s": cost_s})
+            "samples": segment.start + segment.samples if samples is None else samples,
+            "step": step, "at_s": at_s, "cost_s": cost_s, "reason": "plan", "ranks": []})
+
+    def straggler_switch(self, from_protocol: str, to_protocol: str, *, ranks: Sequence[int],
+                         samples: int, step: int, at_s: float, cost_s: float) -> None:
+        self.switches.append({
+            "from_protocol": from_protocol, "to_protocol": to_protocol, "samples": samples,
+            "step": step, "at_s": at_s, "cost_s": cost_s, "reason": "straggler",
+            "ranks": list(ranks)})
+
+    def detector_event(self, *, kind: str, rank: int, observation: int, ratio: float,
+                       samples: int, step: int, at_s: float) -> None:
+        self.detector_events.append({"kind": kind, "rank": rank, "observation": observation,
+                                     "ratio": ratio, "samples": samples, "step": step,
+                                     "at_s": at_s})
+
+    def episode(self, record: dict[str, Any]) -> None:
+        self.episodes.append(record)
 
     def to_json(self) -> dict[str, Any]:
         return {"phases": [self.phases[k] for k in sorted(self.phases)],
@@ -91,10 +115,10 @@ class Ledger:
         self.resumed_from = samples
 
     def result(self, *, task: str, batch_per_rank: int, final: tuple[float, float],
-               wall_s: float, params: list[float] | None,
-               protocols: Sequence[str]) -> dict[str, Any]:
+               wall_s: float, params: list[float] | None, protocols: Sequence[str],
+               straggler_policy: str | None = None) -> dict[str, Any]:
         phases = [self.phases[k] for k in sorted(self.phases)]
-        total = sum(p["samples"] for p in phases)
+        total = sum(p["samples"] for p in phases) + sum(e["samples"] for e in self.episodes)
         curve = [c for c in self.curve if c["samples"] < total]
         curve.append({"samples": total, "loss": final[0], "accuracy": final[1]})
         assert [p["protocol"] for p in phases] == list(protocols), (phases, protocols)
@@ -102,4 +126,7 @@ class Ledger:
                 "phases": phases, "switches": self.switches, "checkpoints": self.checkpoints,
                 "curve": curve, "final_loss": final[0], "final_accuracy": final[1],
                 "total_samples": total, "wall_s": wall_s,
-                "resumed_from": self.resumed_from, "params": params}
+                "resumed_from": self.resumed_from, "params": params,
+                "straggler_policy": straggler_policy, "observations": self.observations,
+                "detector_events": self.detector_events, "episodes": self.episodes,
+                "declined": self.declined}

@@ -4,6 +4,9 @@ One :class:`PhaseRecord` per phase (samples and updates applied, gradients compu
 drained, the learning rate used, staleness per worker, the widest SSP clock lead, worker 0's
 time), one :class:`SwitchRecord` per switch of protocol carried out (when, and what it cost),
 the held-out curve as :class:`EvalPoint` rows, and the run's totals in :class:`SyncRunResult`.
+Under an online straggler policy the result also lists every detector event
+(:class:`DetectorRecord`) and every relaxed episode (:class:`EpisodeRecord`), and the switches
+the policy made carry the reason ``"straggler"``.
 """
 
 from __future__ import annotations
@@ -11,7 +14,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-__all__ = ["EvalPoint", "PhaseRecord", "SwitchRecord", "SyncRunResult"]
+__all__ = ["DetectorRecord", "EpisodeRecord", "EvalPoint", "PhaseRecord", "SwitchRecord",
+           "SyncRunResult"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,7 +32,10 @@ class PhaseRecord:
     BSP: all 0; local SGD: empty).
     ``max_clock_lead``: the most clocks a worker was let ahead of the slowest when its pull was
     answered (ASP and SSP; ``None`` otherwise). ``wall_s`` and ``batches``: worker 0's time in
-    the phase (switches excluded) and its batches, so ``wall_s / batches`` is its step time.
+    the phase (switches excluded) and its batches, so ``wall_s / batches`` is its step time;
+    ``local_s``: the part of ``wall_s`` worker 0 spent computing its batches (forward and
+    backward until the gradient was ready, injected delays included), so ``local_s / batches``
+    is its local time per batch.
     """
 
     index: int
@@ -43,6 +50,7 @@ class PhaseRecord:
     max_clock_lead: int | None
     wall_s: float
     batches: int
+    local_s: float = 0.0
 
     @property
     def step_s(self) -> float | None:
@@ -59,7 +67,9 @@ class PhaseRecord:
 class SwitchRecord:
     """A switch from one protocol to the next at ``samples`` applied, worker 0's batch ``step``,
     ``at_s`` seconds into the run; ``cost_s``: worker 0's time from its last batch of the old
-    phase to the new phase ready (drain, barrier, state transfer, learning rate)."""
+    phase to the new phase ready (drain, barrier, state transfer, learning rate). ``reason``:
+    ``"plan"`` (a phase boundary of the sync policy) or ``"straggler"`` (the online policy:
+    out of BSP because of the slow ``ranks``, or back once they recovered)."""
 
     from_protocol: str
     to_protocol: str
@@ -67,6 +77,47 @@ class SwitchRecord:
     step: int
     at_s: float
     cost_s: float
+    reason: str = "plan"
+    ranks: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class DetectorRecord:
+    """The straggler detector marked worker ``rank`` slow (``kind="slow"``) or recovered
+    (``"recovered"``) at its observation ``observation`` (0-based) with EWMA ratio ``ratio``,
+    when ``samples`` were applied, at worker 0's batch ``step`` (the last one before the
+    observation) and ``at_s`` seconds into the run."""
+
+    kind: str
+    rank: int
+    observation: int
+    ratio: float
+    samples: int
+    step: int
+    at_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class EpisodeRecord:
+    """A relaxed episode of the online policy: ``protocol`` (``asp``) from ``start_samples``
+    applied, ``samples`` and ``updates`` applied while it lasted (never counted toward a BSP
+    phase's quota), ``gradients`` the workers computed, ``drained`` the ones received after it
+    ended, ``staleness[r][s]`` as in :class:`PhaseRecord`, from ``start_s`` seconds into the run
+    for ``wall_s`` seconds (worker 0's training time, switches excluded), because of the slow
+    ``ranks``; ``end``: ``"recovered"`` (the detector cleared them) or ``"run end"`` (the run's
+    samples were spent first)."""
+
+    protocol: str
+    start_samples: int
+    samples: int
+    updates: int
+    gradients: int
+    drained: int
+    staleness: tuple[tuple[int, ...], ...]
+    start_s: float
+    wall_s: float
+    ranks: tuple[int, ...]
+    end: str
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,7 +134,9 @@ class SyncRunResult:
     """A whole run: its phases, switches, checkpoints (samples at which one was written),
     held-out curve, final held-out loss and accuracy (replicas agreeing), total samples
     applied, wall time, where it resumed from (samples; ``None``: a fresh start) and, when asked,
-    the final parameters flattened in ``model.parameters()`` order."""
+    the final parameters flattened in ``model.parameters()`` order. With an online straggler
+    policy (``straggler_policy``, its text): the detector's ``observations``, its events,
+    the relaxed ``episodes`` and the observations where the decider ``declined`` to act."""
 
     task: str
     ranks: int
@@ -98,6 +151,16 @@ class SyncRunResult:
     wall_s: float
     resumed_from: int | None
     params: tuple[float, ...] | None = None
+    straggler_policy: str | None = None
+    observations: int = 0
+    detector_events: tuple[DetectorRecord, ...] = ()
+    episodes: tuple[EpisodeRecord, ...] = ()
+    declined: int = 0
+
+    @property
+    def relaxed_samples(self) -> int:
+        """Samples applied in relaxed episodes (outside every phase's quota)."""
+        return sum(e.samples for e in self.episodes)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -107,7 +170,12 @@ class SyncRunResult:
         d = dict(data)
         d["phases"] = tuple(PhaseRecord(**{**p, "staleness": tuple(map(tuple, p["staleness"]))})
                             for p in d["phases"])
-        d["switches"] = tuple(SwitchRecord(**s) for s in d["switches"])
+        d["switches"] = tuple(SwitchRecord(**{**s, "ranks": tuple(s.get("ranks", ()))})
+                              for s in d["switches"])
+        d["detector_events"] = tuple(DetectorRecord(**e) for e in d.get("detector_events", ()))
+        d["episodes"] = tuple(
+            EpisodeRecord(**{**e, "staleness": tuple(map(tuple, e["staleness"])),
+                             "ranks": tuple(e["ranks"])}) for e in d.get("episodes", ()))
         d["curve"] = tuple(EvalPoint(**e) for e in d["curve"])
         d["checkpoints"] = tuple(d["checkpoints"])
         if d.get("params") is not None:

@@ -30,6 +30,7 @@ from trainsched.runtime.sync.results import SyncRunResult
 from trainsched.runtime.tasks import TeacherStudent
 from trainsched.sync.faults import Straggler
 from trainsched.sync.protocols import SyncProtocol, format_protocol
+from trainsched.sync.straggler import StragglerPolicy, format_straggler_policy
 from trainsched.units import is_int
 
 __all__ = ["run_sync"]
@@ -88,7 +89,9 @@ def run_sync(task: TeacherStudent, phases: Sequence[tuple[SyncProtocol | str, in
              stragglers: Sequence[Straggler] = (), checkpoint_every_samples: int | None = None,
              checkpoint_dir: str | Path | None = None, resume_from: str | Path | None = None,
              eval_every_samples: int | None = None, timeout_s: float = 60.0,
-             deadline_s: float = 1800.0, return_params: bool = False) -> SyncRunResult:
+             deadline_s: float = 1800.0, return_params: bool = False,
+             straggler_policy: StragglerPolicy | None = None,
+             observe_every_steps: int = 2) -> SyncRunResult:
     """Train ``task`` on ``ranks`` workers of ``batch_per_rank`` samples each, phase by phase.
 
     ``phases``: ``(protocol, samples)`` pairs (a protocol value or its text, ``"ssp(s=2)"``),
@@ -102,6 +105,12 @@ def run_sync(task: TeacherStudent, phases: Sequence[tuple[SyncProtocol | str, in
     ``checkpoint_dir`` at each multiple (and at the end); ``resume_from`` (a checkpoint's
     ``.json`` or its folder) continues from one. ``eval_every_samples`` adds held-out points to
     the curve. ``timeout_s`` bounds every wait between ranks; ``deadline_s`` the whole run.
+
+    ``straggler_policy`` (a sync policy's straggler part) watches the BSP phases: every
+    ``observe_every_steps`` BSP steps the workers' local times feed the straggler controller,
+    and on its decision the run relaxes to ASP while a worker is slow and comes back after
+    (:mod:`trainsched.runtime.sync.online`); ``relax`` and ``ignore`` (watch and record only)
+    run, ``exclude`` is refused.
     """
     if not isinstance(task, TeacherStudent):
         raise TrainschedError(f"task must be a built-in task (TeacherStudent), got {task!r}")
@@ -143,6 +152,9 @@ def run_sync(task: TeacherStudent, phases: Sequence[tuple[SyncProtocol | str, in
                                            or eval_every_samples < 1):
         raise TrainschedError(f"eval_every_samples must be a whole number >= 1, got "
                               f"{eval_every_samples!r}")
+    _check_online(straggler_policy, observe_every_steps, ranks=ranks,
+                  checkpoints=checkpoint_every_samples is not None or resume_from is not None,
+                  deterministic=deterministic)
     phase_text = [[format_protocol(p), s] for p, s in checked]
     fingerprint = {"task": task.to_json(), "model": model, "ranks": ranks,
                    "batch_per_rank": batch_per_rank, "phases": phase_text, "lr": lr,
@@ -159,8 +171,12 @@ def run_sync(task: TeacherStudent, phases: Sequence[tuple[SyncProtocol | str, in
               "checkpoint_dir": str(checkpoint_dir) if checkpoint_dir is not None else None,
               "resume": str(resume) if resume is not None else None,
               "eval_every": eval_every_samples, "timeout_s": timeout_s,
-              "return_params": return_params}
-    world = ranks + (1 if any(needs_server(p) for p, _ in checked) else 0)
+              "deadline_s": deadline_s, "return_params": return_params,
+              "straggler_policy": (format_straggler_policy(straggler_policy)
+                                   if straggler_policy is not None else None),
+              "observe_every": observe_every_steps}
+    relax = straggler_policy is not None and straggler_policy.action == "relax"
+    world = ranks + (1 if relax or any(needs_server(p) for p, _ in checked) else 0)
     with tempfile.TemporaryDirectory(prefix="trainsched-sync-") as tmp:
         workdir = Path(tmp)
         configs = [{**config, "rank": r, "out": str(workdir)} for r in range(world)]
@@ -170,6 +186,32 @@ def run_sync(task: TeacherStudent, phases: Sequence[tuple[SyncProtocol | str, in
         if failed:
             raise TrainschedError(_failure_text(workdir, failed, ranks, deadline_s))
         return SyncRunResult.from_json(json.loads((workdir / "rank0.json").read_text()))
+
+
+def _check_online(policy: object, every: object, *, ranks: int, checkpoints: bool,
+                  deterministic: bool) -> None:
+    """Refuse what the online straggler policy in the runtime does not do."""
+    if policy is None:
+        return
+    if not isinstance(policy, StragglerPolicy):
+        raise TrainschedError(f"straggler_policy must be a StragglerPolicy (e.g. "
+                              f"parse_policy('bsp;straggler(relax)').straggler), got {policy!r}")
+    if policy.action == "exclude":
+        raise TrainschedError("the sync runtime does not run straggler(exclude) yet (BSP "
+                              "among the fast workers); use straggler(relax) or "
+                              "straggler(ignore), or simulate exclude with simulate --sync")
+    if ranks < 2:
+        raise TrainschedError(f"a straggler policy compares workers with each other and needs "
+                              f"at least 2, got ranks={ranks}")
+    if not is_int(every) or every < 1:
+        raise TrainschedError(f"observe_every_steps must be a whole number >= 1, got "
+                              f"{every!r}")
+    if checkpoints:
+        raise TrainschedError("a straggler policy and checkpoints do not combine yet (an "
+                              "episode moves the phases' samples); drop one of them")
+    if deterministic:
+        raise TrainschedError("a straggler policy reacts to measured times, so the run cannot "
+                              "be deterministic; drop deterministic=True or the policy")
 
 
 def _failure_text(workdir: Path, failed: Sequence[Any], ranks: int, deadline_s: float) -> str:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +40,7 @@ from trainsched.runtime.sync.wire import (
     CLOCK,
     GO,
     KIND,
+    LOCAL_US,
     PUSH,
     READ_VERSION,
     STOP,
@@ -73,10 +74,11 @@ class Server:
     and the deterministic push order (``None``: arrival order)."""
 
     def __init__(self, replica: Replica, workers: int, group: Any, *, timeout_s: float,
-                 order: Sequence[int] | None, die_at_update: int | None = None) -> None:
+                 wait_s: float, order: Sequence[int] | None,
+                 die_at_update: int | None = None) -> None:
         self.replica = replica
         self.workers = workers
-        self.inbox = Inbox(workers, replica.numel, group)
+        self.inbox = Inbox(workers, replica.numel, group, wait_s=wait_s)
         self.outbox = Outbox(workers, replica.numel, group)
         self.timeout_s = timeout_s
         self.order = tuple(order) if order is not None else None
@@ -88,9 +90,12 @@ class Server:
         self.stats: list[tuple[int, dict[str, Any]]] = []  # (segment, counters) not yet taken
 
     def serve(self, segment: int, protocol: SyncProtocol, updates: int, *,
-              samples_per_update: int, samples_before: int) -> dict[str, Any]:
+              samples_per_update: int, samples_before: int,
+              watch: Callable[[int, float, int], int | None] | None = None) -> dict[str, Any]:
         """Run segment ``segment`` of ``updates`` updates; returns its counters (also kept
-        for :meth:`take_stats`)."""
+        for :meth:`take_stats`). ``watch(rank, local_s, updates_done)``, called after each
+        push consumed, may answer a smaller number of updates to end the phase sooner (the
+        online straggler policy ends a relaxed episode so)."""
         rule = rule_for(protocol, self.workers)
         n = self.workers
         clocks = [-1] * n  # -1: not pulled yet; then the pushes so far
@@ -142,6 +147,10 @@ class Server:
                         self._apply(rule.k, samples_before + done_updates * samples_per_update)
                         count = 0
                         done_updates += 1
+                if watch is not None:
+                    target = watch(r, header[LOCAL_US] / 1e6, done_updates)
+                    if target is not None:
+                        updates = max(done_updates, min(updates, target))
             self.inbox.release(r)
             waiting.append(r)
             if done_updates == updates:
@@ -179,14 +188,14 @@ class Server:
         """The next message to consume: the scripted worker's (waiting for it, keeping any
         other arrival for later), or else whichever came first."""
         if expected is None:
-            return held.pop(0) if held else self.inbox.wait(self.timeout_s)
+            return held.pop(0) if held else self.inbox.next(self.timeout_s)
         while expected not in held:
             if expected in waiting:
                 raise TrainschedError(
                     f"the scripted push order {list(self.order or ())} needs worker "
                     f"{expected} next, but it waits for the slowest worker (staleness "
                     f"bound); use an order every worker appears in evenly, e.g. round robin")
-            held.append(self.inbox.wait(self.timeout_s))
+            held.append(self.inbox.next(self.timeout_s))
         held.remove(expected)
         return expected
 

@@ -17,6 +17,10 @@ survives a restart. Worker 0 records a switch event when the protocol changes an
 checkpoint where the plan says, after the synchronisation point. The server's counters reach
 worker 0 at checkpoints and at the end (one collective fewer per switch).
 
+With a straggler policy (``cfg["straggler_policy"]``) the BSP segments run under watch
+(:mod:`~trainsched.runtime.sync.online`): a relaxed episode may interrupt one, and later
+segments shrink by its samples so the run's total is kept.
+
 ``TRAINSCHED_SYNC_FAULT=R:K`` (tests) makes worker ``R`` exit with status 3 before its ``K``-th
 batch, or the server (``R = N``) before its ``K``-th update.
 """
@@ -44,6 +48,7 @@ from trainsched.runtime.sync.config import (
     update_samples,
 )
 from trainsched.runtime.sync.ledger import Ledger, checkpoint_name
+from trainsched.runtime.sync.online import Online
 from trainsched.runtime.sync.server import Server
 from trainsched.runtime.sync.state import Replica
 from trainsched.runtime.sync.wire import Link, guard
@@ -52,6 +57,7 @@ from trainsched.runtime.tasks import task_from_json
 from trainsched.sync.faults import Straggler
 from trainsched.sync.policy import lr_scale
 from trainsched.sync.protocols import Bsp, LocalSgd, format_protocol, parse_protocol
+from trainsched.sync.straggler import parse_straggler_policy
 
 __all__ = ["FAULT_ENV", "main"]
 
@@ -98,7 +104,10 @@ class _Rank:
         self.rank, self.n, self.b = int(cfg["rank"]), int(cfg["ranks"]), int(cfg["batch_per_rank"])
         self.phases = check_phases([(parse_protocol(t), s) for t, s in cfg["phases"]],
                                    self.n, self.b)
-        self.has_server = any(needs_server(p) for p, _ in self.phases)
+        policy = cfg.get("straggler_policy")
+        self.straggler = parse_straggler_policy(policy) if policy else None
+        self.has_server = any(needs_server(p) for p, _ in self.phases) or (
+            self.straggler is not None and self.straggler.action == "relax")
         self.server_rank = self.n if self.has_server else None
         world = self.n + (1 if self.has_server else 0)
         timeout_s = float(cfg["timeout_s"])
@@ -140,7 +149,10 @@ class _Rank:
             if cfg["deterministic"] and order is None:
                 order = list(range(self.n))
             self.server = Server(self.replica, self.n, self.p2p_group, timeout_s=timeout_s,
-                                 order=order, die_at_update=_fault(self.rank))
+                                 wait_s=float(cfg["deadline_s"]), order=order,
+                                 die_at_update=_fault(self.rank))
+        self.online = (Online(self, self.straggler, int(cfg["observe_every"]))
+                       if self.straggler is not None else None)
 
     def _progress(self, samples: int) -> None:
         if self.rank == 0:
@@ -176,13 +188,13 @@ class _Rank:
         for index in range(self.next_segment, len(self.segments)):
             segment = self.segments[index]
             peak = self._peak_lr(segment)
-            self.replica.lr_at = self._lr_function(peak)
+            self.replica.lr_at = self.lr_function(peak)
             self.replica.set_lr(peak)
             start = time.perf_counter()
             counters = self._run_segment(index, segment)
             local_done = time.perf_counter()
             following = self.segments[index + 1] if index + 1 < len(self.segments) else None
-            self._synchronise(segment.protocol, following.protocol if following else None)
+            self.synchronise(segment.protocol, following.protocol if following else None)
             if self.rank == 0:
                 self.ledger.add(segment, counters, lr=peak,
                                 wall_s=local_done - start, batches=counters["batches"])
@@ -190,7 +202,9 @@ class _Rank:
                 now = time.perf_counter()
                 assert self.worker is not None
                 self.ledger.switch(segment, following, step=self.worker.position,
-                                   at_s=now - self.t0, cost_s=now - local_done)
+                                   at_s=now - self.t0, cost_s=now - local_done,
+                                   samples=self._shifted(segment).start
+                                   + self._shifted(segment).samples)
             if segment.checkpoint or following is None:
                 self._collect_server_counters()
             if segment.checkpoint:
@@ -198,10 +212,22 @@ class _Rank:
         return self._finish()
 
     def _peak_lr(self, segment: Segment) -> float:
-        return float(self.cfg["lr"]) * lr_scale(segment.protocol, self.n, self.b)
+        return self.lr_of(segment.protocol)
+
+    def lr_of(self, protocol: Any) -> float:
+        """The learning rate under ``protocol`` before the schedule's factor."""
+        return float(self.cfg["lr"]) * lr_scale(protocol, self.n, self.b)
+
+    def _shifted(self, segment: Segment) -> Segment:
+        """``segment`` as it runs (the online policy's episodes move it; else as planned)."""
+        return self.online.shifted(segment) if self.online is not None else segment
 
     def _start(self) -> None:
         """Every worker built the same state (digests compared), and the server has it."""
+        if self.online is not None:  # time the start's work: a switch's first estimate
+            with guard(f"rank {self.rank} at the start barrier"):
+                dist.barrier()
+        began = time.perf_counter()
         if self.is_worker and self.n > 1:
             self._check_equal("at the start")
         if self.has_server:
@@ -209,6 +235,8 @@ class _Rank:
             with guard(f"rank {self.rank} receiving the initial state from worker 0"):
                 dist.broadcast(state, src=0)
             self.replica.load_state(state)
+        if self.online is not None:
+            self.online.estimate_s = time.perf_counter() - began
 
     def _collect_server_counters(self) -> None:
         """The server's counters of the segments served since the last call, to worker 0's
@@ -224,21 +252,26 @@ class _Rank:
                 self.ledger.add(segment, {**counters, "batches": 0}, lr=self._peak_lr(segment),
                                 wall_s=0.0, batches=0)
 
-    def _lr_function(self, peak: float) -> Any:
+    def lr_function(self, peak: float) -> Any:
         schedule, total = LR_SCHEDULES.lookup(self.cfg["lr_schedule"]), self.total
         return lambda samples: peak * schedule(samples / total)
 
-    def _run_segment(self, index: int, segment: Segment) -> dict[str, Any]:
-        protocol = segment.protocol
+    def _run_segment(self, index: int, planned: Segment) -> dict[str, Any]:
+        protocol = planned.protocol
+        segment = self._shifted(planned)
         unit = update_samples(protocol, self.n, self.b)
+        watched = self.online is not None and isinstance(protocol, Bsp)
         if not self.is_worker:
-            if needs_server(protocol):
+            if watched:
+                assert self.online is not None
+                self.online.server_bsp(index)
+            elif needs_server(protocol):
                 assert self.server is not None
                 self.server.serve(index, protocol, segment.samples // unit,
                                   samples_per_update=unit, samples_before=segment.start)
             return {}
         assert self.worker is not None
-        before = self.worker.position
+        before, local_before = self.worker.position, self.worker.local_sum_s
         if needs_server(protocol):
             self.worker.run_server()
             # the server's counters come later (_collect_server_counters)
@@ -248,21 +281,27 @@ class _Rank:
         elif isinstance(protocol, LocalSgd):
             phase_start = sum(s for _, s in self.phases[:segment.phase])
             rounds = self.worker.run_local(segment, protocol.period_steps,
-                                           (segment.start - phase_start) // unit)
+                                           (planned.start - phase_start) // unit)
             counters = self._collective_counters(rounds, segment, staleness=False)
         else:
             assert isinstance(protocol, Bsp), protocol
-            rounds = self.worker.run_bsp(segment)
+            if watched:
+                assert self.online is not None
+                rounds = self.online.worker_bsp(planned)
+            else:
+                rounds = self.worker.run_bsp(segment)
             counters = self._collective_counters(rounds, segment, staleness=True)
-        return {**counters, "batches": self.worker.position - before}
+        return {**counters, "batches": self.worker.position - before,
+                "local_s": self.worker.local_sum_s - local_before}
 
     def _collective_counters(self, rounds: int, segment: Segment,
                              staleness: bool) -> dict[str, Any]:
+        unit = update_samples(segment.protocol, self.n, self.b)
         return {"updates": rounds, "gradients": rounds * self.n, "dropped": 0, "drained": 0,
                 "staleness": [[rounds] if staleness and rounds else [] for _ in range(self.n)],
-                "max_clock_lead": None, "samples": segment.samples}
+                "max_clock_lead": None, "samples": rounds * unit}
 
-    def _synchronise(self, leaving: Any, entering: Any) -> None:
+    def synchronise(self, leaving: Any, entering: Any) -> None:
         """The synchronisation point after a segment of ``leaving`` (``entering``: the next
         segment's protocol, ``None`` at the end). Its first collective is the barrier: the
         workers' buffer, digest or average collectives, then the state broadcast, which waits
@@ -338,7 +377,8 @@ class _Rank:
         return self.ledger.result(task=self.task.describe(), batch_per_rank=self.b,
                                   final=(loss, accuracy), wall_s=time.perf_counter() - self.t0,
                                   params=params, protocols=[format_protocol(p)
-                                                            for p, _ in self.phases])
+                                                            for p, _ in self.phases],
+                                  straggler_policy=self.cfg.get("straggler_policy"))
 
 
 def _work(cfg: dict[str, Any]) -> dict[str, Any] | None:  # pragma: no cover - in the workers

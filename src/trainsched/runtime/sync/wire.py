@@ -1,16 +1,21 @@
 """The parameter server's messages on gloo point-to-point, and failures as user errors.
 
 Every message is an int64 header of :data:`HEADER` fields and one flat float payload, each on
-its fixed tag, header first. A worker sends ``(rank, read_version, clock, samples, kind)`` with
-its gradient (``kind`` :data:`PUSH`; :data:`PULL` for the first pull of a phase, payload
-ignored); the server answers ``(status, version, samples applied, 0, 0)`` with the parameters
-(``status`` :data:`GO`, or :data:`STOP` at the end of the phase).
+its fixed tag, header first. A worker sends ``(rank, read_version, clock, samples, kind,
+local_us)`` with its gradient (``kind`` :data:`PUSH`; :data:`PULL` for the first pull of a
+phase, payload ignored; ``local_us``: the microseconds its last batch took, for the straggler
+detector); the server answers ``(status, version, samples applied, 0, 0, 0)`` with the
+parameters (``status`` :data:`GO`, or :data:`STOP` at the end of the phase). Worker 0 also
+tells the server, on :data:`TAG_CONTROL`, what the workers do next while they train under BSP
+with an online straggler policy (:mod:`trainsched.runtime.sync.online`).
 
 gloo's receive handles cannot be polled (they report completion only once waited on), so the
 server's :class:`Inbox` keeps one receiver thread per worker, each with one posted receive into
 that worker's buffers (sized once). A thread hands a full message to the server loop through a
 queue, which the loop polls with a deadline, and posts its next receive only after the loop has
 released the buffers. A worker that dies closes its connection: its thread reports it at once.
+A posted receive waits up to ``wait_s`` (the run's deadline), not the process group's timeout:
+a worker may train under BSP for longer than that before it next talks to the server.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import contextlib
 import queue
 import threading
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -26,16 +32,17 @@ import torch.distributed as dist
 
 from trainsched.errors import TrainschedError
 
-__all__ = ["GO", "HEADER", "PULL", "PUSH", "STOP", "Inbox", "Link", "Outbox", "guard", "short"]
+__all__ = ["GO", "HEADER", "PULL", "PUSH", "STOP", "TAG_CONTROL", "Inbox", "Link", "Outbox",
+           "guard", "short"]
 
-HEADER = 5
+HEADER = 6
 # header fields, worker -> server
-RANK, READ_VERSION, CLOCK, SAMPLES, KIND = range(HEADER)
+RANK, READ_VERSION, CLOCK, SAMPLES, KIND, LOCAL_US = range(HEADER)
 # header fields, server -> worker
 STATUS, VERSION, APPLIED = range(3)
 PUSH, PULL = 1, 2
 GO, STOP = 1, 2
-TAG_HEADER, TAG_PAYLOAD, TAG_REPLY_HEADER, TAG_REPLY_PAYLOAD = 11, 12, 13, 14
+TAG_HEADER, TAG_PAYLOAD, TAG_REPLY_HEADER, TAG_REPLY_PAYLOAD, TAG_CONTROL = 11, 12, 13, 14, 15
 
 
 def short(exc: BaseException) -> str:
@@ -62,7 +69,8 @@ def guard(what: str) -> Iterator[None]:
 class Inbox:
     """The server's side: one posted receive per worker, polled through one queue."""
 
-    def __init__(self, workers: int, numel: int, group: Any) -> None:
+    def __init__(self, workers: int, numel: int, group: Any, *, wait_s: float) -> None:
+        self.wait = timedelta(seconds=wait_s)
         self.headers = [torch.zeros(HEADER, dtype=torch.int64) for _ in range(workers)]
         self.payloads = [torch.zeros(numel) for _ in range(workers)]
         self.group = group
@@ -77,14 +85,16 @@ class Inbox:
         while True:
             self.free[r].acquire()
             try:
-                dist.recv(self.headers[r], src=r, group=self.group, tag=TAG_HEADER)
-                dist.recv(self.payloads[r], src=r, group=self.group, tag=TAG_PAYLOAD)
+                dist.irecv(self.headers[r], src=r, group=self.group,
+                           tag=TAG_HEADER).wait(self.wait)
+                dist.irecv(self.payloads[r], src=r, group=self.group,
+                           tag=TAG_PAYLOAD).wait(self.wait)
             except Exception as exc:  # the worker is gone: tell the loop and stop
                 self.ready.put((r, short(exc)))
                 return
             self.ready.put((r, None))
 
-    def wait(self, timeout_s: float) -> int:
+    def next(self, timeout_s: float) -> int:
         """The next worker whose message arrived (its buffers held until :meth:`release`)."""
         try:
             r, error = self.ready.get(timeout=timeout_s)
@@ -121,7 +131,7 @@ class Outbox:
              params_into: Any) -> None:
         for work in self.pending[r]:
             work.wait()
-        self.headers[r].copy_(torch.tensor([status, version, applied, 0, 0]))
+        self.headers[r].copy_(torch.tensor([status, version, applied, 0, 0, 0]))
         params_into(self.payloads[r])
         self.pending[r] = [
             dist.isend(self.headers[r], r, group=self.group, tag=TAG_REPLY_HEADER),
@@ -139,14 +149,14 @@ class Link:
         self.pending: list[Any] = []
 
     def exchange(self, kind: int, read_version: int, clock: int, samples: int,
-                 payload: torch.Tensor) -> list[int]:
+                 payload: torch.Tensor, local_s: float = 0.0) -> list[int]:
         """Send one message and return the answer's header (parameters in :attr:`params`)."""
         what = f"worker {self.rank} talking to the parameter server (rank {self.server})"
         with guard(what):
             for work in self.pending:
                 work.wait()
             self.out_header.copy_(torch.tensor([self.rank, read_version, clock, samples,
-                                                kind]))
+                                                kind, round(local_s * 1e6)]))
             self.pending = [
                 dist.isend(self.out_header, self.server, group=self.group, tag=TAG_HEADER),
                 dist.isend(payload, self.server, group=self.group, tag=TAG_PAYLOAD)]

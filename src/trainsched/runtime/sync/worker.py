@@ -50,12 +50,15 @@ class Worker:
         self.on_progress = on_progress  # called with the samples applied so far
         self.position = 0
         self.buffer = torch.zeros(replica.numel)
+        self.local_s = 0.0  # the last batch's local time (compute + injected delay)
+        self.local_sum_s = 0.0  # local times added up since the caller last reset it
 
     # --- one batch ---------------------------------------------------------------------------
 
     def compute(self) -> None:
         """Forward and backward on this rank's next batch; the gradient lands in
-        ``replica.grad``. A straggler sleeps after computing."""
+        ``replica.grad``. A straggler sleeps after computing; the batch's local time
+        (compute and sleep: until the gradient is ready) goes to :attr:`local_s`."""
         if self.die_at_batch is not None and self.position == self.die_at_batch:
             sys.stdout.flush()
             os._exit(3)
@@ -73,21 +76,25 @@ class Worker:
         for s in self.stragglers:
             if s.active(self.position):
                 time.sleep(s.delay_s if s.delay_s is not None else (s.factor - 1) * elapsed)
+        self.local_s = time.perf_counter() - start
+        self.local_sum_s += self.local_s
         self.position += 1
 
     # --- the protocols -------------------------------------------------------------------------
 
-    def run_bsp(self, segment: Segment) -> int:
+    def run_bsp(self, segment: Segment, first: int = 0, count: int | None = None) -> int:
+        """Steps ``first .. first + count`` of the segment (default: all of them)."""
         unit = update_samples(segment.protocol, self.workers, self.batch)
         grad = self.replica.grad
-        for t in range(segment.samples // unit):
+        last = segment.samples // unit if count is None else first + count
+        for t in range(first, last):
             self.compute()
             with guard(f"worker {self.rank}'s gradient all-reduce"):
                 dist.all_reduce(grad, group=self.group)
             grad.div_(self.workers)
             self.replica.step(grad, samples=segment.start + t * unit)
             self.on_progress(segment.start + (t + 1) * unit)
-        return segment.samples // unit
+        return last - first
 
     def run_local(self, segment: Segment, period: int, rounds_before: int) -> int:
         """Local steps; parameters averaged every ``period`` rounds of the phase
@@ -119,5 +126,6 @@ class Worker:
             self.on_progress(header[APPLIED])
             self.compute()
             clock += 1
-            header = link.exchange(PUSH, header[VERSION], clock, self.batch, grad)
+            header = link.exchange(PUSH, header[VERSION], clock, self.batch, grad,
+                                   self.local_s)
         return clock
