@@ -52,5 +52,17 @@ def test_relaxing_runs_asp_until_the_straggler_recovers():
     result = _run("relax", 0.1)
     assert [e.kind for _, e in result.events] == ["out", "back"]
     assert result.relaxed_samples > 0
-    assert result.bsp_samples == TOTAL
+    # the relaxed samples are part of the run, as in the runtime: the total is kept
+    assert result.bsp_samples + result.relaxed_samples == TOTAL
     assert max(result.run.update_staleness) > 0
+
+
+@pytest.mark.timeout(60)
+def test_a_straggler_that_never_recovers_ends_the_run_relaxed():
+    forever = SyncWorkload(ranks=4, batch_per_rank=32, compute_s=1.0, allreduce_s=0.1,
+                           stragglers=(Straggler(rank=1, factor=3.0, from_step=10),))
+    total = 200 * 4 * 32
+    result = simulate_online(forever, total_samples=total,
+                             policy=StragglerPolicy(action="relax"), switch_s=0.1)
+    assert [e.kind for _, e in result.events] == ["out"]
+    assert result.bsp_samples + result.relaxed_samples == total

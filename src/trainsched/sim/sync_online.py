@@ -59,12 +59,12 @@ def simulate_online(workload: SyncWorkload, *, total_samples: int, policy: Strag
     events: list[tuple[float, SwitchEvent]] = []
     done = relaxed = 0
     excluded: tuple[int, ...] = ()
-    while done < total_samples:
+    while done + relaxed < total_samples:  # relaxed samples are part of the run's total
         times = run.step_times(range(w.ranks))
         active = [r for r in range(w.ranks) if r not in excluded]
         step = max(times[r] for r in active) + w.allreduce_s
         run.now += step
-        take = min(len(active) * w.batch_per_rank, total_samples - done)
+        take = min(len(active) * w.batch_per_rank, total_samples - done - relaxed)
         done += take
         run.log(run.now, take, 0, len(active) / w.ranks)
         for event in controller.observe(times, elapsed_s=step):
@@ -75,7 +75,8 @@ def simulate_online(workload: SyncWorkload, *, total_samples: int, policy: Strag
             elif event.action == "exclude":
                 excluded = event.ranks
             else:
-                relaxed += _relax(run, controller, events)
+                relaxed += _relax(run, controller, events,
+                                  quota=total_samples - done - relaxed)
                 run.now += switch_s
     result = SyncSimResult(time_s=run.now, samples=done + relaxed, ranks=w.ranks,
                            batch_per_rank=w.batch_per_rank, phases=(),
@@ -87,8 +88,10 @@ def simulate_online(workload: SyncWorkload, *, total_samples: int, policy: Strag
 
 
 def _relax(run: _Run, controller: StragglerController,
-           events: list[tuple[float, SwitchEvent]]) -> int:
-    """ASP until the controller's ``back`` event; returns the samples applied meanwhile."""
+           events: list[tuple[float, SwitchEvent]], *, quota: int) -> int:
+    """ASP until the controller's ``back`` event or until ``quota`` samples (what is left of the
+    run: a straggler that never recovers ends the run relaxed, as the runtime does); returns the
+    samples applied meanwhile."""
     ranks = run.w.ranks
     latest = [0.0] * ranks
     seen = [False] * ranks
@@ -106,4 +109,6 @@ def _relax(run: _Run, controller: StragglerController,
             events.append((run.now, event))
         return any(e.kind == "back" for e in out)
 
-    return run.server(math.inf, math.inf, on_apply=on_apply)
+    if quota <= 0:
+        return 0
+    return run.server(quota, math.inf, on_apply=on_apply)
