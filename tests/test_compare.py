@@ -199,3 +199,29 @@ def test_pipelines_never_cut_a_batch_into_micro_batches_below_one_sample():
     assert set(skipped) == {n for n in strategies() if n.startswith("pipeline-")}
     assert "32 micro-batches of a batch of 16" in skipped["pipeline-1f1b"]
     assert "data-ddp" in planned
+
+
+def test_sync_rows_continue_the_data_parallel_bsp_step():
+    from trainsched.compare import compare_sync
+    from trainsched.sim import simulate_single
+
+    graph = _chain()
+    cluster = resolve_cluster("p3.16xlarge")
+    single = simulate_single(graph, cluster).step_time_s
+    bsp = single + 0.004                       # a data-parallel step with 4 ms of all-reduce
+    rows = compare_sync(graph, cluster, ranks=4, batch_size=16, bsp_step_s=bsp, steps=40,
+                        noise_cv=0.0)
+    assert [r.protocol for r in rows] == ["bsp", "asp", "ssp(s=2)", "k-of-n(k=3)",
+                                          "local(h=4)"]
+    by = {r.protocol: r for r in rows}
+    assert by["bsp"].step_time_s == pytest.approx(bsp)
+    assert by["bsp"].speedup == 1.0 and by["bsp"].max_staleness == 0
+    # local SGD averages every 4 steps: the all-reduce once per 4 local steps
+    assert by["local(h=4)"].step_time_s == pytest.approx(single + 0.004 / 4)
+
+
+def test_one_rank_has_no_sync_rows():
+    from trainsched.compare import compare_sync
+
+    assert compare_sync(_chain(), resolve_cluster("p3.16xlarge"), ranks=1, batch_size=16,
+                        bsp_step_s=1.0) == []

@@ -19,8 +19,8 @@ from trainsched.graph import Graph
 from trainsched.sim import SimResult, bubble_fraction, simulate
 from trainsched.strategies import Options, Planned, make_plans, plan_strategies, strategies
 
-__all__ = ["AUTO_MARGIN", "AutoChoice", "Options", "Row", "choose_comm", "compare",
-           "compare_plans", "pick_comm", "plan_strategies", "strategies"]
+__all__ = ["AUTO_MARGIN", "AutoChoice", "Options", "Row", "SyncRow", "choose_comm", "compare",
+           "compare_plans", "compare_sync", "pick_comm", "plan_strategies", "strategies"]
 
 #: ``auto`` leaves stock DDP only for a strategy predicted at least this much faster: the
 #: scheduled runtime's own host work per collective (hooks, a dispatcher thread, partitions) is
@@ -127,3 +127,58 @@ def choose_comm(graph: Graph, cluster: Cluster, options: Options,
     name, reason = pick_comm(predicted, margin)
     return AutoChoice(strategy=name, planned=planned[name], predicted_s=predicted,
                       reason=reason)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SyncRow:
+    """One synchronisation protocol over many steps (``trainsched.sim.sync``): the time per
+    BSP step's worth of samples (ranks x batch), throughput, staleness and the speedup over
+    BSP."""
+
+    protocol: str
+    step_time_s: float
+    samples_per_s: float
+    mean_staleness: float
+    max_staleness: int
+    speedup: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+#: ``compare``'s protocol rows: BSP steps' worth of samples simulated, and each rank's step-time
+#: spread (coefficient of variation): synchronous protocols wait for the slowest of the noise.
+SYNC_STEPS = 200
+SYNC_NOISE = 0.05
+
+
+def compare_sync(graph: Graph, cluster: Cluster, *, ranks: int, batch_size: int,
+                 bsp_step_s: float, steps: int = SYNC_STEPS, noise_cv: float = SYNC_NOISE,
+                 seed: int = 0) -> list[SyncRow]:
+    """Every protocol tagged ``compare`` in :data:`trainsched.sync.PROTOCOLS` (at the
+    parameter its tag gives for ``ranks``), simulated for ``steps`` BSP steps' worth of
+    samples with ``noise_cv`` spread in each rank's step time. BSP's synchronisation time is
+    ``bsp_step_s`` (a data-parallel plan's simulated step) minus the one-device step, so the
+    BSP row continues the data-parallel rows. Rows keep the registry's order."""
+    from trainsched.sim import simulate_single
+    from trainsched.sim.sync import simulate_sync, sync_workload
+    from trainsched.sync import PROTOCOLS, format_protocol
+
+    if ranks < 2:
+        return []
+    single = simulate_single(graph, cluster).step_time_s
+    workload = sync_workload(graph, cluster, ranks=ranks, batch_per_rank=batch_size,
+                             noise_cv=noise_cv, allreduce_s=max(0.0, bsp_step_s - single))
+    total = steps * ranks * batch_size
+    runs = []
+    for name in PROTOCOLS.tagged("compare"):
+        protocol = PROTOCOLS.tags(name)["compare"](ranks)
+        run = simulate_sync(protocol, workload, total_samples=total, seed=seed)
+        runs.append((format_protocol(protocol), run))
+    base = next(run.time_s for text, run in runs if text == "bsp")
+    return [SyncRow(protocol=text, step_time_s=run.time_s / steps,
+                    samples_per_s=total / run.time_s if run.time_s else 0.0,
+                    mean_staleness=run.mean_staleness,
+                    max_staleness=max(run.update_staleness, default=0),
+                    speedup=base / run.time_s if run.time_s else 0.0)
+            for text, run in runs]

@@ -31,7 +31,7 @@ from trainsched.cli.outputs import OutputDir
 from trainsched.errors import TrainschedError
 from trainsched.report.chart import write_measured_chart
 from trainsched.report.progress import ProgressBar
-from trainsched.report.tables import compare_report, measured_report
+from trainsched.report.tables import compare_report, measured_report, sync_report
 from trainsched.strategies import default_microbatches
 
 NAME = "compare"
@@ -170,6 +170,12 @@ def run(args: argparse.Namespace) -> int:
     doc = {"model": model, "cluster": cluster.label, "ranks": ranks,
            "microbatches": options.microbatches, "batch_size": options.batch_size,
            "tier": graph.meta.get("tier"), "rows": [r.to_dict() for r in rows]}
+    sync_rows = comparing.compare_sync(
+        graph, cluster, ranks=ranks, batch_size=options.batch_size,
+        bsp_step_s=results["data-ddp"].step_time_s) if "data-ddp" in results else []
+    if sync_rows:
+        doc["sync"] = {"steps": comparing.SYNC_STEPS, "step_noise": comparing.SYNC_NOISE,
+                       "rows": [r.to_dict() for r in sync_rows]}
     if skipped:  # only then, so that a run that builds every strategy writes what it did
         doc["skipped"] = [{"strategy": name, "reason": reason}
                           for name, reason in skipped.items()]
@@ -192,6 +198,12 @@ def run(args: argparse.Namespace) -> int:
     print(compare_report(rows, title=title, tier=graph.meta.get("tier"),
                          device=graph.meta.get("device", "?"), out_dir=out_dir,
                          skipped=skipped, precision=graph.meta.get("precision", "fp32")))
+    if sync_rows:
+        servers = (f"the cluster's {cluster.parameter_servers} parameter servers"
+                   if cluster.parameter_servers else "a server behind each node's network link "
+                   "(the cluster describes no parameter servers)")
+        print(sync_report(sync_rows, steps=comparing.SYNC_STEPS, noise=comparing.SYNC_NOISE,
+                          servers=servers))
     if measured is not None:
         print(measured_report(rows, measured, out_dir=out_dir))
     return 0

@@ -221,6 +221,23 @@ def compare_report(rows: Sequence[Any], *, title: str, tier: Any, device: Any,
     return "\n".join(lines)
 
 
+def sync_report(rows: Sequence[Any], *, steps: int, noise: float, servers: str) -> str:
+    """``compare``'s protocol table: every sync protocol over many steps, in registry order;
+    ``servers`` says where the parameter-server protocols' pushes and pulls go."""
+    width = max(len("protocol"), *(len(r.protocol) for r in rows)) + 2
+    lines = [f"\nsync protocols on the data-ddp rows' ranks ({steps} BSP steps' worth of samples, "
+             f"{100 * noise:.0f}% spread in each rank's step; no stragglers):",
+             f"  {'protocol':<{width}}{'step':>11}{'samples/s':>11}{'staleness':>11}"
+             f"{'vs bsp':>8}"]
+    for r in rows:
+        lines.append(f"  {r.protocol:<{width}}{format_duration(r.step_time_s):>11}"
+                     f"{format_number(r.samples_per_s, 1):>11}"
+                     f"{f'{r.mean_staleness:.1f}/{r.max_staleness}':>11}{r.speedup:>7.2f}x")
+    lines.append(f"  asp, ssp and k-of-n push and pull every gradient through {servers}; "
+                 f"simulate --sync POLICY --straggler RANK:DELAY compares under stragglers")
+    return "\n".join(lines)
+
+
 def measured_report(rows: Sequence[Any], measured: dict[str, dict[str, Any]],
                     out_dir: Any) -> str:
     """``compare --run``'s second table: predicted and measured step per strategy, or why a

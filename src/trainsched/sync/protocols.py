@@ -158,13 +158,14 @@ class LocalSgd:
         return None
 
 
-#: Protocol name -> (class, its one parameter's short name in the text form, or None).
+#: Protocol name -> (class, its one parameter's short name in the text form, or None). Tag
+#: ``compare``: ranks -> the protocol ``trainsched compare`` shows a row of (its parameter).
 PROTOCOLS: Registry[tuple[type, str | None]] = Registry("sync protocol", "protocols")
-PROTOCOLS.register("bsp", (Bsp, None))
-PROTOCOLS.register("asp", (Asp, None))
-PROTOCOLS.register("ssp", (Ssp, "s"))
-PROTOCOLS.register("k-of-n", (KOfN, "k"))
-PROTOCOLS.register("local", (LocalSgd, "h"))
+PROTOCOLS.register("bsp", (Bsp, None), compare=lambda ranks: Bsp())
+PROTOCOLS.register("asp", (Asp, None), compare=lambda ranks: Asp())
+PROTOCOLS.register("ssp", (Ssp, "s"), compare=lambda ranks: Ssp(2))
+PROTOCOLS.register("k-of-n", (KOfN, "k"), compare=lambda ranks: KOfN(max(1, ranks - 1)))
+PROTOCOLS.register("local", (LocalSgd, "h"), compare=lambda ranks: LocalSgd(4))
 
 _TEXT = re.compile(r"^([a-z][a-z-]*)(?:\((?:([a-z]+)=)?([0-9]+)\))?$")
 
