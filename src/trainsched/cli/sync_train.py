@@ -7,7 +7,12 @@ process, and print each phase, each switch's cost and the held-out loss and accu
 policy's straggler part (``bsp;straggler(relax)``) watches the BSP phases
 (:mod:`trainsched.runtime.sync.online`); the report then lists the detector's events and the
 relaxed episodes. The sync runtime trains the built-in tasks only, so a zoo model with
-``--sync`` is refused in one line.
+``--sync`` is refused in one line. ``--servers S`` shards the parameter server over S ranks;
+``--deterministic`` makes the server phases repeat bit for bit (pushes in round robin).
+
+Under ``torchrun --nproc-per-node N+S`` (N without a server phase) this process is one rank:
+workers first, then the servers; ``--ranks`` defaults to the job's world size less the
+servers, and only worker 0 prints the result.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from trainsched.units import format_duration
 #: ``--samples``' default: samples applied to the shared model over the whole run.
 SAMPLES = 32768
 #: The flags that apply with ``--sync`` only.
-SYNC_FLAGS = ("straggler", "samples", "momentum")
+SYNC_FLAGS = ("straggler", "samples", "momentum", "servers", "deterministic")
 
 
 def add_sync_args(p: argparse.ArgumentParser) -> None:
@@ -38,11 +43,18 @@ def add_sync_args(p: argparse.ArgumentParser) -> None:
                    f"{SAMPLES}, rounded down to the phases' common update size)")
     p.add_argument("--momentum", type=float, default=None,
                    help="--sync: SGD momentum, kept across switches (default 0)")
+    p.add_argument("--servers", type=int, default=None,
+                   help="--sync: parameter-server ranks for the asp, ssp and k-of-n phases, "
+                   "each owning one shard of the parameters (default 1)")
+    p.add_argument("--deterministic", action="store_true", default=None,
+                   help="--sync: the servers take the workers' gradients in round robin, so "
+                   "the run repeats bit for bit (no straggler policy)")
 
 
 def run_sync_cli(args: argparse.Namespace) -> int:
     """Train ``args.model`` (a built-in task) under ``args.sync``; print or dump the result."""
-    from trainsched.runtime.sync import phase_quantum, policy_phases, run_sync
+    from trainsched.runtime.launch import torchrun_rank
+    from trainsched.runtime.sync import needs_server, phase_quantum, policy_phases, run_sync
     from trainsched.runtime.tasks import TASKS
     from trainsched.sync import format_policy, parse_policy, parse_stragglers
 
@@ -51,7 +63,15 @@ def run_sync_cli(args: argparse.Namespace) -> int:
                               f"runtime does not train {args.model!r}: give one of them")
     policy = parse_policy(args.sync)
     stragglers = parse_stragglers(args.straggler or ())
-    ranks, batch = args.ranks or 2, args.batch_size or 32
+    servers = 1 if args.servers is None else args.servers
+    check_count("--servers", servers, 1)
+    launched = torchrun_rank()
+    ranks, batch = args.ranks, args.batch_size or 32
+    if ranks is None and launched is not None:  # the job's world less its servers
+        served = policy.straggler is not None and policy.straggler.action == "relax"
+        ranks = launched[1] - (servers if served or any(needs_server(p)
+                                                        for p in policy.protocols) else 0)
+    ranks = 2 if ranks is None else ranks
     check_count("--ranks", ranks, 1)
     check_count("--batch-size", batch, 1)
     quantum = phase_quantum(policy.protocols, ranks, batch)
@@ -64,7 +84,10 @@ def run_sync_cli(args: argparse.Namespace) -> int:
     result = run_sync(task, phases, ranks=ranks, batch_per_rank=batch, lr=args.lr,
                       momentum=args.momentum or 0.0, stragglers=stragglers,
                       straggler_policy=policy.straggler,
-                      timeout_s=min(args.timeout, 120.0), deadline_s=args.timeout)
+                      timeout_s=min(args.timeout, 120.0), deadline_s=args.timeout,
+                      servers=servers, deterministic=bool(args.deterministic))
+    if result is None:  # a rank of a torchrun job other than worker 0
+        return 0
     if args.json:
         print(dump({"policy": format_policy(policy), **result.to_json()}))
         return 0

@@ -18,6 +18,7 @@ Importing this package stays torch-free; torch is imported in the worker process
 
 from trainsched.runtime.sync.config import (
     LR_SCHEDULES,
+    needs_server,
     phase_quantum,
     policy_phases,
     update_samples,
@@ -40,6 +41,7 @@ __all__ = [
     "PhaseRecord",
     "SwitchRecord",
     "SyncRunResult",
+    "needs_server",
     "phase_quantum",
     "policy_phases",
     "run_sync",

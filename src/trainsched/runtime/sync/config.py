@@ -46,6 +46,7 @@ __all__ = [
     "phase_quantum",
     "plan_segments",
     "policy_phases",
+    "shard_bounds",
     "update_samples",
 ]
 
@@ -55,6 +56,15 @@ SERVER_PROTOCOLS = (Asp, Ssp, KOfN)
 def needs_server(protocol: SyncProtocol) -> bool:
     """Whether ``protocol`` runs on the parameter server (ASP, SSP, k-of-N)."""
     return isinstance(protocol, SERVER_PROTOCOLS)
+
+
+def shard_bounds(numel: int, servers: int) -> tuple[tuple[int, int], ...]:
+    """The flat parameter vector of ``numel`` values cut into ``servers`` contiguous shards of
+    (nearly) equal size: shard ``j`` is ``[j·numel // S, (j + 1)·numel // S)``."""
+    if servers > numel:
+        raise TrainschedError(f"{servers} parameter servers for a model of {numel} parameters "
+                              f"would leave a server without a shard; use at most {numel}")
+    return tuple((j * numel // servers, (j + 1) * numel // servers) for j in range(servers))
 
 
 def update_samples(protocol: SyncProtocol, ranks: int, batch_per_rank: int) -> int:

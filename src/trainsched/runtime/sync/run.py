@@ -2,8 +2,11 @@
 
 The parent process checks everything it can without torch (phases, stragglers, checkpoint
 settings, a checkpoint's fit to this run), starts ``ranks`` workers plus, when a phase needs
-it, one parameter-server rank (:mod:`trainsched.runtime.launch`), waits for all of them and
-returns worker 0's :class:`~trainsched.runtime.sync.results.SyncRunResult`. A rank that fails
+it, ``servers`` parameter-server ranks, one per shard (:mod:`trainsched.runtime.launch`),
+waits for all of them and returns worker 0's
+:class:`~trainsched.runtime.sync.results.SyncRunResult`. Under ``torchrun`` this process is
+one rank of the job instead (workers first, then the servers; the process group from
+``env://``): worker 0 returns the result, every other rank ``None``. A rank that fails
 makes the others fail within ``timeout_s`` (a dead peer closes its connections; a hung one
 runs into the timeout); the error names every failed rank, the ones that crashed first.
 """
@@ -19,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from trainsched.errors import TrainschedError
-from trainsched.runtime.launch import free_port, run_workers, status_text, tail
+from trainsched.runtime.launch import free_port, run_workers, status_text, tail, torchrun_rank
 from trainsched.runtime.sync.config import (
     LR_SCHEDULES,
     check_phases,
@@ -91,7 +94,7 @@ def run_sync(task: TeacherStudent, phases: Sequence[tuple[SyncProtocol | str, in
              eval_every_samples: int | None = None, timeout_s: float = 60.0,
              deadline_s: float = 1800.0, return_params: bool = False,
              straggler_policy: StragglerPolicy | None = None,
-             observe_every_steps: int = 2) -> SyncRunResult:
+             observe_every_steps: int = 2, servers: int = 1) -> SyncRunResult | None:
     """Train ``task`` on ``ranks`` workers of ``batch_per_rank`` samples each, phase by phase.
 
     ``phases``: ``(protocol, samples)`` pairs (a protocol value or its text, ``"ssp(s=2)"``),
@@ -111,7 +114,17 @@ def run_sync(task: TeacherStudent, phases: Sequence[tuple[SyncProtocol | str, in
     and on its decision the run relaxes to ASP while a worker is slow and comes back after
     (:mod:`trainsched.runtime.sync.online`); ``relax`` and ``ignore`` (watch and record only)
     run, ``exclude`` is refused.
+
+    ``servers``: parameter-server ranks for the server phases, each owning one contiguous
+    shard of the flat parameter vector and running the phase's loop on it (world ``ranks +
+    servers``); the result's server counters are shard 0's.
+
+    Under ``torchrun`` (``torchrun --nproc-per-node ranks+servers``, or ``ranks`` when no phase
+    needs a server) this process trains as its rank: ranks ``0 .. ranks-1`` are the workers,
+    the rest the servers; worker 0 returns the result, every other rank ``None``.
     """
+    if not is_int(servers) or servers < 1:
+        raise TrainschedError(f"servers must be a whole number >= 1, got {servers!r}")
     if not isinstance(task, TeacherStudent):
         raise TrainschedError(f"task must be a built-in task (TeacherStudent), got {task!r}")
     for what, value in (("ranks", ranks), ("batch_per_rank", batch_per_rank)):
@@ -155,6 +168,9 @@ def run_sync(task: TeacherStudent, phases: Sequence[tuple[SyncProtocol | str, in
     _check_online(straggler_policy, observe_every_steps, ranks=ranks,
                   checkpoints=checkpoint_every_samples is not None or resume_from is not None,
                   deterministic=deterministic)
+    if straggler_policy is not None and servers > 1:
+        raise TrainschedError("a straggler policy runs with one parameter server for now; drop "
+                              "servers (or --servers) or the policy")
     phase_text = [[format_protocol(p), s] for p, s in checked]
     fingerprint = {"task": task.to_json(), "model": model, "ranks": ranks,
                    "batch_per_rank": batch_per_rank, "phases": phase_text, "lr": lr,
@@ -174,9 +190,12 @@ def run_sync(task: TeacherStudent, phases: Sequence[tuple[SyncProtocol | str, in
               "deadline_s": deadline_s, "return_params": return_params,
               "straggler_policy": (format_straggler_policy(straggler_policy)
                                    if straggler_policy is not None else None),
-              "observe_every": observe_every_steps}
+              "observe_every": observe_every_steps, "servers": servers}
     relax = straggler_policy is not None and straggler_policy.action == "relax"
-    world = ranks + (1 if relax or any(needs_server(p) for p, _ in checked) else 0)
+    world = ranks + (servers if relax or any(needs_server(p) for p, _ in checked) else 0)
+    launched = torchrun_rank()
+    if launched is not None:
+        return _run_here(config, launched, world, ranks)
     with tempfile.TemporaryDirectory(prefix="trainsched-sync-") as tmp:
         workdir = Path(tmp)
         configs = [{**config, "rank": r, "out": str(workdir)} for r in range(world)]
@@ -186,6 +205,25 @@ def run_sync(task: TeacherStudent, phases: Sequence[tuple[SyncProtocol | str, in
         if failed:
             raise TrainschedError(_failure_text(workdir, failed, ranks, deadline_s))
         return SyncRunResult.from_json(json.loads((workdir / "rank0.json").read_text()))
+
+
+def _run_here(config: dict[str, Any], launched: tuple[int, int], world: int,
+              ranks: int) -> SyncRunResult | None:
+    """Train as one rank of a ``torchrun`` job; worker 0 returns the result."""
+    rank, size = launched
+    if size != world:
+        servers = world - ranks
+        layout = f"{ranks} workers" + (f" + {servers} server{'s' * (servers > 1)}"
+                                       if servers else "")
+        raise TrainschedError(f"this sync run needs {world} ranks ({layout}) but torchrun "
+                              f"started {size}; use torchrun --nproc-per-node {world}")
+    import torch.distributed as dist
+
+    from trainsched.runtime.sync.trainer import work
+
+    data = work({**config, "port": None, "rank": rank, "out": None})
+    dist.destroy_process_group()
+    return SyncRunResult.from_json(data) if data is not None else None
 
 
 def _check_online(policy: object, every: object, *, ranks: int, checkpoints: bool,
@@ -219,7 +257,7 @@ def _failure_text(workdir: Path, failed: Sequence[Any], ranks: int, deadline_s: 
     errors the others reported."""
     crashed, reported = [], []
     for e in failed:
-        who = f"rank {e.rank}" + (" (server)" if e.rank == ranks else "")
+        who = f"rank {e.rank}" + (" (server)" if e.rank >= ranks else "")
         error = workdir / f"rank{e.rank}.error"
         if error.exists():
             reported.append(f"{who}: {error.read_text().strip()}")

@@ -18,6 +18,13 @@ parameters, over and over:
   gradient still in flight is drained: received, not applied), and the phase ends when all
   workers have stopped.
 
+With ``S`` servers the flat parameter vector is cut into ``S`` contiguous shards, one per
+server rank (:func:`~trainsched.runtime.sync.config.shard_bounds`); each runs this same loop on
+its slice: its own accumulator, version, clocks and quota of updates, and its replica steps
+only the parameters its shard overlaps (:meth:`~trainsched.runtime.sync.state.Replica.restrict`).
+A worker's pushes reach every shard in the same order of its clock, so with ``k = N`` (BSP) or
+in the deterministic mode every shard takes the same decisions as one unsharded server.
+
 The *deterministic* mode consumes the messages in a scripted cyclic order of worker ranks
 (round robin by default) instead of as they arrive, so a run is bit for bit repeatable, also
 from a checkpoint. An order the staleness bound cannot follow (its next worker is held back
@@ -75,18 +82,24 @@ class Server:
 
     def __init__(self, replica: Replica, workers: int, group: Any, *, timeout_s: float,
                  wait_s: float, order: Sequence[int] | None,
-                 die_at_update: int | None = None) -> None:
+                 die_at_update: int | None = None,
+                 shard: tuple[int, int] | None = None) -> None:
         self.replica = replica
         self.workers = workers
-        self.inbox = Inbox(workers, replica.numel, group, wait_s=wait_s)
-        self.outbox = Outbox(workers, replica.numel, group)
+        self.lo, self.hi = shard if shard is not None else (0, replica.numel)
+        size = self.hi - self.lo
+        replica.restrict(self.lo, self.hi)
+        self.inbox = Inbox(workers, size, group, wait_s=wait_s)
+        self.outbox = Outbox(workers, size, group)
+        self.flat = torch.zeros(replica.numel)  # the parameters, for this shard's slice
+        self.step_grad = torch.zeros(replica.numel)  # zero outside this shard
         self.timeout_s = timeout_s
         self.order = tuple(order) if order is not None else None
         self.version = 0
         self.applied = 0  # updates applied by this process (for the fault injection)
         self.die_at_update = die_at_update
-        self.acc = torch.zeros(replica.numel)
-        self.mean = torch.zeros(replica.numel)
+        self.acc = torch.zeros(size)
+        self.mean = torch.zeros(size)
         self.stats: list[tuple[int, dict[str, Any]]] = []  # (segment, counters) not yet taken
 
     def serve(self, segment: int, protocol: SyncProtocol, updates: int, *,
@@ -111,7 +124,7 @@ class Server:
 
         def reply(w: int, status: int) -> None:
             applied = samples_before + done_updates * samples_per_update
-            self.outbox.send(w, status, self.version, applied, self.replica.params_into)
+            self.outbox.send(w, status, self.version, applied, self._shard_params)
 
         while not all(stopped):
             finished = done_updates == updates
@@ -199,12 +212,16 @@ class Server:
         held.remove(expected)
         return expected
 
+    def _shard_params(self, out: torch.Tensor) -> None:
+        out.copy_(self.replica.params_into(self.flat)[self.lo:self.hi])
+
     def _apply(self, k: int, samples: int) -> None:
         if self.die_at_update is not None and self.applied == self.die_at_update:
             sys.stdout.flush()
             os._exit(3)
         torch.div(self.acc, k, out=self.mean)
-        self.replica.step(self.mean, samples=samples)
+        self.step_grad[self.lo:self.hi].copy_(self.mean)
+        self.replica.step(self.step_grad, samples=samples)
         self.acc.zero_()
         self.version += 1
         self.applied += 1

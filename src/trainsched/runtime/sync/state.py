@@ -10,6 +10,12 @@ The optimizer never reads a ``p.grad`` left from before: :meth:`Replica.step` po
 parameter's gradient at a slice of the flat vector it is given, then steps. Buffers (BatchNorm
 statistics) stay local and are reconciled at synchronisation points: floating-point ones
 averaged over the workers, integer ones (batch counters) taken from worker 0.
+
+A shard's server steps only the parameters its shard overlaps (:meth:`Replica.restrict`): the
+others get no gradient, which ``torch.optim.SGD`` skips. Each parameter it does step is the
+whole tensor, as in an unsharded run, so its shard's values come out bit for bit the same;
+the values of a boundary tensor outside the shard are never sent and are overwritten at the
+next synchronisation point.
 """
 
 from __future__ import annotations
@@ -45,6 +51,15 @@ class Replica:
         self.grad = torch.zeros(self.numel)
         self.lr_at: Callable[[int], float] = lambda samples: lr  # set per segment
         self.state = torch.zeros(self.state_numel)
+        self.stepped = list(range(len(self.params)))  # the parameters step() updates
+
+    def restrict(self, lo: int, hi: int) -> None:
+        """Step only the parameters that overlap ``[lo, hi)`` of the flat vector."""
+        self.stepped, offset = [], 0
+        for i, p in enumerate(self.params):
+            if offset < hi and offset + p.numel() > lo:
+                self.stepped.append(i)
+            offset += p.numel()
 
     @property
     def state_numel(self) -> int:
@@ -91,8 +106,9 @@ class Replica:
         """One optimizer step with the gradient ``flat_grad`` (``numel`` long), at the
         learning rate of ``samples`` applied so far."""
         self.set_lr(self.lr_at(samples))
-        for view, p in zip(self._views(flat_grad), self.params, strict=True):
-            p.grad = view
+        views = self._views(flat_grad)
+        for i in self.stepped:
+            self.params[i].grad = views[i]
         self.opt.step()
         for p in self.params:
             p.grad = None

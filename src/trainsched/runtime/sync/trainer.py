@@ -1,17 +1,20 @@
 """The life of one rank of a sync run (inside the worker processes; torch).
 
-Ranks ``0 .. N-1`` are workers; when a phase needs the parameter server, rank ``N`` is the
-server (world ``N + 1``), outside the workers' gloo group and talking to them on a point-to-point
-group of its own. Every rank walks the same list of segments
-(:func:`~trainsched.runtime.sync.config.plan_segments`); each ends at a **synchronisation
-point** where all ranks agree on the state (spec §2.5):
+Ranks ``0 .. N-1`` are workers; when a phase needs the parameter server, ranks ``N .. N+S-1``
+are its ``S`` shard servers (world ``N + S``; shard ``j`` of the flat parameter vector on rank
+``N + j``), outside the workers' gloo group and talking to them on a point-to-point group of
+their own. The process group comes from ``tcp://`` on this host when trainsched launched the
+ranks, from ``env://`` under ``torchrun`` (``cfg["port"]`` is ``None``). Every rank walks the
+same list of segments (:func:`~trainsched.runtime.sync.config.plan_segments`); each ends at a
+**synchronisation point** where all ranks agree on the state (spec §2.5):
 
 1. the server has drained (every worker was answered ``STOP``); 2. a barrier: the point's
 first collective, no extra call; 3. buffers: floating-point averaged over the workers, integer
 from worker 0; 4. weights and optimizer state by the phase left: after BSP the workers' state
 digests are compared (all equal, or an error); after local SGD they are averaged; then, when a
 server phase is left or entered, the owner (the server after a server phase, else worker 0)
-broadcasts its state to every rank; 5. the next segment derives its learning rate from its own
+broadcasts its state to every rank (after a server phase each shard's server its slice of the
+parameters and momentum); 5. the next segment derives its learning rate from its own
 protocol (base x schedule(samples) x effective batch / (N·b)), so a scale is applied once and
 survives a restart. Worker 0 records a switch event when the protocol changes and writes a
 checkpoint where the plan says, after the synchronisation point. The server's counters reach
@@ -45,6 +48,7 @@ from trainsched.runtime.sync.config import (
     check_phases,
     needs_server,
     plan_segments,
+    shard_bounds,
     update_samples,
 )
 from trainsched.runtime.sync.ledger import Ledger, checkpoint_name
@@ -59,13 +63,13 @@ from trainsched.sync.policy import lr_scale
 from trainsched.sync.protocols import Bsp, LocalSgd, format_protocol, parse_protocol
 from trainsched.sync.straggler import parse_straggler_policy
 
-__all__ = ["FAULT_ENV", "main"]
+__all__ = ["FAULT_ENV", "main", "work"]
 
 FAULT_ENV = "TRAINSCHED_SYNC_FAULT"
 
 
 def main() -> None:  # pragma: no cover - the worker processes' entry
-    serve_worker(_work)
+    serve_worker(work)
 
 
 def _fault(rank: int) -> int | None:
@@ -108,12 +112,14 @@ class _Rank:
         self.straggler = parse_straggler_policy(policy) if policy else None
         self.has_server = any(needs_server(p) for p, _ in self.phases) or (
             self.straggler is not None and self.straggler.action == "relax")
-        self.server_rank = self.n if self.has_server else None
-        world = self.n + (1 if self.has_server else 0)
+        self.server_count = int(cfg.get("servers", 1)) if self.has_server else 0
+        self.server_ranks = list(range(self.n, self.n + self.server_count))
+        self.server_rank = self.n if self.has_server else None  # shard 0's: counters, online
+        world = self.n + self.server_count
         timeout_s = float(cfg["timeout_s"])
         self.timeout_s = timeout_s
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{cfg['port']}",
-                                rank=self.rank, world_size=world,
+        init = "env://" if cfg["port"] is None else f"tcp://127.0.0.1:{cfg['port']}"
+        dist.init_process_group("gloo", init_method=init, rank=self.rank, world_size=world,
                                 timeout=timedelta(seconds=timeout_s))
         with guard("building the workers' and the server's process groups"):
             if self.has_server:
@@ -128,6 +134,8 @@ class _Rank:
                                momentum=float(cfg["momentum"]),
                                weight_decay=float(cfg["weight_decay"]),
                                nesterov=bool(cfg["nesterov"]))
+        self.bounds = (shard_bounds(self.replica.numel, self.server_count)
+                       if self.has_server else ())
         self.total = sum(s for _, s in self.phases)
         self.segments = plan_segments(self.phases, ranks=self.n, batch_per_rank=self.b,
                                       checkpoint_every=cfg["checkpoint_every"])
@@ -137,8 +145,8 @@ class _Rank:
         self.server: Server | None = None
         self.worker: Worker | None = None
         if self.is_worker:
-            link = (Link(self.rank, self.n, self.replica.numel, self.p2p_group)
-                    if self.has_server else None)
+            link = (Link(self.rank, self.server_ranks, self.bounds, self.replica.numel,
+                         self.p2p_group) if self.has_server else None)
             self.worker = Worker(rank=self.rank, workers=self.n, batch=self.b,
                                  replica=self.replica, task=self.task, data=self.data,
                                  group=self.workers_group, link=link,
@@ -150,7 +158,8 @@ class _Rank:
                 order = list(range(self.n))
             self.server = Server(self.replica, self.n, self.p2p_group, timeout_s=timeout_s,
                                  wait_s=float(cfg["deadline_s"]), order=order,
-                                 die_at_update=_fault(self.rank))
+                                 die_at_update=_fault(self.rank),
+                                 shard=self.bounds[self.rank - self.n])
         self.online = (Online(self, self.straggler, int(cfg["observe_every"]))
                        if self.straggler is not None else None)
 
@@ -318,14 +327,28 @@ class _Rank:
                 self.replica.load_state(state)
             if isinstance(leaving, Bsp) and self.n > 1:
                 self._check_equal("after a BSP phase")
-        if self.has_server and (needs_server(leaving)
-                                or (entering is not None and needs_server(entering))):
-            src = self.server_rank if needs_server(leaving) else 0
+        if self.has_server and needs_server(leaving):
+            self._gather_shards()
+        elif self.has_server and entering is not None and needs_server(entering):
             state = self.replica.state_into()
-            with guard(f"rank {self.rank} receiving the state from rank {src}"):
-                dist.broadcast(state, src=src)
-            if self.rank != src:
+            with guard(f"rank {self.rank} receiving the state from worker 0"):
+                dist.broadcast(state, src=0)
+            if self.rank != 0:
                 self.replica.load_state(state)
+
+    def _gather_shards(self) -> None:
+        """Leaving a server phase: every shard's server broadcasts its slice of the parameters
+        (and of the momentum buffers) to every rank."""
+        state, numel = self.replica.state_into(), self.replica.numel
+        parts = 2 if self.replica.momentum else 1
+        for j, (lo, hi) in enumerate(self.bounds):
+            src = self.n + j
+            for part in range(parts):
+                piece = state[part * numel + lo:part * numel + hi].clone()
+                with guard(f"rank {self.rank} receiving shard {j}'s state from rank {src}"):
+                    dist.broadcast(piece, src=src)
+                state[part * numel + lo:part * numel + hi].copy_(piece)
+        self.replica.load_state(state)
 
     def _check_equal(self, when: str) -> None:
         mine = torch.tensor([self.replica.digest()], dtype=torch.int64)
@@ -381,7 +404,9 @@ class _Rank:
                                   straggler_policy=self.cfg.get("straggler_policy"))
 
 
-def _work(cfg: dict[str, Any]) -> dict[str, Any] | None:  # pragma: no cover - in the workers
+def work(cfg: dict[str, Any]) -> dict[str, Any] | None:  # pragma: no cover - in the workers
+    """One rank's whole run (``cfg``: :func:`~trainsched.runtime.sync.run_sync`'s config with
+    this rank's ``rank``); worker 0 returns the result as JSON data, every other rank ``None``."""
     torch.set_num_threads(1)
     me = _Rank(cfg)
     if cfg.get("resume") is not None:

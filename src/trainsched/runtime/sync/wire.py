@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -139,27 +139,54 @@ class Outbox:
 
 
 class Link:
-    """A worker's side: push a header and payload, wait for the server's answer."""
+    """A worker's side: push a header and each shard's slice of the payload to that shard's
+    server, wait for every answer; the answers' parameter slices land in :attr:`params`.
 
-    def __init__(self, rank: int, server: int, numel: int, group: Any) -> None:
-        self.rank, self.server, self.group = rank, server, group
-        self.out_header = torch.zeros(HEADER, dtype=torch.int64)
-        self.in_header = torch.zeros(HEADER, dtype=torch.int64)
+    ``servers``: the server ranks, shard ``j`` (``bounds[j]`` of the flat vector) on
+    ``servers[j]``. A shard whose server said ``STOP`` takes no more messages: an exchange
+    goes to the shards still ``active`` and keeps the others' last answer."""
+
+    def __init__(self, rank: int, servers: Sequence[int], bounds: Sequence[tuple[int, int]],
+                 numel: int, group: Any) -> None:
+        self.rank, self.servers, self.bounds, self.group = rank, list(servers), list(bounds), group
+        count = len(self.servers)
+        self.out_headers = [torch.zeros(HEADER, dtype=torch.int64) for _ in range(count)]
+        self.in_headers = [torch.zeros(HEADER, dtype=torch.int64) for _ in range(count)]
         self.params = torch.zeros(numel)
         self.pending: list[Any] = []
 
-    def exchange(self, kind: int, read_version: int, clock: int, samples: int,
-                 payload: torch.Tensor, local_s: float = 0.0) -> list[int]:
-        """Send one message and return the answer's header (parameters in :attr:`params`)."""
-        what = f"worker {self.rank} talking to the parameter server (rank {self.server})"
-        with guard(what):
-            for work in self.pending:
-                work.wait()
-            self.out_header.copy_(torch.tensor([self.rank, read_version, clock, samples,
-                                                kind, round(local_s * 1e6)]))
-            self.pending = [
-                dist.isend(self.out_header, self.server, group=self.group, tag=TAG_HEADER),
-                dist.isend(payload, self.server, group=self.group, tag=TAG_PAYLOAD)]
-            dist.recv(self.in_header, src=self.server, group=self.group, tag=TAG_REPLY_HEADER)
-            dist.recv(self.params, src=self.server, group=self.group, tag=TAG_REPLY_PAYLOAD)
-        return self.in_header.tolist()
+    def _who(self, j: int) -> str:
+        shard = f" of shard {j}" if len(self.servers) > 1 else ""
+        return (f"worker {self.rank} talking to the parameter server{shard} "
+                f"(rank {self.servers[j]})")
+
+    def exchange(self, kind: int, read_versions: Sequence[int], clock: int, samples: int,
+                 payload: torch.Tensor, local_s: float = 0.0,
+                 active: Sequence[bool] | None = None) -> list[list[int]]:
+        """Send one message to every active shard's server and return every shard's last
+        answer header (parameters in :attr:`params`)."""
+        going = [True] * len(self.servers) if active is None else list(active)
+        for work in self.pending:
+            work.wait()
+        self.pending = []
+        for j, server in enumerate(self.servers):
+            if not going[j]:
+                continue
+            lo, hi = self.bounds[j]
+            with guard(self._who(j)):
+                header = self.out_headers[j]
+                header.copy_(torch.tensor([self.rank, read_versions[j], clock, samples, kind,
+                                           round(local_s * 1e6)]))
+                self.pending += [
+                    dist.isend(header, server, group=self.group, tag=TAG_HEADER),
+                    dist.isend(payload[lo:hi], server, group=self.group, tag=TAG_PAYLOAD)]
+        for j, server in enumerate(self.servers):
+            if not going[j]:
+                continue
+            lo, hi = self.bounds[j]
+            with guard(self._who(j)):
+                dist.recv(self.in_headers[j], src=server, group=self.group,
+                          tag=TAG_REPLY_HEADER)
+                dist.recv(self.params[lo:hi], src=server, group=self.group,
+                          tag=TAG_REPLY_PAYLOAD)
+        return [h.tolist() for h in self.in_headers]

@@ -116,16 +116,21 @@ class Worker:
         self.replica.load_params(self.buffer)
 
     def run_server(self) -> int:
-        """Pull, compute, push until the server says stop; returns the batches computed."""
+        """Pull, compute, push until every shard's server says stop; returns the batches
+        computed. Each shard keeps its own version; a shard that stopped keeps its last
+        parameters while the others go on (sharded ASP: the shards' quotas fill
+        independently)."""
         assert self.link is not None
         link, grad = self.link, self.replica.grad
-        header = link.exchange(PULL, 0, 0, 0, grad)
+        shards = len(link.servers)
+        headers = link.exchange(PULL, [0] * shards, 0, 0, grad)
         clock = 0
-        while header[STATUS] == GO:
+        while any(h[STATUS] == GO for h in headers):
+            active = [h[STATUS] == GO for h in headers]
             self.replica.load_params(link.params)
-            self.on_progress(header[APPLIED])
+            self.on_progress(min(h[APPLIED] for h in headers))
             self.compute()
             clock += 1
-            header = link.exchange(PUSH, header[VERSION], clock, self.batch, grad,
-                                   self.local_s)
+            headers = link.exchange(PUSH, [h[VERSION] for h in headers], clock, self.batch,
+                                    grad, self.local_s, active)
         return clock
