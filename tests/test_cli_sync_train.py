@@ -1,8 +1,13 @@
-"""``train TASK --sync POLICY``: the sync runtime from the command line."""
+"""``train TASK --sync POLICY``: the sync runtime from the command line, launched by trainsched
+or by ``torchrun``."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -16,8 +21,12 @@ from trainsched.cli import main
      "--comm-policy does not apply with --sync"),
     (["teacher-student", "--sync", "bsp:0.5,asp:0.4"], "sum to 0.9"),
     (["teacher-student", "--sync", "bsp:0.5,hogwild:0.5"], "column"),
-    (["teacher-student", "--sync", "bsp;straggler(exclude)"],
-     "does not run straggler(exclude) yet"),
+    (["teacher-student", "--sync", "bsp;straggler(exclude)", "--deterministic"],
+     "cannot be deterministic"),
+    (["teacher-student", "--sync", "asp", "--optimizer", "adam"],
+     "--optimizer adam: the sync runtime trains with SGD"),
+    (["teacher-student", "--servers", "2"], "--servers applies only with --sync"),
+    (["teacher-student", "--sync", "asp", "--servers", "0"], "--servers"),
 ])
 def test_bad_sync_runs_are_one_line(argv, words, capsys):
     assert main(["train", *argv]) == 2
@@ -42,3 +51,30 @@ def test_train_switches_from_bsp_to_asp_at_half_the_samples(capsys):
         ("bsp", "asp", 2048)]
     # the learning rate follows the effective batch: ASP's is BSP's over the 2 ranks
     assert doc["phases"][1]["lr"] == pytest.approx(doc["phases"][0]["lr"] / 2)
+
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+TORCHRUN_ARGS = ["teacher-student", "--sync", "bsp:0.5,asp:0.5", "--samples", "1024",
+                 "--batch-size", "16", "--deterministic", "--json"]
+
+
+@pytest.mark.timeout(400)
+def test_under_torchrun_the_run_equals_the_built_in_launchers(capsys):
+    # 3 ranks: 2 workers, then the server; the deterministic mode makes both runs bit-equal
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(SRC), os.environ.get("PYTHONPATH"))
+                                         if p)}
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3",
+         "-m", "trainsched", "train", *TORCHRUN_ARGS],
+        env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    launched = json.loads(done.stdout)  # worker 0 alone printed
+    assert main(["train", *TORCHRUN_ARGS, "--ranks", "2"]) == 0
+    built_in = json.loads(capsys.readouterr().out)
+    assert launched["ranks"] == 2
+    assert [(p["protocol"], p["samples"], p["updates"]) for p in launched["phases"]] == [
+        ("bsp", 512, 16), ("asp", 512, 32)]
+    assert (launched["final_loss"], launched["final_accuracy"]) == (
+        built_in["final_loss"], built_in["final_accuracy"])
+    assert [c["loss"] for c in launched["curve"]] == [c["loss"] for c in built_in["curve"]]

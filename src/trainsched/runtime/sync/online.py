@@ -1,4 +1,5 @@
-"""The online straggler policy inside a sync run: relax BSP to ASP while a worker is slow.
+"""The online straggler policy inside a sync run: relax BSP to ASP while a worker is slow, or
+exclude the slow worker from BSP (:mod:`.exclude`).
 
 A sync policy with a straggler part (``bsp;straggler(relax)``, spec §2.4) makes every BSP
 segment of :func:`~trainsched.runtime.sync.run_sync` watch its workers. Every ``M`` steps the
@@ -27,8 +28,8 @@ time the run's start took for the same work (the replica digest check and the st
 broadcast to the server); after that, the mean of the switches measured.
 
 Worker 0 records every detector event, every switch (with the reason ``straggler``) and every
-episode in the ledger. ``exclude`` is refused before the run starts
-(:func:`check_online`).
+episode in the ledger. With the action ``exclude`` no server takes part: the workers run the
+episode among themselves (:func:`~trainsched.runtime.sync.exclude.exclude_episode`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ import torch
 import torch.distributed as dist
 
 from trainsched.runtime.sync.config import Segment, update_samples
+from trainsched.runtime.sync.exclude import exclude_episode, fast_groups
 from trainsched.runtime.sync.wire import TAG_CONTROL, guard
 from trainsched.sync.protocols import Asp, Bsp
 from trainsched.sync.straggler import StragglerPolicy
@@ -70,6 +72,8 @@ class Online:
         self.mark = time.perf_counter()
         self.local_mark = 0.0  # the worker's local-time sum at the last observation
         self.control = torch.zeros(3, dtype=torch.int64)
+        # exclude: the fast workers' groups (made by every rank, servers included)
+        self.groups = fast_groups(me.n) if policy.action == "exclude" else {}
 
     # --- shared bookkeeping ------------------------------------------------------------------
 
@@ -109,21 +113,30 @@ class Online:
             left = me.total - self.relaxed - (segment.start + done * unit)
             if since < self.every or left <= 0:
                 continue
-            events = self._observe(since, segment.start + self.relaxed + done * unit)
+            events = self.observe(since, segment.start + self.relaxed + done * unit)
             since = 0
             self.local_mark = worker.local_sum_s
             out = [e for e in events if e.kind == "out"]
             if out:
-                self._episode(out[0].ranks, segment.start + self.relaxed + done * unit, left)
+                at = segment.start + self.relaxed + done * unit
+                if self.policy.action == "exclude":
+                    self.relaxed += exclude_episode(self, out[0].ranks, at, left)
+                else:
+                    self._episode(out[0].ranks, at, left)
                 self.mark = time.perf_counter()
+                self.local_mark = worker.local_sum_s
         if me.has_server:
             self._tell(END, 0, 0)
         return done
 
-    def _observe(self, steps: int, samples: int) -> tuple[Any, ...]:
+    def observe(self, steps: int, samples: int, local_s: float | None = None) -> tuple[Any, ...]:
+        """One observation after ``steps`` steps, at ``samples`` applied: every worker's row
+        all-gathered and fed to its controller (``local_s``: this worker's local time, by
+        default its mean over the steps since the last observation)."""
         me = self.me
         now = time.perf_counter()
-        local_s = (me.worker.local_sum_s - self.local_mark) / steps
+        if local_s is None:
+            local_s = (me.worker.local_sum_s - self.local_mark) / steps
         mine = torch.tensor([local_s, now - self.mark, self.switch_s()], dtype=torch.float64)
         rows = [torch.zeros(3, dtype=torch.float64) for _ in range(me.n)]
         with guard(f"worker {me.rank} gathering local step times"):

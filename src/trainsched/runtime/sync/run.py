@@ -112,8 +112,10 @@ def run_sync(task: TeacherStudent, phases: Sequence[tuple[SyncProtocol | str, in
     ``straggler_policy`` (a sync policy's straggler part) watches the BSP phases: every
     ``observe_every_steps`` BSP steps the workers' local times feed the straggler controller,
     and on its decision the run relaxes to ASP while a worker is slow and comes back after
-    (:mod:`trainsched.runtime.sync.online`); ``relax`` and ``ignore`` (watch and record only)
-    run, ``exclude`` is refused.
+    (``relax``, :mod:`trainsched.runtime.sync.online`), or trains BSP among the fast workers
+    while the slow ones idle and re-syncs them when they recover (``exclude``,
+    :mod:`trainsched.runtime.sync.exclude`; at most 6 workers); ``ignore`` watches and records
+    only.
 
     ``servers``: parameter-server ranks for the server phases, each owning one contiguous
     shard of the flat parameter vector and running the phase's loop on it (world ``ranks +
@@ -234,10 +236,10 @@ def _check_online(policy: object, every: object, *, ranks: int, checkpoints: boo
     if not isinstance(policy, StragglerPolicy):
         raise TrainschedError(f"straggler_policy must be a StragglerPolicy (e.g. "
                               f"parse_policy('bsp;straggler(relax)').straggler), got {policy!r}")
-    if policy.action == "exclude":
-        raise TrainschedError("the sync runtime does not run straggler(exclude) yet (BSP "
-                              "among the fast workers); use straggler(relax) or "
-                              "straggler(ignore), or simulate exclude with simulate --sync")
+    if policy.action == "exclude" and ranks > 6:
+        raise TrainschedError(f"straggler(exclude) makes a process group for every set of fast "
+                              f"workers, so it runs on at most 6 workers, got ranks={ranks}; "
+                              f"use straggler(relax) or fewer workers")
     if ranks < 2:
         raise TrainschedError(f"a straggler policy compares workers with each other and needs "
                               f"at least 2, got ranks={ranks}")

@@ -238,7 +238,7 @@ class _Rank:
                 dist.barrier()
         began = time.perf_counter()
         if self.is_worker and self.n > 1:
-            self._check_equal("at the start")
+            self.check_equal("at the start")
         if self.has_server:
             state = self.replica.state_into()
             with guard(f"rank {self.rank} receiving the initial state from worker 0"):
@@ -326,7 +326,7 @@ class _Rank:
                 state.div_(self.n)
                 self.replica.load_state(state)
             if isinstance(leaving, Bsp) and self.n > 1:
-                self._check_equal("after a BSP phase")
+                self.check_equal("after a BSP phase")
         if self.has_server and needs_server(leaving):
             self._gather_shards()
         elif self.has_server and entering is not None and needs_server(entering):
@@ -350,7 +350,7 @@ class _Rank:
                 state[part * numel + lo:part * numel + hi].copy_(piece)
         self.replica.load_state(state)
 
-    def _check_equal(self, when: str) -> None:
+    def check_equal(self, when: str) -> None:
         mine = torch.tensor([self.replica.digest()], dtype=torch.int64)
         every = [torch.zeros(1, dtype=torch.int64) for _ in range(self.n)]
         with guard(f"worker {self.rank} comparing replica digests"):
