@@ -390,6 +390,11 @@ class _Rank:
         os.replace(tmp, folder / "latest.json")
 
     def _finish(self) -> dict[str, Any] | None:
+        if self.has_server and self.worker is not None:
+            assert self.worker.link is not None
+            self.worker.link.close()
+        if self.server is not None:
+            self.server.inbox.close(self.timeout_s)
         with guard(f"rank {self.rank} at the final barrier"):
             dist.barrier()
         if self.rank != 0:

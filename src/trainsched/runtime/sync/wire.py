@@ -15,7 +15,9 @@ that worker's buffers (sized once). A thread hands a full message to the server 
 queue, which the loop polls with a deadline, and posts its next receive only after the loop has
 released the buffers. A worker that dies closes its connection: its thread reports it at once.
 A posted receive waits up to ``wait_s`` (the run's deadline), not the process group's timeout:
-a worker may train under BSP for longer than that before it next talks to the server.
+a worker may train under BSP for longer than that before it next talks to the server. At the
+end of the run every worker sends :data:`BYE`, which ends its receiver thread, so no receive is
+left posted when the process group is destroyed (under ``torchrun`` the process lives on).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import torch.distributed as dist
 
 from trainsched.errors import TrainschedError
 
-__all__ = ["GO", "HEADER", "PULL", "PUSH", "STOP", "TAG_CONTROL", "Inbox", "Link", "Outbox",
+__all__ = ["BYE", "GO", "HEADER", "PULL", "PUSH", "STOP", "TAG_CONTROL", "Inbox", "Link", "Outbox",
            "guard", "short"]
 
 HEADER = 6
@@ -40,7 +42,7 @@ HEADER = 6
 RANK, READ_VERSION, CLOCK, SAMPLES, KIND, LOCAL_US = range(HEADER)
 # header fields, server -> worker
 STATUS, VERSION, APPLIED = range(3)
-PUSH, PULL = 1, 2
+PUSH, PULL, BYE = 1, 2, 3
 GO, STOP = 1, 2
 TAG_HEADER, TAG_PAYLOAD, TAG_REPLY_HEADER, TAG_REPLY_PAYLOAD, TAG_CONTROL = 11, 12, 13, 14, 15
 
@@ -77,9 +79,10 @@ class Inbox:
         self.ready: queue.Queue[tuple[int, str | None]] = queue.Queue()
         self.free = [threading.Semaphore(1) for _ in range(workers)]
         self.held: dict[int, bool] = {}  # workers whose message the loop has not released
-        for r in range(workers):
-            threading.Thread(target=self._receive, args=(r,), daemon=True,
-                             name=f"inbox-{r}").start()
+        self.threads = [threading.Thread(target=self._receive, args=(r,), daemon=True,
+                                         name=f"inbox-{r}") for r in range(workers)]
+        for thread in self.threads:
+            thread.start()
 
     def _receive(self, r: int) -> None:
         while True:
@@ -92,7 +95,17 @@ class Inbox:
             except Exception as exc:  # the worker is gone: tell the loop and stop
                 self.ready.put((r, short(exc)))
                 return
+            if int(self.headers[r][KIND]) == BYE:
+                return
             self.ready.put((r, None))
+
+    def close(self, timeout_s: float) -> None:
+        """Wait for every receiver thread to end (each worker said :data:`BYE`)."""
+        for thread in self.threads:
+            thread.join(timeout_s)
+            if thread.is_alive():
+                raise TrainschedError(f"a worker did not say goodbye to the parameter server "
+                                      f"within {timeout_s:g} s (see the workers' logs)")
 
     def next(self, timeout_s: float) -> int:
         """The next worker whose message arrived (its buffers held until :meth:`release`)."""
@@ -160,9 +173,17 @@ class Link:
         return (f"worker {self.rank} talking to the parameter server{shard} "
                 f"(rank {self.servers[j]})")
 
+    def close(self) -> None:
+        """Say :data:`BYE` to every server (the run is over) and wait for the sends."""
+        self.exchange(BYE, [0] * len(self.servers), 0, 0, self.params, expect_answer=False)
+        for work in self.pending:
+            work.wait()
+        self.pending = []
+
     def exchange(self, kind: int, read_versions: Sequence[int], clock: int, samples: int,
                  payload: torch.Tensor, local_s: float = 0.0,
-                 active: Sequence[bool] | None = None) -> list[list[int]]:
+                 active: Sequence[bool] | None = None,
+                 expect_answer: bool = True) -> list[list[int]]:
         """Send one message to every active shard's server and return every shard's last
         answer header (parameters in :attr:`params`)."""
         going = [True] * len(self.servers) if active is None else list(active)
@@ -181,7 +202,7 @@ class Link:
                     dist.isend(header, server, group=self.group, tag=TAG_HEADER),
                     dist.isend(payload[lo:hi], server, group=self.group, tag=TAG_PAYLOAD)]
         for j, server in enumerate(self.servers):
-            if not going[j]:
+            if not going[j] or not expect_answer:
                 continue
             lo, hi = self.bounds[j]
             with guard(self._who(j)):
