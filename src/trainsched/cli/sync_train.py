@@ -4,9 +4,9 @@ The flags ``--sync``, ``--straggler``, ``--samples`` and ``--momentum`` (added t
 :func:`add_sync_args`) train one of the built-in tasks (``teacher-student``) on N workers (plus
 a server rank for the ASP, SSP and k-of-N phases) through the policy's phases, switched in
 process, and print each phase, each switch's cost and the held-out loss and accuracy. A
-policy's straggler part (``bsp;straggler(relax)``) watches the BSP phases
-(:mod:`trainsched.runtime.sync.online`); the report then lists the detector's events and the
-relaxed episodes. The sync runtime trains the built-in tasks only, so a zoo model with
+policy's straggler part (``bsp;straggler(relax)``, ``bsp;straggler(exclude)``) watches the BSP
+phases (:mod:`trainsched.runtime.sync.online`); the report then lists the detector's events
+and the episodes. The sync runtime trains the built-in tasks only, so a zoo model with
 ``--sync`` is refused in one line. ``--servers S`` shards the parameter server over S ranks;
 ``--deterministic`` makes the server phases repeat bit for bit (pushes in round robin).
 
@@ -119,7 +119,9 @@ def sync_report(result: Any, policy: str) -> str:
         lines.append(f"  switch {switch.from_protocol} -> {switch.to_protocol} at "
                      f"{switch.samples} samples{why}: {format_duration(switch.cost_s)}")
     for episode in result.episodes:
-        lines.append(f"  relaxed episode: {episode.samples} samples in {episode.updates} "
+        kind = ("relaxed episode" if episode.protocol != "bsp(fast)" else
+                f"episode without worker {', '.join(map(str, episode.ranks))}")
+        lines.append(f"  {kind}: {episode.samples} samples in {episode.updates} "
                      f"{episode.protocol} updates from {episode.start_samples}, "
                      f"{episode.wall_s:.2f} s, ended by {episode.end}")
     lines.append(f"  held-out loss {result.final_loss:.4f}, accuracy "
