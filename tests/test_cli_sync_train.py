@@ -23,8 +23,11 @@ from trainsched.cli import main
     (["teacher-student", "--sync", "bsp:0.5,hogwild:0.5"], "column"),
     (["teacher-student", "--sync", "bsp;straggler(exclude)", "--deterministic"],
      "cannot be deterministic"),
-    (["teacher-student", "--sync", "asp", "--optimizer", "adam"],
-     "--optimizer adam: the sync runtime trains with SGD"),
+    (["teacher-student", "--sync", "asp", "--optimizer", "momentum"],
+     "--optimizer momentum: the sync runtime trains with sgd (add --momentum for momentum) "
+     "or adam"),
+    (["teacher-student", "--sync", "asp", "--optimizer", "adam", "--momentum", "0.9"],
+     "momentum and nesterov are SGD's"),
     (["teacher-student", "--servers", "2"], "--servers applies only with --sync"),
     (["teacher-student", "--sync", "asp", "--servers", "0"], "--servers"),
 ])

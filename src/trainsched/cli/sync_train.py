@@ -85,7 +85,8 @@ def run_sync_cli(args: argparse.Namespace) -> int:
                       momentum=args.momentum or 0.0, stragglers=stragglers,
                       straggler_policy=policy.straggler,
                       timeout_s=min(args.timeout, 120.0), deadline_s=args.timeout,
-                      servers=servers, deterministic=bool(args.deterministic))
+                      servers=servers, deterministic=bool(args.deterministic),
+                      optimizer=args.optimizer)
     if result is None:  # a rank of a torchrun job other than worker 0
         return 0
     if args.json:

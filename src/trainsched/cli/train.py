@@ -221,9 +221,9 @@ def _check_sync_flags(args: argparse.Namespace) -> None:
     if given:
         raise TrainschedError(f"--{given[0].replace('_', '-')} does not apply with --sync (the "
                               f"sync runtime trains a built-in task under the policy); drop it")
-    if args.optimizer != "sgd":
-        raise TrainschedError(f"--optimizer {args.optimizer}: the sync runtime trains with SGD "
-                              f"(--momentum, kept across switches) only; drop --optimizer")
+    if args.optimizer not in ("sgd", "adam"):
+        raise TrainschedError(f"--optimizer {args.optimizer}: the sync runtime trains with sgd "
+                              f"(add --momentum for momentum) or adam")
 
 
 def warn_oversubscribed(nproc: int) -> None:

@@ -40,6 +40,7 @@ from trainsched.units import is_int
 
 __all__ = [
     "LR_SCHEDULES",
+    "OPTIMIZERS",
     "Segment",
     "check_phases",
     "needs_server",
@@ -51,6 +52,9 @@ __all__ = [
 ]
 
 SERVER_PROTOCOLS = (Asp, Ssp, KOfN)
+
+#: The optimizers a sync run trains with.
+OPTIMIZERS = ("sgd", "adam")
 
 
 def needs_server(protocol: SyncProtocol) -> bool:

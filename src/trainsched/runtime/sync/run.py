@@ -25,6 +25,7 @@ from trainsched.errors import TrainschedError
 from trainsched.runtime.launch import free_port, run_workers, status_text, tail, torchrun_rank
 from trainsched.runtime.sync.config import (
     LR_SCHEDULES,
+    OPTIMIZERS,
     check_phases,
     needs_server,
     plan_segments,
@@ -94,7 +95,8 @@ def run_sync(task: TeacherStudent, phases: Sequence[tuple[SyncProtocol | str, in
              eval_every_samples: int | None = None, timeout_s: float = 60.0,
              deadline_s: float = 1800.0, return_params: bool = False,
              straggler_policy: StragglerPolicy | None = None,
-             observe_every_steps: int = 2, servers: int = 1) -> SyncRunResult | None:
+             observe_every_steps: int = 2, servers: int = 1,
+             optimizer: str = "sgd") -> SyncRunResult | None:
     """Train ``task`` on ``ranks`` workers of ``batch_per_rank`` samples each, phase by phase.
 
     ``phases``: ``(protocol, samples)`` pairs (a protocol value or its text, ``"ssp(s=2)"``),
@@ -116,6 +118,12 @@ def run_sync(task: TeacherStudent, phases: Sequence[tuple[SyncProtocol | str, in
     while the slow ones idle and re-syncs them when they recover (``exclude``,
     :mod:`trainsched.runtime.sync.exclude`; at most 6 workers); ``ignore`` watches and records
     only.
+
+    ``optimizer``: ``"sgd"`` (default) or ``"adam"`` (PyTorch's default betas and eps;
+    ``weight_decay`` as its L2 term; no ``momentum`` or ``nesterov``): its moments and step
+    counts move at switches, live with the shards on the servers, are averaged at the end of a
+    local SGD phase and go into checkpoints like SGD's momentum. The learning-rate rule
+    (effective batch over ``N·b``) applies to both.
 
     ``servers``: parameter-server ranks for the server phases, each owning one contiguous
     shard of the flat parameter vector and running the phase's loop on it (world ``ranks +
@@ -140,6 +148,12 @@ def run_sync(task: TeacherStudent, phases: Sequence[tuple[SyncProtocol | str, in
     weight_decay = _number("weight_decay", weight_decay, 0)
     if nesterov and not momentum:
         raise TrainschedError("nesterov needs momentum > 0")
+    if optimizer not in OPTIMIZERS:
+        raise TrainschedError(f"the sync runtime trains with {' or '.join(OPTIMIZERS)}, not "
+                              f"{optimizer!r}")
+    if optimizer == "adam" and momentum:
+        raise TrainschedError("momentum and nesterov are SGD's; Adam keeps its own moments "
+                              "(default betas): drop momentum with optimizer='adam'")
     LR_SCHEDULES.lookup(lr_schedule)
     timeout_s = _number("timeout_s", timeout_s, 0, low_open=True)
     deadline_s = _number("deadline_s", deadline_s, 0, low_open=True)
@@ -177,6 +191,7 @@ def run_sync(task: TeacherStudent, phases: Sequence[tuple[SyncProtocol | str, in
     fingerprint = {"task": task.to_json(), "model": model, "ranks": ranks,
                    "batch_per_rank": batch_per_rank, "phases": phase_text, "lr": lr,
                    "momentum": momentum, "weight_decay": weight_decay, "nesterov": nesterov,
+                   "optimizer": optimizer,
                    "lr_schedule": lr_schedule.strip().lower(), "deterministic": deterministic,
                    "push_order": order,
                    "checkpoint_every": checkpoint_every_samples}

@@ -1,10 +1,12 @@
-"""One rank's copy of the model and its SGD optimizer, as flat vectors for the wire.
+"""One rank's copy of the model and its optimizer, as flat vectors for the wire.
 
-Every rank (workers and the server) holds a :class:`Replica`: the model, a
-``torch.optim.SGD`` over its parameters, and flat buffers sized once — the gradient the
-optimizer steps with and the *state* vector (parameters, then momentum buffers) that moves at a
-switch. Momentum buffers start as zeros (for SGD with dampening 0 that is the same first step as
-PyTorch's lazily made buffer), so the state has one fixed layout from the first step on.
+Every rank (workers and the server) holds a :class:`Replica`: the model, a ``torch.optim.SGD``
+or ``torch.optim.Adam`` over its parameters, and flat buffers sized once — the gradient the
+optimizer steps with and the *state* vector that moves at a switch: the parameters, then each
+per-element optimizer slot in the same layout (SGD: the momentum buffers, if any; Adam: the
+first, then the second moment), then, for Adam, one step count per parameter tensor. The slots
+start as PyTorch would make them lazily (zeros, step 0), so the state has one fixed layout from
+the first step on.
 
 The optimizer never reads a ``p.grad`` left from before: :meth:`Replica.step` points every
 parameter's gradient at a slice of the flat vector it is given, then steps. Buffers (BatchNorm
@@ -12,7 +14,7 @@ statistics) stay local and are reconciled at synchronisation points: floating-po
 averaged over the workers, integer ones (batch counters) taken from worker 0.
 
 A shard's server steps only the parameters its shard overlaps (:meth:`Replica.restrict`): the
-others get no gradient, which ``torch.optim.SGD`` skips. Each parameter it does step is the
+others get no gradient, which both optimizers skip. Each parameter it does step is the
 whole tensor, as in an unsharded run, so its shard's values come out bit for bit the same;
 the values of a boundary tensor outside the shard are never sent and are overwritten at the
 next synchronisation point.
@@ -28,24 +30,37 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from trainsched.runtime.sync.config import OPTIMIZERS
+
 __all__ = ["Replica"]
 
 
 class Replica:
-    """``model`` with SGD (``momentum``, ``weight_decay``, ``nesterov``) at learning rate
-    ``lr``; flat views for gradients and state."""
+    """``model`` with ``optimizer`` at learning rate ``lr``: SGD (``momentum``,
+    ``weight_decay``, ``nesterov``) or Adam (default betas and eps, ``weight_decay`` as L2);
+    flat views for gradients and state."""
 
     def __init__(self, model: nn.Module, *, lr: float, momentum: float, weight_decay: float,
-                 nesterov: bool) -> None:
+                 nesterov: bool, optimizer: str = "sgd") -> None:
+        assert optimizer in OPTIMIZERS, optimizer
         self.model = model
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.numel = sum(p.numel() for p in self.params)
-        self.opt = torch.optim.SGD(self.params, lr=lr, momentum=momentum,
-                                   weight_decay=weight_decay, nesterov=nesterov)
         self.momentum = momentum
-        if momentum:
+        self.counted = optimizer == "adam"  # per-tensor step counts in the state
+        if optimizer == "adam":
+            self.opt: torch.optim.Optimizer = torch.optim.Adam(self.params, lr=lr,
+                                                               weight_decay=weight_decay)
+            self.slots: tuple[str, ...] = ("exp_avg", "exp_avg_sq")
             for p in self.params:
-                self.opt.state[p]["momentum_buffer"] = torch.zeros_like(p)
+                self.opt.state[p]["step"] = torch.tensor(0.0)
+        else:
+            self.opt = torch.optim.SGD(self.params, lr=lr, momentum=momentum,
+                                       weight_decay=weight_decay, nesterov=nesterov)
+            self.slots = ("momentum_buffer",) if momentum else ()
+        for p in self.params:
+            for slot in self.slots:
+                self.opt.state[p][slot] = torch.zeros_like(p)
         self.float_buffers = [b for b in model.buffers() if b.is_floating_point()]
         self.int_buffers = [b for b in model.buffers() if not b.is_floating_point()]
         self.grad = torch.zeros(self.numel)
@@ -63,7 +78,17 @@ class Replica:
 
     @property
     def state_numel(self) -> int:
-        return self.numel * (2 if self.momentum else 1)
+        return self.numel * (1 + len(self.slots)) + (len(self.params) if self.counted else 0)
+
+    def owners(self, bounds: list[tuple[int, int]] | tuple[tuple[int, int], ...]) -> list[int]:
+        """For each parameter tensor, the shard (of ``bounds``) holding its first value: the
+        one whose server's step count for it is the run's."""
+        out, offset = [], 0
+        for p in self.params:
+            out.append(next(j for j, (lo, hi) in enumerate(bounds) if lo <= offset < hi)
+                       if offset < self.numel else len(bounds) - 1)
+            offset += p.numel()
+        return out
 
     def set_lr(self, lr: float) -> None:
         for group in self.opt.param_groups:
@@ -76,8 +101,13 @@ class Replica:
             offset += p.numel()
         return out
 
-    def _momenta(self) -> list[torch.Tensor]:
-        return [self.opt.state[p]["momentum_buffer"] for p in self.params]
+    def _slot(self, index: int) -> list[torch.Tensor]:
+        return [self.opt.state[p][self.slots[index]] for p in self.params]
+
+    @property
+    def parts(self) -> int:
+        """Per-element blocks of ``numel`` values at the state's start (parameters, slots)."""
+        return 1 + len(self.slots)
 
     # --- parameters and gradients ------------------------------------------------------------
 
@@ -116,22 +146,31 @@ class Replica:
     # --- the state that moves at a switch ------------------------------------------------------
 
     def state_into(self) -> torch.Tensor:
-        """Parameters, then momentum buffers, in :attr:`state` (returned)."""
-        self.params_into(self.state[:self.numel])
-        if self.momentum:
-            with torch.no_grad():
-                for view, m in zip(self._views(self.state[self.numel:]), self._momenta(),
-                                   strict=True):
+        """Parameters, then the optimizer's slots, then (Adam) the step counts, in
+        :attr:`state` (returned)."""
+        n = self.numel
+        self.params_into(self.state[:n])
+        with torch.no_grad():
+            for k in range(len(self.slots)):
+                block = self.state[(k + 1) * n:(k + 2) * n]
+                for view, m in zip(self._views(block), self._slot(k), strict=True):
                     view.copy_(m)
+            if self.counted:
+                for i, p in enumerate(self.params):
+                    self.state[self.parts * n + i] = self.opt.state[p]["step"]
         return self.state
 
     def load_state(self, flat: torch.Tensor) -> None:
-        self.load_params(flat[:self.numel])
-        if self.momentum:
-            with torch.no_grad():
-                for view, m in zip(self._views(flat[self.numel:]), self._momenta(),
-                                   strict=True):
+        n = self.numel
+        self.load_params(flat[:n])
+        with torch.no_grad():
+            for k in range(len(self.slots)):
+                block = flat[(k + 1) * n:(k + 2) * n]
+                for view, m in zip(self._views(block), self._slot(k), strict=True):
                     m.copy_(view)
+            if self.counted:
+                for i, p in enumerate(self.params):
+                    self.opt.state[p]["step"].fill_(flat[self.parts * n + i])
 
     def digest(self) -> int:
         """A 63-bit hash of the state's bytes (equal states, equal digests)."""

@@ -133,7 +133,8 @@ class _Rank:
         self.replica = Replica(_build_model(cfg, self.task), lr=float(cfg["lr"]),
                                momentum=float(cfg["momentum"]),
                                weight_decay=float(cfg["weight_decay"]),
-                               nesterov=bool(cfg["nesterov"]))
+                               nesterov=bool(cfg["nesterov"]),
+                               optimizer=cfg.get("optimizer", "sgd"))
         self.bounds = (shard_bounds(self.replica.numel, self.server_count)
                        if self.has_server else ())
         self.total = sum(s for _, s in self.phases)
@@ -338,17 +339,22 @@ class _Rank:
 
     def _gather_shards(self) -> None:
         """Leaving a server phase: every shard's server broadcasts its slice of the parameters
-        (and of the momentum buffers) to every rank."""
-        state, numel = self.replica.state_into(), self.replica.numel
-        parts = 2 if self.replica.momentum else 1
+        and of the optimizer's slots (momentum; Adam's moments) to every rank, and the step
+        counts (Adam) of the tensors whose first value its shard holds."""
+        replica = self.replica
+        state, numel = replica.state_into(), replica.numel
+        owners = replica.owners(self.bounds) if replica.counted else []
+        steps = replica.parts * numel
         for j, (lo, hi) in enumerate(self.bounds):
             src = self.n + j
-            for part in range(parts):
-                piece = state[part * numel + lo:part * numel + hi].clone()
+            spans = [(part * numel + lo, part * numel + hi) for part in range(replica.parts)]
+            spans += [(steps + i, steps + i + 1) for i, owner in enumerate(owners) if owner == j]
+            for a, b in spans:
+                piece = state[a:b].clone()
                 with guard(f"rank {self.rank} receiving shard {j}'s state from rank {src}"):
                     dist.broadcast(piece, src=src)
-                state[part * numel + lo:part * numel + hi].copy_(piece)
-        self.replica.load_state(state)
+                state[a:b].copy_(piece)
+        replica.load_state(state)
 
     def check_equal(self, when: str) -> None:
         mine = torch.tensor([self.replica.digest()], dtype=torch.int64)
