@@ -37,6 +37,30 @@ def test_bad_sync_runs_are_one_line(argv, words, capsys):
     assert words in err and "Traceback" not in err
 
 
+def test_the_sync_flags_reach_run_sync(monkeypatch, capsys):
+    import trainsched.runtime.sync as sync_runtime
+    from trainsched.runtime.sync import SyncRunResult
+
+    seen = {}
+
+    def fake(task, phases, **kw):
+        seen.update(kw, phases=[(str(p), s) for p, s in phases])
+        return SyncRunResult(task="t", ranks=kw["ranks"], batch_per_rank=kw["batch_per_rank"],
+                             phases=(), switches=(), checkpoints=(), curve=(), final_loss=1.0,
+                             final_accuracy=0.5, total_samples=0, wall_s=0.0,
+                             resumed_from=None)
+
+    monkeypatch.setattr(sync_runtime, "run_sync", fake)
+    assert main(["train", "teacher-student", "--sync", "asp", "--servers", "2",
+                 "--deterministic", "--optimizer", "adam", "--ranks", "3", "--batch-size", "8",
+                 "--samples", "100", "--json"]) == 0
+    assert (seen["servers"], seen["deterministic"], seen["optimizer"]) == (2, True, "adam")
+    assert (seen["ranks"], seen["batch_per_rank"]) == (3, 8)
+    assert json.loads(capsys.readouterr().out)["final_loss"] == 1.0
+    # 100 samples rounded down to ASP's update of 8: 96
+    assert [s for _, s in seen["phases"]] == [96]
+
+
 pytest.importorskip("torch")
 
 
