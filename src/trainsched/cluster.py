@@ -90,6 +90,14 @@ class DeviceSpec:
     run beside the compute (DMA engines, a spare core), about 1 where the process that computes
     also drives the transfers on the cores it computes with (gloo on a CPU host with no spare
     core); ``trainsched calibrate`` measures it.
+
+    Two host costs of pipeline runs, charged by the pipeline simulator (both default 0, as on
+    a device whose host thread runs ahead of its kernels): ``microbatch_overhead_s``, the time
+    each compute action of a micro-batch (``F``, ``I``, ``W``, ``B``) costs beyond its ops (the
+    stage's Python dispatch and autograd calls), and ``message_host_s``, the time the compute
+    thread spends posting or collecting one point-to-point message (a send after ``F``/``I``,
+    a receive before them) between stages on different devices. ``benchmarks/
+    pipeline_real.py`` measures both on this host.
     """
 
     kind: str
@@ -98,6 +106,8 @@ class DeviceSpec:
     memory_bandwidth_bytes_per_s: float
     launch_overhead_s: float = 0.0
     comm_compute_share: float = 0.0
+    microbatch_overhead_s: float = 0.0
+    message_host_s: float = 0.0
 
     def __post_init__(self) -> None:
         where = f"device {self.kind!r}"
@@ -120,6 +130,11 @@ class DeviceSpec:
         _require(_finite(self.comm_compute_share) and 0 <= self.comm_compute_share <= 4,
                  f"{where}: comm_compute_share must be a number in [0, 4] (seconds of compute "
                  f"lost per second of communication), got {self.comm_compute_share!r}")
+        for name in ("microbatch_overhead_s", "message_host_s"):
+            value = getattr(self, name)
+            _require(_finite(value) and value >= 0,
+                     f"{where}: {name} must be a duration >= 0 s, got {value!r}")
+            object.__setattr__(self, name, float(value))
         ordered = {d: float(flops[d]) for d in DTYPES if d in flops}
         object.__setattr__(self, "peak_flops_per_s", MappingProxyType(ordered))
         object.__setattr__(self, "memory_bandwidth_bytes_per_s", float(bandwidth))
@@ -134,7 +149,8 @@ class DeviceSpec:
     def __hash__(self) -> int:
         return hash((self.kind, self.memory_bytes, tuple(self.peak_flops_per_s.items()),
                      self.memory_bandwidth_bytes_per_s, self.launch_overhead_s,
-                     self.comm_compute_share))
+                     self.comm_compute_share, self.microbatch_overhead_s,
+                     self.message_host_s))
 
     def __reduce__(self) -> tuple[Any, ...]:
         # A mappingproxy cannot be pickled; rebuild from a plain dict instead.
@@ -291,6 +307,9 @@ class Cluster:
                 "launch_overhead": dev.launch_overhead_s,
                 **({"comm_compute_share": dev.comm_compute_share}
                    if dev.comm_compute_share else {}),
+                **({"microbatch_overhead": dev.microbatch_overhead_s}
+                   if dev.microbatch_overhead_s else {}),
+                **({"message_host": dev.message_host_s} if dev.message_host_s else {}),
             },
             "intra_node": _link_dict(self.intra_node),
         }
@@ -335,7 +354,10 @@ class Cluster:
             f"{format_bandwidth(dev.memory_bandwidth_bytes_per_s)} memory bandwidth, "
             f"launch {format_duration(dev.launch_overhead_s)}"
             + (f", communication costs {dev.comm_compute_share:.2f} s of compute per s"
-               if dev.comm_compute_share else ""),
+               if dev.comm_compute_share else "")
+            + (f", pipeline host time {format_duration(dev.microbatch_overhead_s)} per action"
+               f" and {format_duration(dev.message_host_s)} per message"
+               if dev.microbatch_overhead_s or dev.message_host_s else ""),
             f"  peak        {flops}",
             f"  intra-node  {self.intra_node.describe()} (per device, per direction)",
             *([f"  collectives {self.collectives.describe()} (per rank, ring formula; "
@@ -642,6 +664,8 @@ def _device(kind: str | None, values: dict[str, Any], where: str,
             memory_bandwidth_bytes_per_s=pick("memory_bandwidth", "memory_bandwidth_bytes_per_s"),
             launch_overhead_s=pick("launch_overhead", "launch_overhead_s", 0.0),
             comm_compute_share=pick("comm_compute_share", "comm_compute_share", 0.0),
+            microbatch_overhead_s=pick("microbatch_overhead", "microbatch_overhead_s", 0.0),
+            message_host_s=pick("message_host", "message_host_s", 0.0),
         )
     except TrainschedError as exc:
         raise TrainschedError(f"{where}: {exc}") from None
@@ -668,7 +692,8 @@ def _cluster_from_dict(data: Mapping[str, Any], source: str) -> Cluster:
         return _Table(data[key], source, key, allowed) if key in data else None
 
     dev = table("device", ("kind", "count", "memory", "peak_flops", "memory_bandwidth",
-                           "launch_overhead", "comm_compute_share"))
+                           "launch_overhead", "comm_compute_share", "microbatch_overhead",
+                           "message_host"))
     intra = table("intra_node", _LINK_KEYS)
     inter = table("inter_node", _LINK_KEYS, required=False)
     collectives = table("collectives", _LINK_KEYS, required=False)
@@ -680,6 +705,8 @@ def _cluster_from_dict(data: Mapping[str, Any], source: str) -> Cluster:
         "memory_bandwidth": dev.get("memory_bandwidth", parse_bandwidth, None),
         "launch_overhead": dev.get("launch_overhead", parse_duration, None),
         "comm_compute_share": dev.get("comm_compute_share", _share, None),
+        "microbatch_overhead": dev.get("microbatch_overhead", parse_duration, None),
+        "message_host": dev.get("message_host", parse_duration, None),
     }
     device = _device(dev.get("kind", _string, None), values, f"{source}: [device]", str)
     try:

@@ -16,7 +16,13 @@ other executors:
   stages on one device they are free (a plain dependency), and without a cluster all
   communication is free;
 - the last stage's ``I``/``B`` waits only for its own ``F`` (earlier on its list); ``W`` follows
-  its ``I`` on the same list.
+  its ``I`` on the same list;
+- **host time** (with a cluster): every compute action costs ``cluster.device.
+  microbatch_overhead_s`` more than its stage's ops (the runtime's per-micro-batch dispatch),
+  and ``cluster.device.message_host_s`` more per point-to-point message it posts or collects
+  across devices: ``F(s, m)`` receives from ``s − 1`` and sends to ``s + 1``, ``I``/``B(s, m)``
+  receives from ``s + 1`` and sends to ``s − 1`` (one message per stage boundary, whatever
+  the number of tensors). Both default to 0.
 
 Memory per device: the ``resident_bytes`` of its stages all step. ``F(s, m)`` allocates
 ``saved_bytes[s]``; the share ``input_grad_only_fraction`` (default one half) that only dX needs
@@ -147,6 +153,15 @@ def _simulate(stages: StageCosts, schedule: Schedule, cluster: Cluster | None,
     stage_dev = [rank_dev[r] for r in schedule.stage_to_rank]
     durations = {"F": stages.forward_s, "I": stages.backward_input_s,
                  "W": stages.backward_weight_s, "B": stages.backward_s}  # fmt: skip
+    action_s = message_s = 0.0
+    if cluster is not None:
+        action_s = cluster.device.microbatch_overhead_s
+        message_s = cluster.device.message_host_s
+    # Per stage, the cross-device messages of an F (from below, to above) and of an I/B.
+    crosses = [s > 0 and stage_dev[s - 1] != stage_dev[s] for s in range(p)] + [False]
+    messages = {"F": [crosses[s] + crosses[s + 1] for s in range(p)],
+                "W": [0] * p}  # fmt: skip
+    messages["I"] = messages["B"] = messages["F"]
 
     # Compute: each rank's actions in list order, chained on its device's stream.
     forward_task: dict[tuple[int, int], int] = {}  # (stage, mb) -> F
@@ -163,7 +178,8 @@ def _simulate(stages: StageCosts, schedule: Schedule, cluster: Cluster | None,
             s, kind, mb = a.stage, a.kind, a.microbatch
             assert mb is not None
             label = f"{s}{kind}{mb}"
-            t = low.compute(label, durations[kind][s], d, priority=len(mine),
+            took = durations[kind][s] + action_s + message_s * messages[kind][s]
+            t = low.compute(label, took, d, priority=len(mine),
                             category=CATEGORY[kind],
                             args={"action": label, "rank": r, "stage": s, "microbatch": mb})
             if mine:
