@@ -82,3 +82,61 @@ def test_auto_tries_every_registered_schedule():
 def test_more_microbatches_than_samples_are_refused():
     with pytest.raises(TrainschedError, match="at least one sample"):
         choose_pipeline(_graph(), CLUSTER, 2, schedules=TWO, microbatches=[8])
+
+
+# --- the command line ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def graph_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("g") / "g.json"
+    _graph().save(path)
+    return path
+
+
+def _simulate(graph_path, *extra: str) -> list[str]:
+    return ["simulate", str(graph_path), "--cluster", "cpu", "--parallelism", "pipeline",
+            "--ranks", "2", "--schedule", "auto", *extra]
+
+
+def test_simulate_auto_reports_every_candidate_and_the_winner(graph_path, capsys):
+    import json
+
+    from trainsched.backprop.schedules import SCHEDULES
+    from trainsched.cli import main
+
+    assert main([*_simulate(graph_path, "--memory-limit", "300B"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert len(doc["choice"]["candidates"]) == 3 * len(SCHEDULES)   # m in 1, 2, 4
+    # ZB-H1 at m = 4 (F = I = W = 1 s): 3m slots of work plus its bubble (p - 1)(F + I - W)
+    # = 1 s, 13 s in all, at 1F1B's peak of 220 bytes; ZB-H2 is as fast but holds 3 micro-
+    # batches (320 bytes), GPipe and 1F1B take 15 s.
+    assert (doc["choice"]["schedule"], doc["choice"]["microbatches"]) == ("zb-h1", 4)
+    assert doc["step_time_s"] == pytest.approx(13.0)
+    assert max(doc["peak_memory_bytes"].values()) == 220
+
+
+def test_simulate_auto_text_lists_the_candidates(graph_path, capsys):
+    from trainsched.cli import main
+
+    assert main(_simulate(graph_path, "--memory-limit", "300B")) == 0
+    out = capsys.readouterr().out
+    assert "schedules tried (memory limit 300 B per device)" in out
+    assert "chosen: " in out
+    assert out.count("over the memory limit") >= 1
+
+
+def test_simulate_auto_under_an_impossible_limit_names_the_smallest_one(graph_path, capsys):
+    from trainsched.cli import main
+
+    assert main(_simulate(graph_path, "--memory-limit", "100B")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the smallest limit that works is" in err[0]
+
+
+def test_a_memory_limit_without_auto_is_refused(graph_path, capsys):
+    from trainsched.cli import main
+
+    args = _simulate(graph_path, "--memory-limit", "1GiB")
+    args[args.index("auto")] = "1f1b"
+    assert main(args) == 2
+    assert "--schedule auto" in capsys.readouterr().err

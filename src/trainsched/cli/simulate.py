@@ -85,9 +85,14 @@ def add_parser(sub: Subcommands) -> None:
                    "by Bayesian search on the simulator")
     add_tune_args(p, "--autotune")
     p.add_argument("--schedule", default=None,
-                   help=f"pipeline schedule: {', '.join(SCHEDULES)} (default 1f1b)")
+                   help=f"pipeline schedule: {', '.join(SCHEDULES)}, or auto: the schedule and "
+                   "micro-batch count with the shortest simulated step (default 1f1b)")
     p.add_argument("--microbatches", type=int, default=None,
-                   help="pipeline micro-batches (default: 2 x stages)")
+                   help="pipeline micro-batches (default: 2 x stages; with --schedule auto, "
+                   "every divisor of the batch)")
+    p.add_argument("--memory-limit", default=None, metavar="SIZE",
+                   help="pipeline, --schedule auto: memory per device the schedule must fit "
+                   "in (default: the cluster's device memory)")
     p.add_argument("--sync", default=None, metavar="POLICY",
                    help="data parallel: sync policy, e.g. bsp, asp, ssp(s=4), k-of-n(k=3), "
                    "local(h=8), bsp:0.125,asp:0.875 (default bsp); simulates it over many steps")
@@ -127,8 +132,8 @@ RULES = (
             where="with --parallelism data, without --autotune (the tuner picks them)"),
     Applies(flags=TUNE_FLAGS, when={"parallelism": ("data",), "autotune": (True,)},
             where="with --parallelism data --autotune"),
-    Applies(flags=("schedule", "microbatches"), when={"parallelism": ("pipeline",)},
-            where="with --parallelism pipeline"),
+    Applies(flags=("schedule", "microbatches", "memory_limit"),
+            when={"parallelism": ("pipeline",)}, where="with --parallelism pipeline"),
 )
 
 
@@ -179,6 +184,11 @@ def build_plan(graph: Any, cluster: Any, args: argparse.Namespace, *, policy: An
     from trainsched.backprop.stages import stage_costs_from_graph
     from trainsched.strategies import default_microbatches
 
+    if (args.schedule or "").strip().lower() == "auto":
+        return _auto_pipeline(graph, cluster, args, ranks)[0]
+    if args.memory_limit is not None:
+        raise TrainschedError("--memory-limit: the limit picks a schedule; it applies with "
+                              "--schedule auto")
     batch = graph.meta.get("batch_size")
     micro = args.microbatches or default_microbatches(ranks, batch)
     if isinstance(batch, int) and micro > batch:
@@ -189,6 +199,22 @@ def build_plan(graph: Any, cluster: Any, args: argparse.Namespace, *, policy: An
     return plans.PipelinePlan(model=model, stages=stages.ops,
                               schedule=build_schedule(schedule, ranks, micro, stages=stages),
                               schedule_name=schedule.strip().lower())
+
+
+def _auto_pipeline(graph: Any, cluster: Any, args: argparse.Namespace,
+                   ranks: int) -> tuple[Any, Any]:
+    """``--schedule auto``: the plan of the schedule and micro-batch count that
+    :func:`trainsched.sim.pipeline_choice.choose_pipeline` picks, and its choice."""
+    from trainsched import plan as plans
+    from trainsched.sim.pipeline_choice import choose_pipeline
+    from trainsched.units import parse_size
+
+    limit = None if args.memory_limit is None else parse_size(args.memory_limit)
+    choice = choose_pipeline(graph, cluster, ranks, memory_limit_bytes=limit,
+                             microbatches=[args.microbatches] if args.microbatches else None)
+    plan = plans.PipelinePlan(model=plans.ModelRef.of(graph), stages=choice.stages.ops,
+                              schedule=choice.schedule, schedule_name=choice.schedule_name)
+    return plan, choice
 
 
 def _ranks(args: argparse.Namespace, cluster: Any) -> int:
@@ -289,7 +315,11 @@ def run(args: argparse.Namespace) -> int:
     elif args.parallelism == "data":
         policy = _data_policy(args)
         steps = _data_steps(args, policy)
-    plan = build_plan(graph, cluster, args, policy=policy, steps=steps)
+    choice = None
+    if args.parallelism == "pipeline" and (args.schedule or "").strip().lower() == "auto":
+        plan, choice = _auto_pipeline(graph, cluster, args, _ranks(args, cluster))
+    else:
+        plan = build_plan(graph, cluster, args, policy=policy, steps=steps)
     result = simulate(plan, graph, cluster)
     if args.trace:
         write_trace(args.trace, result, title=f"{graph.meta.get('model', 'graph')} "
@@ -307,6 +337,8 @@ def run(args: argparse.Namespace) -> int:
         "events": result.events, "costs": costs_line(graph),
         "trace": args.trace,
     }
+    if choice is not None:
+        doc["choice"] = choice.to_dict()
     if args.parallelism == "data":
         from trainsched.sim import crossing_bound_s
 
