@@ -32,8 +32,9 @@ or in one process (``run_local``).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.utils._pytree as pytree
@@ -41,6 +42,9 @@ from torch import fx, nn
 
 from trainsched.errors import TrainschedError
 from trainsched.runtime.placed import ExportedProgram, export_program, flatten_inputs
+
+if TYPE_CHECKING:
+    from trainsched.runtime.saved_memory import SavedTensorMeter
 
 __all__ = ["PipelineStage", "Spec", "build_stages", "flat_microbatches", "loss_of",
            "split_microbatches"]
@@ -283,6 +287,7 @@ class _Saved:
     pairs: list[tuple[torch.Tensor, int]]    # outputs that need a gradient, their grad index
     weights: dict[str, list[torch.Tensor]]   # weight node -> its output tensors
     weight_grads: dict[str, list[Any]] | None = None   # filled by ``I``
+    held: list[Any] = field(default_factory=list)       # meter handles of weight_grads
 
 
 class PipelineStage:
@@ -291,6 +296,8 @@ class PipelineStage:
     ``input_specs`` are the shapes and dtypes it receives (stage 0: the model's flat inputs),
     ``grad_specs`` those of the output gradients it receives (one per floating output).
     ``parameters`` are the model's own trainable parameters this stage owns, by name.
+    ``meter``, when set, counts the activations the stage holds (:mod:`~trainsched.runtime.
+    saved_memory`).
     """
 
     def __init__(self, program: ExportedProgram, cut: _Cut, index: int, num_stages: int,
@@ -314,6 +321,12 @@ class PipelineStage:
                                                     for f in cut.params}
         self._saved: dict[int, _Saved] = {}
         self.losses: dict[int, float] = {}
+        self.meter: SavedTensorMeter | None = None
+
+    @property
+    def model(self) -> nn.Module:
+        """The whole model the stage was cut from (its parameters are the model's own)."""
+        return self._model
 
     def __repr__(self) -> str:
         return (f"<PipelineStage {self.index}/{self.num_stages}: {len(self._cut.nodes)} nodes, "
@@ -341,7 +354,7 @@ class PipelineStage:
             inputs[k] = inputs[k].detach().requires_grad_(True)
         values = dict(zip(self.input_names, inputs, strict=True))
         nodes = self._program.nodes
-        with torch.enable_grad():
+        with torch.enable_grad(), self.meter.saving() if self.meter else nullcontext():
             for name in self._cut.nodes:
                 node = nodes[name]
                 if node.op == "placeholder":
@@ -410,6 +423,8 @@ class PipelineStage:
             captured[node] = list(got[at:at + len(saved.weights[node])])
             at += len(saved.weights[node])
         saved.weight_grads = captured
+        if self.meter is not None:
+            saved.held = self.meter.hold(got[n:n + w])
         _accumulate(shared, got[n + w:])
         return self._input_grads(saved.leaves, got[:n])
 
