@@ -62,8 +62,8 @@ from trainsched.runtime.optim import OPTIMIZERS, make_optimizer
 if TYPE_CHECKING:
     from trainsched.runtime.stage_modules import PipelineStage
 
-__all__ = ["FAULT_ENV", "OPTIMIZERS", "Key", "PipelineRunResult", "run_actions", "run_local",
-           "run_pipeline"]
+__all__ = ["FAULT_ENV", "OPTIMIZERS", "GlooMailbox", "Key", "PipelineRunResult", "run_actions",
+           "run_local", "run_pipeline"]
 
 FAULT_ENV = "TRAINSCHED_PIPELINE_FAULT"
 
@@ -303,9 +303,11 @@ def _fault(rank: int) -> int | None:
     return int(at or 0) if int(who) == rank else None
 
 
-class _Gloo:
+class GlooMailbox:
     """Point-to-point messages of one rank: ``isend`` (waited for at the end of the step) and
-    blocking ``irecv``, one tag per tensor; messages to a stage on this rank stay in memory."""
+    blocking ``irecv``, one tag per tensor; messages to a stage on this rank stay in memory.
+    ``width`` is the most tensors one message carries. Its ``send``/``recv`` are what
+    :func:`run_actions` takes; :meth:`flush` waits for the sends at the end of a step."""
 
     def __init__(self, rank: int, num_stages: int, num_microbatches: int, width: int) -> None:
         self.rank, self.sizes = rank, (num_stages, num_microbatches, width)
@@ -382,7 +384,7 @@ def _work(cfg: dict[str, Any]) -> dict[str, Any]:  # pragma: no cover - in the w
         st.meter = meter
     peak = torch.zeros(n, dtype=torch.int64)
     width = max(len(st.input_names) for st in stages) + 1
-    gloo = _Gloo(rank, len(stages), m, width)
+    gloo = GlooMailbox(rank, len(stages), m, width)
     fault = _fault(rank)
 
     def die(k: int) -> None:

@@ -27,7 +27,7 @@ ranks' peaks (resident state, saved activations, buffers in flight).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from trainsched.backprop.schedules import SCHEDULES, build_schedule, schedule_stage_count
@@ -40,7 +40,11 @@ from trainsched.sim.pipeline import PipelineResult, simulate_pipeline
 from trainsched.sim.simulate import training_graph
 from trainsched.units import format_duration, format_size, is_int
 
-__all__ = ["Candidate", "PipelineChoice", "choose_pipeline", "microbatch_candidates"]
+__all__ = ["Candidate", "PipelineChoice", "choose_from_costs", "choose_pipeline",
+           "microbatch_candidates"]
+
+#: ``(num_stages, num_microbatches) -> StageCosts``: what one micro-batch costs per stage.
+CostsOf = Callable[[int, int], StageCosts]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,6 +132,16 @@ def choose_pipeline(graph: Graph, cluster: Cluster, num_ranks: int, *,
         if batch_size is not None and m > batch_size:
             raise TrainschedError(f"{m} micro-batches of a batch of {batch_size}: a micro-batch "
                                   f"needs at least one sample; try at most {batch_size}")
+    return choose_from_costs(lambda p, m: stage_costs_from_graph(graph, p, m), cluster,
+                             num_ranks, counts, memory_limit_bytes=limit, schedules=schedules)
+
+
+def choose_from_costs(costs_of: CostsOf, cluster: Cluster, num_ranks: int,
+                      microbatches: Sequence[int], *, memory_limit_bytes: int,
+                      schedules: Sequence[str] | None = None) -> PipelineChoice:
+    """:func:`choose_pipeline` on stage costs from ``costs_of(num_stages, m)`` (measured per
+    micro-batch size, say, instead of a graph's linear scaling); every count is tried."""
+    limit, counts = memory_limit_bytes, list(microbatches)
     names = list(SCHEDULES)
     if schedules is not None:
         for n in schedules:
@@ -142,7 +156,7 @@ def choose_pipeline(graph: Graph, cluster: Cluster, num_ranks: int, *,
     for name in names:
         for m in counts:
             try:
-                stages = stage_costs_from_graph(graph, schedule_stage_count(name, num_ranks), m)
+                stages = costs_of(schedule_stage_count(name, num_ranks), m)
                 options = {}
                 if SCHEDULES.tags(name).get("costs"):
                     # one stage per rank: each may hold the limit less its resident state
