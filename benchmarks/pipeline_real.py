@@ -19,12 +19,14 @@ trainsched's runtime, the output gradients kept from ``I`` to ``W``), counted by
 ``runtime.saved_memory.SavedTensorMeter`` through ``saved_tensors_hooks``; parameters and
 gradients are left out. PyTorch's class is counted the same way, without its kept gradients.
 
-**Prediction.** Before the timed run: (1) each layer's F, I, W and B time and saved bytes are
-measured alone in this process, one thread, for every micro-batch size (the first layer, a
-middle one, the last one with the loss); (2) two gloo processes measure a message's one-way
-time (4 B and one activation: latency and bandwidth) and run GPipe with every action timed,
-which gives the host time an action costs inside the pipeline beyond its time alone
-(``microbatch_overhead_s``) and the time of posting a send (``message_host_s``). The simulator
+**Prediction.** Before the timed run, two gloo processes (one thread each) (1) time each layer
+alone as its own stage, F, I, W and B, and count its saved bytes, for every micro-batch size
+(the first layer, a middle one, the last one with the loss), both processes at once so that the
+costs include two processes sharing the host as in the pipeline (the two ranks' medians
+averaged); (2) measure a message's one-way time (4 B and one activation: latency and
+bandwidth); (3) run GPipe with every action timed, which gives the host time an action costs
+inside the pipeline beyond its time alone (``microbatch_overhead_s``) and the time of posting a
+send (``message_host_s``). The simulator
 (``simulate_pipeline``) then predicts every row (``torch-zbv`` as trainsched's ``zbv``, whose
 order it matches); the error is (predicted − measured) / measured, with Kendall's τ over rows.
 
@@ -76,10 +78,11 @@ def layer_stages(graph: Any, num_stages: int, layers: int) -> tuple[tuple[str, .
 # --------------------------------------------------------------------------- costs alone
 
 
-def measure_layers(graph: Any, layers: int, batch: int, seq: int, sizes: list[int],
+def measure_layers(cut: Any, layers: int, seq: int, sizes: list[int],
                    repeats: int) -> dict[int, dict[str, dict[str, float]]]:
     """Per micro-batch size: the first, a middle and the last layer's F, I, W, B seconds
-    (medians, one thread) and saved bytes, each layer run as its own pipeline stage."""
+    (medians, one thread) and saved bytes, each layer run as its own pipeline stage (``cut``:
+    one op list per layer)."""
     import torch
 
     from trainsched.capture import build
@@ -87,7 +90,6 @@ def measure_layers(graph: Any, layers: int, batch: int, seq: int, sizes: list[in
     from trainsched.runtime.stage_modules import build_stages
 
     torch.set_num_threads(1)
-    cut = layer_stages(graph, layers, layers)
     roles = {"first": 0, "middle": min(1, layers - 1), "last": layers - 1}
     out: dict[int, dict[str, dict[str, float]]] = {}
     for b in sizes:
@@ -127,9 +129,6 @@ def measure_layers(graph: Any, layers: int, batch: int, seq: int, sizes: list[in
             z.model.zero_grad(set_to_none=True)
             out[b][role] = {k: statistics.median(v) for k, v in times.items()}
             out[b][role]["saved_bytes"] = saved
-        print(f"  micro-batch {b:>3}: " + ", ".join(
-            f"{role} F {v['F'] * 1e3:.1f} I {v['I'] * 1e3:.1f} W {v['W'] * 1e3:.1f} ms"
-            for role, v in out[b].items()), flush=True)
     return out
 
 
@@ -238,6 +237,15 @@ def _calibrate(cfg: dict[str, Any]) -> dict[str, Any]:
     )
 
     rank = cfg["rank"]
+    # Each layer alone, on both ranks at once: the costs include two processes sharing the
+    # host, as in the pipeline; the two ranks' medians are averaged.
+    dist.barrier()
+    mine_alone = measure_layers(cfg["layer_cut"], cfg["layers"], cfg["seq"], cfg["sizes"],
+                                cfg["repeats"])
+    pair: list[Any] = [None, None]
+    dist.all_gather_object(pair, mine_alone)
+    alone = {b: {role: {k: (pair[0][b][role][k] + pair[1][b][role][k]) / 2
+                        for k in pair[0][b][role]} for role in pair[0][b]} for b in pair[0]}
     one_way = {}
     for size in (4, cfg["message_bytes"]):
         buf = torch.zeros(size // 4)
@@ -283,7 +291,7 @@ def _calibrate(cfg: dict[str, Any]) -> dict[str, Any]:
     mine["send"] = statistics.median(sends)
     both: list[Any] = [None, None]
     dist.all_gather_object(both, mine)
-    return {"one_way_s": one_way, "actions": both}
+    return {"one_way_s": one_way, "actions": both, "alone": alone}
 
 
 def _timed(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -408,19 +416,24 @@ def main() -> None:
     act_per_sample = seq * d_model * 4
     cuts = {p: layer_stages(graph, p, layers) for p in (2, 4)}
     sizes = [batch // k for k in microbatch_candidates(batch, 2)]
-    print(f"measuring each layer alone at micro-batch sizes {sizes} ...", flush=True)
-    alone = measure_layers(graph, layers, batch, seq, sizes, args.repeats)
+    print(f"calibrating (2 gloo processes): each layer alone at micro-batch sizes {sizes}, "
+          f"messages, actions inside GPipe ...", flush=True)
+    gp = build_schedule("gpipe", 2, m)
+    cal = run_pair({"phase": "calibrate", "batch": batch, "seq": seq, "microbatches": m,
+                    "stages": [list(s) for s in cuts[2]], "schedule": gp.to_text(),
+                    "steps": 2, "message_bytes": batch // m * act_per_sample,
+                    "layer_cut": [list(s) for s in layer_stages(graph, layers, layers)],
+                    "layers": layers, "sizes": sizes, "repeats": args.repeats},
+                   timeout_s=1800)
+    alone = {int(b): v for b, v in cal["alone"].items()}
+    for b in sizes:
+        print(f"  micro-batch {b:>3}: " + ", ".join(
+            f"{role} F {v['F'] * 1e3:.1f} I {v['I'] * 1e3:.1f} W {v['W'] * 1e3:.1f} ms"
+            for role, v in alone[b].items()), flush=True)
 
     def costs_of(num_stages: int, mb: int) -> Any:
         return stage_costs(alone, num_stages, mb, layers, batch, act_per_sample, param_bytes)
 
-    print("calibrating messages and in-pipeline action time (2 gloo processes) ...",
-          flush=True)
-    gp = build_schedule("gpipe", 2, m)
-    cal = run_pair({"phase": "calibrate", "batch": batch, "seq": seq, "microbatches": m,
-                    "stages": [list(s) for s in cuts[2]], "schedule": gp.to_text(),
-                    "steps": 2, "message_bytes": batch // m * act_per_sample},
-                   timeout_s=1200)
     small, big = cal["one_way_s"]["4"], cal["one_way_s"][str(batch // m * act_per_sample)]
     latency = small
     bandwidth = (batch // m * act_per_sample) / max(big - small, 1e-9)
@@ -473,16 +486,21 @@ def main() -> None:
         sim = simulate_pipeline(stages, sched, cluster)
         act_only = replace(stages, param_bytes=(0,) * p, grad_bytes=(0,) * p)
         sim_mem = simulate_pipeline(act_only, sched, cluster)
+        # trainsched's I keeps the whole graph for W (retain_graph): it frees nothing
+        sim_keep = simulate_pipeline(act_only, sched, cluster, input_grad_only_fraction=0.0)
         t = timed["times"][c["name"]]
         measured = statistics.median(t)
         q1, _, q3 = statistics.quantiles(t, n=4) if len(t) > 1 else (t[0], t[0], t[0])
         rows.append({"row": c["name"], "schedule": name, "microbatches": mb,
-                     "measured_s": measured, "iqr_s": [q1, q3], "steps": len(t),
+                     "measured_s": measured, "iqr_s": [q1, q3], "min_s": min(t),
+                     "steps": len(t),
                      "predicted_s": sim.step_time_s,
                      "error": (sim.step_time_s - measured) / measured,
                      "peak_bytes": timed["peaks"][c["name"]],
                      "predicted_peak_bytes": [sim_mem.peak_memory_bytes.get(d, 0)
-                                              for d in sim_mem.rank_devices]})
+                                              for d in sim_mem.rank_devices],
+                     "predicted_peak_i_keeps_bytes": [sim_keep.peak_memory_bytes.get(d, 0)
+                                                      for d in sim_keep.rank_devices]})
     by = {r["row"]: r for r in rows}
     gpipe_s = by["gpipe"]["measured_s"]
     generated = [r for r in rows if r["row"] != "torch-zbv"]
@@ -491,14 +509,19 @@ def main() -> None:
     tau = kendall_tau([r["measured_s"] for r in rows], [r["predicted_s"] for r in rows])
     load_after = Path("/proc/loadavg").read_text().split()[:3]
 
-    print(f"\n{'row':<22} {'measured':>10} {'IQR':>19} {'predicted':>10} {'error':>7}  "
-          f"{'peak r0/r1 (MiB)':>17} {'pred r0/r1':>12}")
+    print(f"\n{'row':<22} {'measured':>10} {'IQR':>17} {'min':>8} {'predicted':>10} "
+          f"{'error':>7}  {'peak MiB r0/r1':>14} {'pred':>9} {'pred, I keeps':>13}")
+
+    def pair(values: list[int]) -> str:
+        return "/".join(f"{b / MiB:.0f}" for b in values)
+
     for r in rows:
-        peak = "/".join(f"{b / MiB:.0f}" for b in r["peak_bytes"])
-        pred = "/".join(f"{b / MiB:.0f}" for b in r["predicted_peak_bytes"])
         print(f"{r['row']:<22} {r['measured_s'] * 1e3:>8.0f}ms "
               f"{r['iqr_s'][0] * 1e3:>8.0f}-{r['iqr_s'][1] * 1e3:<8.0f} "
-              f"{r['predicted_s'] * 1e3:>8.0f}ms {r['error']:>+7.1%}  {peak:>17} {pred:>12}")
+              f"{r['min_s'] * 1e3:>6.0f}ms {r['predicted_s'] * 1e3:>8.0f}ms "
+              f"{r['error']:>+7.1%}  {pair(r['peak_bytes']):>14} "
+              f"{pair(r['predicted_peak_bytes']):>9} "
+              f"{pair(r['predicted_peak_i_keeps_bytes']):>13}")
     auto = by[auto_label]
     summary = {
         "auto_row": auto_label,
