@@ -27,6 +27,12 @@ or in one process (``run_local``).
   ``backward_weight`` (``W``) then turns them into parameter gradients, one node at a time, so it
   repeats no activation gradient. A parameter read by several nodes of one stage gets its
   gradient in ``I`` already (a per-node ``W`` would count the paths between them twice).
+- **What ``I`` frees.** When every weight node of a stage is a ``linear`` or a ``layer_norm``
+  reading its parameters directly (transformers, MLPs), ``W`` needs only each node's input and
+  its output gradient: it computes the parameter gradients from them by formula (``gyᵀx`` and
+  the sum of ``gy``; the sums of ``gy · x̂`` and ``gy``), so ``I`` runs autograd without
+  keeping the graph and everything else the forward saved is freed at ``I``, as the memory
+  model says. Any other weight node (a convolution, batch norm) keeps the graph until ``W``.
 """
 
 from __future__ import annotations
@@ -287,7 +293,8 @@ class _Saved:
     pairs: list[tuple[torch.Tensor, int]]    # outputs that need a gradient, their grad index
     weights: dict[str, list[torch.Tensor]]   # weight node -> its output tensors
     weight_grads: dict[str, list[Any]] | None = None   # filled by ``I``
-    held: list[Any] = field(default_factory=list)       # meter handles of weight_grads
+    held: list[Any] = field(default_factory=list)       # meter handles of what W needs
+    weight_inputs: dict[str, Any] = field(default_factory=dict)  # formula W: node -> input
 
 
 class PipelineStage:
@@ -322,6 +329,10 @@ class PipelineStage:
         self._saved: dict[int, _Saved] = {}
         self.losses: dict[int, float] = {}
         self.meter: SavedTensorMeter | None = None
+        formulas = {n: _formula(program, model, program.nodes[n], fqns)
+                    for n, fqns in cut.weight_nodes.items()}
+        # W by formula for every weight node, or by the kept graph for all of them
+        self._formulas = formulas if all(formulas.values()) else None
 
     @property
     def model(self) -> nn.Module:
@@ -382,6 +393,9 @@ class PipelineStage:
                          if sent[k].requires_grad]
         leaves = [inputs[k] for k in self._float_in]
         self._saved[microbatch] = _Saved(leaves=leaves, pairs=pairs, weights=weights)
+        if self._formulas is not None:
+            self._saved[microbatch].weight_inputs = {
+                n: values[nodes[n].args[0].name].detach() for n in self._formulas}
         return [t.detach() for t in sent]
 
     def _roots(self, microbatch: int, grads: Sequence[torch.Tensor],
@@ -413,18 +427,24 @@ class PipelineStage:
         weight = [t for n in self._cut.weight_nodes for t in saved.weights[n]]
         shared = [self.parameters[f] for f in self._cut.shared]
         wanted = [*saved.leaves, *weight, *shared]
+        by_formula = self._formulas is not None
+        if by_formula and self.meter is not None:   # kept for W after the graph is freed
+            saved.held += self.meter.hold(saved.weight_inputs.values())
         got: Sequence[Any] = [None] * len(wanted)
         if outputs and wanted:
-            got = torch.autograd.grad(outputs, wanted, grad_outputs, retain_graph=True,
-                                      allow_unused=True)
+            got = torch.autograd.grad(outputs, wanted, grad_outputs,
+                                      retain_graph=not by_formula, allow_unused=True)
         n, w = len(saved.leaves), len(weight)
         captured, at = {}, n
         for node in self._cut.weight_nodes:
             captured[node] = list(got[at:at + len(saved.weights[node])])
             at += len(saved.weights[node])
         saved.weight_grads = captured
+        if by_formula:   # W needs none of the graph: let it go now
+            saved.pairs, saved.weights = [], {}
+            del outputs, weight
         if self.meter is not None:
-            saved.held = self.meter.hold(got[n:n + w])
+            saved.held += self.meter.hold(got[n:n + w])
         _accumulate(shared, got[n + w:])
         return self._input_grads(saved.leaves, got[:n])
 
@@ -434,6 +454,12 @@ class PipelineStage:
         if saved is None or saved.weight_grads is None:
             raise TrainschedError(f"stage {self.index} runs W of micro-batch {microbatch} "
                                   "before its I")
+        if self._formulas is not None:
+            for node, formula in self._formulas.items():
+                gy = saved.weight_grads[node]
+                if gy and gy[0] is not None:
+                    formula(saved.weight_inputs[node], gy[0])
+            return
         for node, fqns in self._cut.weight_nodes.items():
             pairs = [(t, g) for t, g in zip(saved.weights[node], saved.weight_grads[node],
                                             strict=True) if g is not None]
@@ -443,6 +469,49 @@ class PipelineStage:
             got = torch.autograd.grad([t for t, _ in pairs], params, [g for _, g in pairs],
                                       retain_graph=True, allow_unused=True)
             _accumulate(params, got)
+
+
+def _formula(program: ExportedProgram, model: nn.Module, node: fx.Node,
+             fqns: Sequence[str]) -> Any:
+    """``W`` of a weight node from its input and output gradient alone: a function
+    ``(x, gy)`` adding the parameter gradients, or ``None`` when there is none for the node
+    (module docstring)."""
+    aten = torch.ops.aten
+
+    def param(arg: Any) -> str | None:
+        kind, fqn = program.state_of.get(arg.name, ("", "")) if isinstance(arg, fx.Node) \
+            else ("", "")
+        return fqn if kind == "param" else None
+
+    args = list(node.args)
+    if node.kwargs or not args or not isinstance(args[0], fx.Node):
+        return None
+    if node.target is aten.linear.default and len(args) in (2, 3):
+        names = [param(a) for a in args[1:]]
+        if None in names or sorted(names) != sorted(fqns):   # type: ignore[type-var]
+            return None
+        params = [model.get_parameter(f) for f in names]   # type: ignore[arg-type]
+
+        def linear(x: torch.Tensor, gy: torch.Tensor) -> None:
+            g2 = gy.reshape(-1, gy.shape[-1])
+            grads = [g2.t().mm(x.reshape(-1, x.shape[-1]))]
+            if len(params) == 2:
+                grads.append(g2.sum(0))
+            _accumulate(params, grads)
+        return linear
+    if node.target is aten.layer_norm.default and len(args) >= 4:
+        names = [param(a) for a in args[2:4]]
+        if None in names or sorted(names) != sorted(fqns):   # type: ignore[type-var]
+            return None
+        params = [model.get_parameter(f) for f in names]   # type: ignore[arg-type]
+        shape, eps = list(args[1]), float(args[4]) if len(args) > 4 else 1e-5
+
+        def layer_norm(x: torch.Tensor, gy: torch.Tensor) -> None:
+            lead = tuple(range(x.dim() - len(shape)))
+            xhat = torch.nn.functional.layer_norm(x, shape, eps=eps)
+            _accumulate(params, [(gy * xhat).sum(lead), gy.sum(lead)])
+        return layer_norm
+    return None
 
 
 def _accumulate(params: Sequence[torch.Tensor], grads: Sequence[Any]) -> None:
