@@ -23,12 +23,14 @@ gradients are left out. PyTorch's class is counted the same way, without its kep
 alone as its own stage, F, I, W and B, and count its saved bytes, for every micro-batch size
 (the first layer, a middle one, the last one with the loss), both processes at once so that the
 costs include two processes sharing the host as in the pipeline (the two ranks' medians
-averaged); (2) measure a message's one-way time (4 B and one activation: latency and
+averaged), with the bytes a deferred ``W`` keeps after ``I`` (``weight_input_bytes``); (2) measure a message's one-way time (4 B and one activation: latency and
 bandwidth); (3) run GPipe with every action timed, which gives the host time an action costs
 inside the pipeline beyond its time alone (``microbatch_overhead_s``) and the time of posting a
 send (``message_host_s``). The simulator
 (``simulate_pipeline``) then predicts every row (``torch-zbv`` as trainsched's ``zbv``, whose
 order it matches); the error is (predicted − measured) / measured, with Kendall's τ over rows.
+Predicted peaks: ``pred`` with ``weight_input_bytes`` (trainsched's runtime frees the graph at
+``I``), ``graph kept`` with ``I`` freeing nothing (PyTorch's split backward keeps the graph).
 
     python benchmarks/pipeline_real.py              # the full run, ~15-25 min on 2 idle cores
     python benchmarks/pipeline_real.py --quick      # 2 small layers, a smoke run
@@ -106,7 +108,7 @@ def measure_layers(cut: Any, layers: int, seq: int, sizes: list[int],
             st, x = stages[k], inputs[k]
             grads = [torch.randn(s, dtype=d) for s, d in st.grad_specs]
             times: dict[str, list[float]] = {"F": [], "I": [], "W": [], "B": []}
-            saved = 0
+            saved = kept = 0
             for r in range(repeats + 1):
                 t0 = time.perf_counter()
                 st.meter = meter
@@ -115,6 +117,7 @@ def measure_layers(cut: Any, layers: int, seq: int, sizes: list[int],
                 saved = meter.bytes
                 st.backward_input(0, grads)
                 t2 = time.perf_counter()
+                kept = meter.bytes
                 st.backward_weight(0)
                 t3 = time.perf_counter()
                 st.meter = None
@@ -129,6 +132,7 @@ def measure_layers(cut: Any, layers: int, seq: int, sizes: list[int],
             z.model.zero_grad(set_to_none=True)
             out[b][role] = {k: statistics.median(v) for k, v in times.items()}
             out[b][role]["saved_bytes"] = saved
+            out[b][role]["kept_bytes"] = kept
     return out
 
 
@@ -144,7 +148,7 @@ def stage_costs(alone: dict[int, dict[str, dict[str, float]]], num_stages: int, 
         roles = ["first" if k == 0 else "last" if k == layers - 1 else "middle"
                  for k in range(s * per, (s + 1) * per)]
         rows.append({key: sum(alone[b][r][key] for r in roles)
-                     for key in ("F", "I", "W", "saved_bytes")})
+                     for key in ("F", "I", "W", "saved_bytes", "kept_bytes")})
     p = num_stages
     return StageCosts(forward_s=tuple(r["F"] for r in rows),
                       backward_input_s=tuple(r["I"] for r in rows),
@@ -152,7 +156,8 @@ def stage_costs(alone: dict[int, dict[str, dict[str, float]]], num_stages: int, 
                       activation_bytes=(b * act_bytes_per_sample,) * (p - 1) + (0,),
                       saved_bytes=tuple(int(r["saved_bytes"]) for r in rows),
                       param_bytes=(per * param_bytes,) * p, grad_bytes=(per * param_bytes,) * p,
-                      optimizer_state_bytes=(0,) * p)
+                      optimizer_state_bytes=(0,) * p,
+                      weight_input_bytes=tuple(int(r["kept_bytes"]) for r in rows))
 
 
 # --------------------------------------------------------------------------- the workers
@@ -486,8 +491,9 @@ def main() -> None:
         sim = simulate_pipeline(stages, sched, cluster)
         act_only = replace(stages, param_bytes=(0,) * p, grad_bytes=(0,) * p)
         sim_mem = simulate_pipeline(act_only, sched, cluster)
-        # trainsched's I keeps the whole graph for W (retain_graph): it frees nothing
-        sim_keep = simulate_pipeline(act_only, sched, cluster, input_grad_only_fraction=0.0)
+        # PyTorch's split backward keeps the whole graph from I to W: I frees nothing
+        sim_keep = simulate_pipeline(replace(act_only, weight_input_bytes=()), sched, cluster,
+                                     input_grad_only_fraction=0.0)
         t = timed["times"][c["name"]]
         measured = statistics.median(t)
         q1, _, q3 = statistics.quantiles(t, n=4) if len(t) > 1 else (t[0], t[0], t[0])
@@ -499,7 +505,7 @@ def main() -> None:
                      "peak_bytes": timed["peaks"][c["name"]],
                      "predicted_peak_bytes": [sim_mem.peak_memory_bytes.get(d, 0)
                                               for d in sim_mem.rank_devices],
-                     "predicted_peak_i_keeps_bytes": [sim_keep.peak_memory_bytes.get(d, 0)
+                     "predicted_peak_graph_kept_bytes": [sim_keep.peak_memory_bytes.get(d, 0)
                                                       for d in sim_keep.rank_devices]})
     by = {r["row"]: r for r in rows}
     gpipe_s = by["gpipe"]["measured_s"]
@@ -510,7 +516,7 @@ def main() -> None:
     load_after = Path("/proc/loadavg").read_text().split()[:3]
 
     print(f"\n{'row':<22} {'measured':>10} {'IQR':>17} {'min':>8} {'predicted':>10} "
-          f"{'error':>7}  {'peak MiB r0/r1':>14} {'pred':>9} {'pred, I keeps':>13}")
+          f"{'error':>7}  {'peak MiB r0/r1':>14} {'pred':>9} {'graph kept':>13}")
 
     def pair(values: list[int]) -> str:
         return "/".join(f"{b / MiB:.0f}" for b in values)
@@ -521,7 +527,7 @@ def main() -> None:
               f"{r['min_s'] * 1e3:>6.0f}ms {r['predicted_s'] * 1e3:>8.0f}ms "
               f"{r['error']:>+7.1%}  {pair(r['peak_bytes']):>14} "
               f"{pair(r['predicted_peak_bytes']):>9} "
-              f"{pair(r['predicted_peak_i_keeps_bytes']):>13}")
+              f"{pair(r['predicted_peak_graph_kept_bytes']):>13}")
     auto = by[auto_label]
     summary = {
         "auto_row": auto_label,

@@ -27,7 +27,9 @@ other executors:
 Memory per device: the ``resident_bytes`` of its stages all step. ``F(s, m)`` allocates
 ``saved_bytes[s]``; the share ``input_grad_only_fraction`` (default one half) that only dX needs
 is freed when ``I(s, m)`` ends and the rest when ``W(s, m)`` ends (all of it when a fused ``B``
-ends). An activation sent downstream is held by its producer from the start of ``F`` until its
+ends). Stages that say what a deferred ``W`` keeps (``stages.weight_input_bytes``: each weight
+op's input and output gradient) free all of ``saved_bytes`` when ``I`` ends and hold
+``weight_input_bytes[s]`` from the start of ``I`` until ``W`` ends instead. An activation sent downstream is held by its producer from the start of ``F`` until its
 transfer ends and by the receiver from the transfer's start until ``F(s+1, m)`` ends; gradients
 likewise from the start of ``I``/``B(s+1, m)`` and until ``I``/``B(s, m)`` ends. Between
 stages on one device the producer's buffer lives until the consumer ends; without a cluster the
@@ -256,12 +258,18 @@ def _simulate(stages: StageCosts, schedule: Schedule, cluster: Cluster | None,
     # Saved activations: the dX-only share until I, the rest until W (all of it until B).
     for s in range(p):
         saved = stages.saved_bytes[s]
-        if not saved:
+        kept = stages.weight_input_bytes[s] if stages.weight_input_bytes else None
+        if not saved and not kept:
             continue
         d = stage_dev[s]
         at_input = int(saved * fraction)
         for mb in range(num_mb):
             f, g, w = forward_task[s, mb], grad_task[s, mb], weight_task[s, mb]
+            if kept is not None and g != w:   # I frees the graph; W keeps its inputs
+                alloc(Allocation(device=d, size_bytes=saved, at_task=f, until_tasks=(g,)))
+                if kept:
+                    alloc(Allocation(device=d, size_bytes=kept, at_task=g, until_tasks=(w,)))
+                continue
             if g == w or not at_input:
                 alloc(Allocation(device=d, size_bytes=saved, at_task=f, until_tasks=(w,)))
                 continue
