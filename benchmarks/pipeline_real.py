@@ -23,14 +23,15 @@ gradients are left out. PyTorch's class is counted the same way, without its kep
 alone as its own stage, F, I, W and B, and count its saved bytes, for every micro-batch size
 (the first layer, a middle one, the last one with the loss), both processes at once so that the
 costs include two processes sharing the host as in the pipeline (the two ranks' medians
-averaged), with the bytes a deferred ``W`` keeps after ``I`` (``weight_input_bytes``); (2) measure a message's one-way time (4 B and one activation: latency and
-bandwidth); (3) run GPipe with every action timed, which gives the host time an action costs
-inside the pipeline beyond its time alone (``microbatch_overhead_s``) and the time of posting a
-send (``message_host_s``). The simulator
-(``simulate_pipeline``) then predicts every row (``torch-zbv`` as trainsched's ``zbv``, whose
-order it matches); the error is (predicted − measured) / measured, with Kendall's τ over rows.
-Predicted peaks: ``pred`` with ``weight_input_bytes`` (trainsched's runtime frees the graph at
-``I``), ``graph kept`` with ``I`` freeing nothing (PyTorch's split backward keeps the graph).
+averaged), with the bytes a deferred ``W`` keeps after ``I`` (``weight_input_bytes``); (2)
+measure a message's one-way time (4 B and one activation: latency and bandwidth); (3) run GPipe
+with every action timed, which gives the host time an action costs inside the pipeline beyond
+its time alone (``microbatch_overhead_s``) and the time of posting a send (``message_host_s``).
+The simulator (``simulate_pipeline``) then predicts every row (``torch-zbv`` as trainsched's
+``zbv``, whose order it matches); the error is (predicted − measured) / measured, with Kendall's
+τ over rows. Predicted peaks: ``pred`` with ``weight_input_bytes`` (trainsched's runtime frees
+the graph at ``I``), ``graph kept`` with ``I`` freeing nothing (PyTorch's split backward keeps
+the graph).
 
     python benchmarks/pipeline_real.py              # the full run, ~15-25 min on 2 idle cores
     python benchmarks/pipeline_real.py --quick      # 2 small layers, a smoke run

@@ -29,11 +29,12 @@ Memory per device: the ``resident_bytes`` of its stages all step. ``F(s, m)`` al
 is freed when ``I(s, m)`` ends and the rest when ``W(s, m)`` ends (all of it when a fused ``B``
 ends). Stages that say what a deferred ``W`` keeps (``stages.weight_input_bytes``: each weight
 op's input and output gradient) free all of ``saved_bytes`` when ``I`` ends and hold
-``weight_input_bytes[s]`` from the start of ``I`` until ``W`` ends instead. An activation sent downstream is held by its producer from the start of ``F`` until its
-transfer ends and by the receiver from the transfer's start until ``F(s+1, m)`` ends; gradients
-likewise from the start of ``I``/``B(s+1, m)`` and until ``I``/``B(s, m)`` ends. Between
-stages on one device the producer's buffer lives until the consumer ends; without a cluster the
-producer holds it while it runs and the receiver from the producer's start to its own end.
+``weight_input_bytes[s]`` from the start of ``I`` until ``W`` ends instead. An activation sent
+downstream is held by its producer from the start of ``F`` until its transfer ends and by the
+receiver from the transfer's start until ``F(s+1, m)`` ends; gradients likewise from the start
+of ``I``/``B(s+1, m)`` and until ``I``/``B(s, m)`` ends. Between stages on one device the
+producer's buffer lives until the consumer ends; without a cluster the producer holds it while
+it runs and the receiver from the producer's start to its own end.
 
 The result is a :class:`PipelineResult`: a :class:`~trainsched.sim.result.SimResult` plus per
 rank busy and idle compute time and ``bubble_fraction`` = idle compute of all ranks ÷ (ranks ×
