@@ -49,13 +49,13 @@ def test_a_later_rank_holds_fewer_micro_batches_under_1f1b():
 def test_stages_that_say_what_w_keeps_free_the_rest_at_i():
     from dataclasses import replace
 
-    # 1F1B split on 2 stages, 2 micro-batches: rank 0 runs F0 F1 I0 W0 I1 W1. With W keeping
-    # K = 1500 of each micro-batch from its I on: at I0, micro-batch 1 holds S and micro-batch
-    # 0 holds S until I0 ends and K from I0's start: peak S + S + K while I0 runs.
-    stages = replace(uniform_stages(2, 1.0, 1.0, 1.0, saved_bytes=S), weight_input_bytes=(1500,
-                                                                                        1500))
+    # 1F1B split on 2 stages, 2 micro-batches: rank 0 runs F0 F1 I0 W0 I1 W1. W keeps
+    # K = 1500 of its micro-batch from the end of its I: while I0 runs, micro-batches 0 and 1
+    # hold S each (2000); while W0 runs, micro-batch 1 holds S and micro-batch 0 K (2500).
+    stages = replace(uniform_stages(2, 1.0, 1.0, 1.0, saved_bytes=S),
+                     weight_input_bytes=(1500, 1500))
     result = simulate_pipeline(stages, build_schedule("1f1b", 2, 2, split_backward=True))
-    assert result.peak_memory_bytes["device0"] == 2 * S + 1500
+    assert result.peak_memory_bytes["device0"] == S + 1500
 
 
 def test_weight_input_bytes_need_one_entry_per_stage():

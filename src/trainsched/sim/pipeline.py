@@ -29,12 +29,12 @@ Memory per device: the ``resident_bytes`` of its stages all step. ``F(s, m)`` al
 is freed when ``I(s, m)`` ends and the rest when ``W(s, m)`` ends (all of it when a fused ``B``
 ends). Stages that say what a deferred ``W`` keeps (``stages.weight_input_bytes``: each weight
 op's input and output gradient) free all of ``saved_bytes`` when ``I`` ends and hold
-``weight_input_bytes[s]`` from the start of ``I`` until ``W`` ends instead. An activation sent
-downstream is held by its producer from the start of ``F`` until its transfer ends and by the
-receiver from the transfer's start until ``F(s+1, m)`` ends; gradients likewise from the start
-of ``I``/``B(s+1, m)`` and until ``I``/``B(s, m)`` ends. Between stages on one device the
-producer's buffer lives until the consumer ends; without a cluster the producer holds it while
-it runs and the receiver from the producer's start to its own end.
+``weight_input_bytes[s]`` from then (the start of the rank's next action) until ``W`` ends. An
+activation sent downstream is held by its producer from the start of ``F`` until its transfer
+ends and by the receiver from the transfer's start until ``F(s+1, m)`` ends; gradients likewise
+from the start of ``I``/``B(s+1, m)`` and until ``I``/``B(s, m)`` ends. Between stages on one
+device the producer's buffer lives until the consumer ends; without a cluster the producer holds
+it while it runs and the receiver from the producer's start to its own end.
 
 The result is a :class:`PipelineResult`: a :class:`~trainsched.sim.result.SimResult` plus per
 rank busy and idle compute time and ``bubble_fraction`` = idle compute of all ranks ÷ (ranks ×
@@ -268,8 +268,10 @@ def _simulate(stages: StageCosts, schedule: Schedule, cluster: Cluster | None,
             f, g, w = forward_task[s, mb], grad_task[s, mb], weight_task[s, mb]
             if kept is not None and g != w:   # I frees the graph; W keeps its inputs
                 alloc(Allocation(device=d, size_bytes=saved, at_task=f, until_tasks=(g,)))
-                if kept:
-                    alloc(Allocation(device=d, size_bytes=kept, at_task=g, until_tasks=(w,)))
+                if kept:   # from I's end: from the start of the rank's next action
+                    mine = rank_tasks[schedule.stage_to_rank[s]]
+                    alloc(Allocation(device=d, size_bytes=kept, at_task=mine[position[g] + 1],
+                                     until_tasks=(w,)))
                 continue
             if g == w or not at_input:
                 alloc(Allocation(device=d, size_bytes=saved, at_task=f, until_tasks=(w,)))
