@@ -48,6 +48,7 @@ from torch import fx, nn
 
 from trainsched.errors import TrainschedError
 from trainsched.runtime.placed import ExportedProgram, export_program, flatten_inputs
+from trainsched.runtime.weight_grads import accumulate_grads, weight_formula
 
 if TYPE_CHECKING:
     from trainsched.runtime.saved_memory import SavedTensorMeter
@@ -329,7 +330,7 @@ class PipelineStage:
         self._saved: dict[int, _Saved] = {}
         self.losses: dict[int, float] = {}
         self.meter: SavedTensorMeter | None = None
-        formulas = {n: _formula(program, model, program.nodes[n], fqns)
+        formulas = {n: weight_formula(program, model, program.nodes[n], fqns)
                     for n, fqns in cut.weight_nodes.items()}
         # W by formula for every weight node, or by the kept graph for all of them
         self._formulas = formulas if all(formulas.values()) else None
@@ -445,7 +446,7 @@ class PipelineStage:
             del outputs, weight
         if self.meter is not None:
             saved.held += self.meter.hold(got[n:n + w])
-        _accumulate(shared, got[n + w:])
+        accumulate_grads(shared, got[n + w:])
         return self._input_grads(saved.leaves, got[:n])
 
     def backward_weight(self, microbatch: int) -> None:
@@ -468,61 +469,7 @@ class PipelineStage:
             params = [self.parameters[f] for f in fqns]
             got = torch.autograd.grad([t for t, _ in pairs], params, [g for _, g in pairs],
                                       retain_graph=True, allow_unused=True)
-            _accumulate(params, got)
-
-
-def _formula(program: ExportedProgram, model: nn.Module, node: fx.Node,
-             fqns: Sequence[str]) -> Any:
-    """``W`` of a weight node from its input and output gradient alone: a function
-    ``(x, gy)`` adding the parameter gradients, or ``None`` when there is none for the node
-    (module docstring)."""
-    aten = torch.ops.aten
-
-    def param(arg: Any) -> str | None:
-        kind, fqn = program.state_of.get(arg.name, ("", "")) if isinstance(arg, fx.Node) \
-            else ("", "")
-        return fqn if kind == "param" else None
-
-    args = list(node.args)
-    if node.kwargs or not args or not isinstance(args[0], fx.Node):
-        return None
-    if node.target is aten.linear.default and len(args) in (2, 3):
-        names = [param(a) for a in args[1:]]
-        if None in names or sorted(names) != sorted(fqns):   # type: ignore[type-var]
-            return None
-        params = [model.get_parameter(f) for f in names]   # type: ignore[arg-type]
-
-        def linear(x: torch.Tensor, gy: torch.Tensor) -> None:
-            g2 = gy.reshape(-1, gy.shape[-1])
-            grads = [g2.t().mm(x.reshape(-1, x.shape[-1]))]
-            if len(params) == 2:
-                grads.append(g2.sum(0))
-            _accumulate(params, grads)
-        return linear
-    if node.target is aten.layer_norm.default and len(args) >= 4:
-        names = [param(a) for a in args[2:4]]
-        if None in names or sorted(names) != sorted(fqns):   # type: ignore[type-var]
-            return None
-        params = [model.get_parameter(f) for f in names]   # type: ignore[arg-type]
-        shape, eps = list(args[1]), float(args[4]) if len(args) > 4 else 1e-5
-
-        def layer_norm(x: torch.Tensor, gy: torch.Tensor) -> None:
-            lead = tuple(range(x.dim() - len(shape)))
-            xhat = torch.nn.functional.layer_norm(x, shape, eps=eps)
-            _accumulate(params, [(gy * xhat).sum(lead), gy.sum(lead)])
-        return layer_norm
-    return None
-
-
-def _accumulate(params: Sequence[torch.Tensor], grads: Sequence[Any]) -> None:
-    with torch.no_grad():
-        for p, g in zip(params, grads, strict=True):
-            if g is None:
-                continue
-            if p.grad is None:
-                p.grad = g.detach().clone()
-            else:
-                p.grad.add_(g)
+            accumulate_grads(params, got)
 
 
 def build_stages(model: nn.Module, stages: Sequence[Sequence[str]], example_args: tuple,
