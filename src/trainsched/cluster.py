@@ -100,6 +100,14 @@ class DeviceSpec:
     device take turns: a + b). Defaults: ε = 0.1 and a fit of 0 s (nothing fits: a second
     stream gains nothing until a profile says otherwise); the catalogue GPUs fit kernels of up
     to 100 µs.
+
+    Two host costs of pipeline runs, charged by the pipeline simulator (both default 0, as on
+    a device whose host thread runs ahead of its kernels): ``microbatch_overhead_s``, the time
+    each compute action of a micro-batch (``F``, ``I``, ``W``, ``B``) costs beyond its ops (the
+    stage's Python dispatch and autograd calls), and ``message_host_s``, the time the compute
+    thread spends posting or collecting one point-to-point message (a send after ``F``/``I``,
+    a receive before them) between stages on different devices. ``benchmarks/
+    pipeline_real.py`` measures both on this host.
     """
 
     kind: str
@@ -110,6 +118,8 @@ class DeviceSpec:
     comm_compute_share: float = 0.0
     stream_slowdown: float = 0.1
     stream_fit_s: float = 0.0
+    microbatch_overhead_s: float = 0.0
+    message_host_s: float = 0.0
 
     def __post_init__(self) -> None:
         where = f"device {self.kind!r}"
@@ -139,6 +149,11 @@ class DeviceSpec:
                  f"{where}: stream_fit_s must be seconds >= 0, got {self.stream_fit_s!r}")
         object.__setattr__(self, "stream_slowdown", float(self.stream_slowdown))
         object.__setattr__(self, "stream_fit_s", float(self.stream_fit_s))
+        for name in ("microbatch_overhead_s", "message_host_s"):
+            value = getattr(self, name)
+            _require(_finite(value) and value >= 0,
+                     f"{where}: {name} must be a duration >= 0 s, got {value!r}")
+            object.__setattr__(self, name, float(value))
         ordered = {d: float(flops[d]) for d in DTYPES if d in flops}
         object.__setattr__(self, "peak_flops_per_s", MappingProxyType(ordered))
         object.__setattr__(self, "memory_bandwidth_bytes_per_s", float(bandwidth))
@@ -153,7 +168,8 @@ class DeviceSpec:
     def __hash__(self) -> int:
         return hash((self.kind, self.memory_bytes, tuple(self.peak_flops_per_s.items()),
                      self.memory_bandwidth_bytes_per_s, self.launch_overhead_s,
-                     self.comm_compute_share, self.stream_slowdown, self.stream_fit_s))
+                     self.comm_compute_share, self.stream_slowdown, self.stream_fit_s,
+                     self.microbatch_overhead_s, self.message_host_s))
 
     def __reduce__(self) -> tuple[Any, ...]:
         # A mappingproxy cannot be pickled; rebuild from a plain dict instead.
@@ -313,6 +329,9 @@ class Cluster:
                 **({"stream_slowdown": dev.stream_slowdown}
                    if dev.stream_slowdown != STREAM_SLOWDOWN_DEFAULT else {}),
                 **({"stream_fit": dev.stream_fit_s} if dev.stream_fit_s else {}),
+                **({"microbatch_overhead": dev.microbatch_overhead_s}
+                   if dev.microbatch_overhead_s else {}),
+                **({"message_host": dev.message_host_s} if dev.message_host_s else {}),
             },
             "intra_node": _link_dict(self.intra_node),
         }
@@ -357,7 +376,10 @@ class Cluster:
             f"{format_bandwidth(dev.memory_bandwidth_bytes_per_s)} memory bandwidth, "
             f"launch {format_duration(dev.launch_overhead_s)}"
             + (f", communication costs {dev.comm_compute_share:.2f} s of compute per s"
-               if dev.comm_compute_share else ""),
+               if dev.comm_compute_share else "")
+            + (f", pipeline host time {format_duration(dev.microbatch_overhead_s)} per action"
+               f" and {format_duration(dev.message_host_s)} per message"
+               if dev.microbatch_overhead_s or dev.message_host_s else ""),
             f"  peak        {flops}",
             f"  intra-node  {self.intra_node.describe()} (per device, per direction)",
             *([f"  collectives {self.collectives.describe()} (per rank, ring formula; "
@@ -680,6 +702,8 @@ def _device(kind: str | None, values: dict[str, Any], where: str,
             comm_compute_share=pick("comm_compute_share", "comm_compute_share", 0.0),
             stream_slowdown=pick("stream_slowdown", "stream_slowdown", STREAM_SLOWDOWN_DEFAULT),
             stream_fit_s=pick("stream_fit", "stream_fit_s", 0.0),
+            microbatch_overhead_s=pick("microbatch_overhead", "microbatch_overhead_s", 0.0),
+            message_host_s=pick("message_host", "message_host_s", 0.0),
         )
     except TrainschedError as exc:
         raise TrainschedError(f"{where}: {exc}") from None
@@ -707,7 +731,7 @@ def _cluster_from_dict(data: Mapping[str, Any], source: str) -> Cluster:
 
     dev = table("device", ("kind", "count", "memory", "peak_flops", "memory_bandwidth",
                            "launch_overhead", "comm_compute_share", "stream_slowdown",
-                           "stream_fit"))
+                           "stream_fit", "microbatch_overhead", "message_host"))
     intra = table("intra_node", _LINK_KEYS)
     inter = table("inter_node", _LINK_KEYS, required=False)
     collectives = table("collectives", _LINK_KEYS, required=False)
@@ -721,6 +745,8 @@ def _cluster_from_dict(data: Mapping[str, Any], source: str) -> Cluster:
         "comm_compute_share": dev.get("comm_compute_share", _share, None),
         "stream_slowdown": dev.get("stream_slowdown", _slowdown, None),
         "stream_fit": dev.get("stream_fit", parse_duration, None),
+        "microbatch_overhead": dev.get("microbatch_overhead", parse_duration, None),
+        "message_host": dev.get("message_host", parse_duration, None),
     }
     device = _device(dev.get("kind", _string, None), values, f"{source}: [device]", str)
     try:

@@ -47,7 +47,10 @@ class StageCosts:
     ``grad_bytes`` and ``optimizer_state_bytes``. ``ops[s]`` names the forward ops of stage
     ``s`` (empty for hand-made stages); ``num_microbatches`` is the count the graph's costs
     were divided by (``None``: per-micro-batch costs given directly), which the simulator
-    checks against the schedule's.
+    checks against the schedule's. ``weight_input_bytes[s]``, when given, is what a deferred
+    ``W`` of stage ``s`` keeps per micro-batch from its ``I`` on (each weight op's input and
+    output gradient): the simulator then frees all of ``saved_bytes`` at ``I`` and holds these
+    bytes until ``W``; empty (the default), it frees a fixed share at ``I`` instead.
     """
 
     forward_s: tuple[float, ...]
@@ -60,6 +63,7 @@ class StageCosts:
     optimizer_state_bytes: tuple[int, ...]
     ops: tuple[tuple[str, ...], ...] = field(default=())
     num_microbatches: int | None = None
+    weight_input_bytes: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         p = len(self.forward_s)
@@ -91,6 +95,11 @@ class StageCosts:
         if len(ops) != p:
             raise TrainschedError(f"stage costs: ops has {len(ops)} entries for {p} stages")
         object.__setattr__(self, "ops", ops)
+        held = tuple(self.weight_input_bytes)
+        if held and (len(held) != p or not all(is_int(v) and v >= 0 for v in held)):
+            raise TrainschedError(f"stage costs: weight_input_bytes must be empty or one integer "
+                                  f"number of bytes >= 0 per stage ({p}), got {held!r}")
+        object.__setattr__(self, "weight_input_bytes", held)
         m = self.num_microbatches
         if m is not None and not (is_int(m) and m >= 1):
             raise TrainschedError(f"stage costs: num_microbatches must be an integer >= 1 or "

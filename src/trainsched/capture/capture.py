@@ -39,7 +39,7 @@ def capture(model: torch.nn.Module, example_inputs: tuple | Any = (), *,
             device: str | torch.device | None = None, warmup: int = 0, repeats: int = 10,
             method: str = "auto", name: str = "model", threads: int | None = None,
             precision: str = "fp32", meta: Mapping[str, Any] | None = None,
-            progress: Progress | None = None) -> Graph:
+            progress: Progress | None = None, inputs_require_grad: bool = False) -> Graph:
     """Capture ``model`` on an example batch into a forward :class:`~trainsched.graph.Graph`.
 
     ``example_inputs`` are the positional arguments of ``model.forward`` (a single tensor is
@@ -61,6 +61,9 @@ def capture(model: torch.nn.Module, example_inputs: tuple | Any = (), *,
     A measured phase whose samples spread wider than
     :data:`~trainsched.graph.core.SPREAD_LIMIT` is timed again; the graph's meta counts
     the phases re-measured and those still spread (``remeasured_phases``, ``noisy_phases``).
+    ``inputs_require_grad`` captures a pipeline stage on its own: its floating inputs are a
+    previous stage's activations, so the ops reading them get (and are timed with) an input
+    gradient; ``meta["grad_inputs"]`` names those inputs, which the training transform honours.
     """
     if threads is not None and threads < 1:
         raise TrainschedError(f"threads must be at least 1, got {threads}")
@@ -74,7 +77,8 @@ def capture(model: torch.nn.Module, example_inputs: tuple | Any = (), *,
         with quiet_torch_logs():
             return _capture(model, example_inputs, example_kwargs, granularity, module_depth,
                             costs, device_kind, device, warmup, repeats, method, name,
-                            {**(meta or {}), "precision": precision}, progress)
+                            {**(meta or {}), "precision": precision}, progress,
+                            bool(inputs_require_grad))
     finally:
         torch.set_num_threads(previous)
 
@@ -82,7 +86,8 @@ def capture(model: torch.nn.Module, example_inputs: tuple | Any = (), *,
 def _capture(model: torch.nn.Module, example_inputs: Any, example_kwargs: Any,
              granularity: str, module_depth: int | None, costs: str, device_kind: str | None,
              device: Any, warmup: int, repeats: int, method: str, name: str,
-             meta: Mapping[str, Any] | None, progress: Progress | None) -> Graph:
+             meta: Mapping[str, Any] | None, progress: Progress | None,
+             inputs_require_grad: bool = False) -> Graph:
     if granularity not in GRANULARITIES:
         raise TrainschedError(f"unknown granularity {granularity!r}; use op or module")
     if costs not in TIERS:
@@ -125,11 +130,13 @@ def _capture(model: torch.nn.Module, example_inputs: Any, example_kwargs: Any,
     # measured tier then times every step on real tensors.
     autocast_on = (run_device.type if run_device is not None else "cpu")
     with FakeTensorMode(allow_non_fake_inputs=True) as mode, _math(precision, autocast_on):
-        step_costs = StepRunner(traced, measure=False, progress=None if measure else progress
+        step_costs = StepRunner(traced, measure=False, progress=None if measure else progress,
+                                inputs_require_grad=inputs_require_grad
                                 ).run(lambda t: mode.from_tensor(t))
     if measure:
         timer = StepRunner(traced, measure=True, warmup=warmup, repeats=repeats,
-                           device=run_device, progress=progress)
+                           device=run_device, progress=progress,
+                           inputs_require_grad=inputs_require_grad)
         with _math(precision, autocast_on):
             timed = timer.run(lambda t: t.detach())
         step_costs = [_with_times(c, t) for c, t in zip(step_costs, timed, strict=True)]
@@ -163,6 +170,9 @@ def _capture(model: torch.nn.Module, example_inputs: Any, example_kwargs: Any,
     elif spec is not None:
         graph_meta.update(device=spec.kind,
                           memory_bandwidth_bytes_per_s=spec.memory_bandwidth_bytes_per_s)
+    if inputs_require_grad:
+        graph_meta["grad_inputs"] = [n for n, v in traced.inputs.items()
+                                     if isinstance(v, torch.Tensor) and v.is_floating_point()]
     graph_meta.update(dict(meta or {}))
     graph = _build_graph(traced, step_costs, phase_s, graph_meta)
     if granularity == "module":

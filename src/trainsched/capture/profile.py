@@ -99,8 +99,10 @@ class StepRunner:
     """Interprets a :class:`Traced` program step by step, costing each step."""
 
     def __init__(self, traced: Traced, *, measure: bool, warmup: int = 0, repeats: int = 10,
-                 device: torch.device | None = None, progress: Progress | None = None):
+                 device: torch.device | None = None, progress: Progress | None = None,
+                 inputs_require_grad: bool = False):
         self.traced = traced
+        self.inputs_require_grad = inputs_require_grad
         self.measure = measure
         self.warmup = warmup
         self.repeats = repeats
@@ -127,7 +129,10 @@ class StepRunner:
                 self.state_storages.add(self.state[fqn].untyped_storage()._cdata)
         for name, value in self.traced.inputs.items():
             self.values[name] = convert(value) if isinstance(value, torch.Tensor) else value
-            self.requires_grad[name] = False
+            # A pipeline stage's input is a previous stage's activation: it needs a gradient.
+            self.requires_grad[name] = (self.inputs_require_grad
+                                        and isinstance(value, torch.Tensor)
+                                        and value.is_floating_point())
             self.root[name] = [name]
 
     def _value(self, arg: Any) -> Any:

@@ -97,9 +97,14 @@ def add_parser(sub: Subcommands) -> None:
                    help="data parallel, --backprop ooo: layers deferred (default: the fastest "
                    "k the simulator finds within the device's memory)")
     p.add_argument("--schedule", default=None,
-                   help=f"pipeline schedule: {', '.join(SCHEDULES)} (default 1f1b)")
+                   help=f"pipeline schedule: {', '.join(SCHEDULES)}, or auto: the schedule and "
+                   "micro-batch count with the shortest simulated step (default 1f1b)")
     p.add_argument("--microbatches", type=int, default=None,
-                   help="pipeline micro-batches (default: 2 x stages)")
+                   help="pipeline micro-batches (default: 2 x stages; with --schedule auto, "
+                   "every divisor of the batch)")
+    p.add_argument("--memory-limit", default=None, metavar="SIZE",
+                   help="pipeline, --schedule auto: memory per device the schedule must fit "
+                   "in (default: the cluster's device memory)")
     p.add_argument("--sync", default=None, metavar="POLICY",
                    help="data parallel: sync policy, e.g. bsp, asp, ssp(s=4), k-of-n(k=3), "
                    "local(h=8), bsp:0.125,asp:0.875 (default bsp); simulates it over many steps")
@@ -144,8 +149,8 @@ RULES = (
     Applies(flags=("k",), when={"parallelism": ("data",), "autotune": (False,),
                                 "backprop": tuple(n for n in BACKPROP_ORDERS if n != "inorder")},
             where="with --parallelism data --backprop ooo (in-order backprop defers no layer)"),
-    Applies(flags=("schedule", "microbatches"), when={"parallelism": ("pipeline",)},
-            where="with --parallelism pipeline"),
+    Applies(flags=("schedule", "microbatches", "memory_limit"),
+            when={"parallelism": ("pipeline",)}, where="with --parallelism pipeline"),
 )
 
 
@@ -200,6 +205,11 @@ def build_plan(graph: Any, cluster: Any, args: argparse.Namespace, *, policy: An
     from trainsched.backprop.stages import stage_costs_from_graph
     from trainsched.strategies import default_microbatches
 
+    if (args.schedule or "").strip().lower() == "auto":
+        return _auto_pipeline(graph, cluster, args, ranks)[0]
+    if args.memory_limit is not None:
+        raise TrainschedError("--memory-limit: the limit picks a schedule; it applies with "
+                              "--schedule auto")
     batch = graph.meta.get("batch_size")
     micro = args.microbatches or default_microbatches(ranks, batch)
     if isinstance(batch, int) and micro > batch:
@@ -210,6 +220,22 @@ def build_plan(graph: Any, cluster: Any, args: argparse.Namespace, *, policy: An
     return plans.PipelinePlan(model=model, stages=stages.ops,
                               schedule=build_schedule(schedule, ranks, micro, stages=stages),
                               schedule_name=schedule.strip().lower())
+
+
+def _auto_pipeline(graph: Any, cluster: Any, args: argparse.Namespace,
+                   ranks: int) -> tuple[Any, Any]:
+    """``--schedule auto``: the plan of the schedule and micro-batch count that
+    :func:`trainsched.sim.pipeline_choice.choose_pipeline` picks, and its choice."""
+    from trainsched import plan as plans
+    from trainsched.sim.pipeline_choice import choose_pipeline
+    from trainsched.units import parse_size
+
+    limit = None if args.memory_limit is None else parse_size(args.memory_limit)
+    choice = choose_pipeline(graph, cluster, ranks, memory_limit_bytes=limit,
+                             microbatches=[args.microbatches] if args.microbatches else None)
+    plan = plans.PipelinePlan(model=plans.ModelRef.of(graph), stages=choice.stages.ops,
+                              schedule=choice.schedule, schedule_name=choice.schedule_name)
+    return plan, choice
 
 
 def _ranks(args: argparse.Namespace, cluster: Any) -> int:
@@ -313,7 +339,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.parallelism == "data":
         policy = _data_policy(args)
         steps = _data_steps(args, policy)
-    k, sweep, choice = 0, None, None
+    k, sweep, choice, pipeline_choice = 0, None, None, None
     ooo = (args.backprop or "inorder") != "inorder"
     if args.parallelism == "data" and ooo:
         k, sweep = _choose_k(graph, cluster, args, policy, steps)
@@ -321,8 +347,11 @@ def run(args: argparse.Namespace) -> int:
         from trainsched.sim import choose_slots
 
         choice = choose_slots(graph, cluster)
-    plan = build_plan(graph, cluster, args, policy=policy, steps=steps, k=k,
-                      slots=choice.slots if choice is not None else ())
+    if args.parallelism == "pipeline" and (args.schedule or "").strip().lower() == "auto":
+        plan, pipeline_choice = _auto_pipeline(graph, cluster, args, _ranks(args, cluster))
+    else:
+        plan = build_plan(graph, cluster, args, policy=policy, steps=steps, k=k,
+                          slots=choice.slots if choice is not None else ())
     result = simulate(plan, graph, cluster)
     if args.trace:
         write_trace(args.trace, result, title=f"{graph.meta.get('model', 'graph')} "
@@ -342,6 +371,8 @@ def run(args: argparse.Namespace) -> int:
     }
     if choice is not None:
         doc["slots"] = _slots_doc(choice)
+    if pipeline_choice is not None:
+        doc["choice"] = pipeline_choice.to_dict()
     if args.parallelism == "data":
         from trainsched.sim import crossing_bound_s
 

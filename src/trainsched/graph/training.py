@@ -4,7 +4,8 @@ Backward is split the way out-of-order backprop and zero-bubble pipelines need i
 (``backward_input``, the gradient of v's inputs, on the critical path) and ``v:dW``
 (``backward_weight``, the gradient of v's parameters, free to move), then ``v:opt`` updates
 the parameters. Only ops that really need gradient work get it: an op fed only by inputs and
-parameter-free ops has no backward, and the first layer of a network has no ``dX``. Nothing else
+parameter-free ops has no backward, and the first layer of a network has no ``dX`` (unless its
+input is listed in ``meta["grad_inputs"]``: a pipeline stage captured alone). Nothing else
 builds backward ops by hand. The rules are listed in ``docs/graph-format.md``.
 """
 
@@ -50,11 +51,14 @@ def to_training(
             f"{wrong[0].kind!r} ({len(wrong)} non-forward ops); was it transformed already?"
         )
     order = graph.topological_order()
+    # Inputs that need a gradient: a pipeline stage captured alone (capture's
+    # inputs_require_grad) reads the previous stage's activations, so its first ops get a dX.
+    grad_inputs = set(graph.meta.get("grad_inputs", ()))
     requires_grad: dict[str, bool] = {}
     has_dx: dict[str, bool] = {}
     for v in order:
         has_dx[v] = any(requires_grad[u] for u in graph.predecessors(v))
-        requires_grad[v] = has_dx[v] or graph.op(v).param_bytes > 0
+        requires_grad[v] = has_dx[v] or graph.op(v).param_bytes > 0 or v in grad_inputs
     # Gradient bytes flowing back from consumer c to producer u: the forward edges' sizes.
     grad_bytes: dict[str, dict[str, int]] = {v: {} for v in order}
     for e in graph.edges:

@@ -131,7 +131,25 @@ def simulate_report(doc: Mapping[str, Any], model: str) -> str:
         lines.append(f"  trace            {doc['trace']} (open in ui.perfetto.dev)")
     if doc.get("sync"):
         lines += sync_lines(doc["sync"])
+    if doc.get("choice"):
+        lines += pipeline_choice_lines(doc["choice"])
     return "\n".join(lines)
+
+
+def pipeline_choice_lines(choice: Mapping[str, Any]) -> list[str]:
+    """``simulate --schedule auto``: every candidate tried, then why the winner won."""
+    lines = ["", f"schedules tried (memory limit {format_size(choice['memory_limit_bytes'])} "
+                 f"per device):",
+             f"  {'schedule':<20} {'m':>4} {'step':>10} {'peak':>10}  note"]
+    for c in choice["candidates"]:
+        step = "-" if c["step_time_s"] is None else format_duration(c["step_time_s"])
+        peak = "-" if c["peak_memory_bytes"] is None else format_size(c["peak_memory_bytes"])
+        won = c["schedule"] == choice["schedule"] and c["microbatches"] == choice["microbatches"]
+        note = "chosen" if won else c["note"].split(";")[0]
+        lines.append(f"  {c['schedule']:<20} {c['microbatches']:>4} {step:>10} {peak:>10}  "
+                     f"{note}".rstrip())
+    lines.append(f"chosen: {choice['reason']}")
+    return lines
 
 
 def sync_lines(sync: Mapping[str, Any]) -> list[str]:

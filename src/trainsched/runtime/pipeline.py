@@ -32,6 +32,13 @@ unless gradients are asked for.
 
 :func:`run_local` runs one step of a schedule on stages built in this process (a thread per
 rank, the same :func:`run_actions`), for tests and debugging.
+
+**Activation memory.** With ``measure_memory`` both count, per rank, the bytes of the saved
+activations (and the output gradients kept from ``I`` to ``W``) its stages hold, with a
+:class:`~trainsched.runtime.saved_memory.SavedTensorMeter`, and report the peak of a step: the
+quantity the simulator's memory model predicts, without the resident parameters, gradients and
+optimizer state, and without the buffers in transit. A rank's peak depends only on its own
+action order, so threads and processes measure the same.
 """
 
 from __future__ import annotations
@@ -55,8 +62,8 @@ from trainsched.runtime.optim import OPTIMIZERS, make_optimizer
 if TYPE_CHECKING:
     from trainsched.runtime.stage_modules import PipelineStage
 
-__all__ = ["FAULT_ENV", "OPTIMIZERS", "Key", "PipelineRunResult", "run_actions", "run_local",
-           "run_pipeline"]
+__all__ = ["FAULT_ENV", "OPTIMIZERS", "GlooMailbox", "Key", "PipelineRunResult", "run_actions",
+           "run_local", "run_pipeline"]
 
 FAULT_ENV = "TRAINSCHED_PIPELINE_FAULT"
 
@@ -102,9 +109,11 @@ def run_actions(rank: int, schedule: Schedule, stages: Mapping[int, PipelineStag
 
 
 def run_local(stages: Sequence[PipelineStage], schedule: Schedule,
-              microbatches: Sequence[tuple[tuple, dict]], *, timeout_s: float = 120.0) -> None:
+              microbatches: Sequence[tuple[tuple, dict]], *, timeout_s: float = 120.0,
+              measure_memory: bool = False) -> tuple[int, ...] | None:
     """Run one step of ``schedule`` on ``stages`` in this process: a thread per rank, messages
-    through a shared mailbox. Gradients accumulate on the model; no optimizer step."""
+    through a shared mailbox. Gradients accumulate on the model; no optimizer step. With
+    ``measure_memory``, returns each rank's peak activation bytes (module docstring)."""
     from trainsched.runtime.stage_modules import flat_microbatches
 
     schedule.validate()
@@ -128,8 +137,12 @@ def run_local(stages: Sequence[PipelineStage], schedule: Schedule,
                 raise TrainschedError("another rank failed")
             return box.pop(key)
 
+    meters = [_meter(stages) if measure_memory else None for _ in range(schedule.num_ranks)]
+
     def rank_main(r: int) -> None:
         owned = {s: stages[s] for s in range(schedule.num_stages) if schedule.stage_to_rank[s] == r}
+        for st in owned.values():
+            st.meter = meters[r]
         try:
             run_actions(r, schedule, owned, inputs, send, recv)
         except BaseException as exc:
@@ -143,8 +156,19 @@ def run_local(stages: Sequence[PipelineStage], schedule: Schedule,
         t.start()
     for t in threads:
         t.join()
+    for st in stages:
+        st.meter = None
     if errors:
         raise errors[0]
+    return tuple(m.peak_bytes for m in meters) if measure_memory else None  # type: ignore
+
+
+def _meter(stages: Sequence[PipelineStage]) -> Any:
+    """A meter leaving out the model's parameters and buffers (resident all step)."""
+    from trainsched.runtime.saved_memory import SavedTensorMeter
+
+    model = stages[0].model
+    return SavedTensorMeter(exclude=[*model.parameters(), *model.buffers()])
 
 
 # --- real processes ------------------------------------------------------------------------------
@@ -158,6 +182,8 @@ class PipelineRunResult:
     ``losses``: every step's loss (warm-up included), the sum over its micro-batches.
     ``gradients``: with ``return_gradients``, the first step's gradient of every parameter a
     stage owns, by name, before the optimizer step (torch tensors).
+    ``peak_activation_bytes``: with ``measure_memory``, per rank, the largest peak of
+    activation bytes over the timed steps (module docstring).
     """
 
     model: str
@@ -170,6 +196,7 @@ class PipelineRunResult:
     losses: tuple[float, ...]
     gradients: Mapping[str, Any] | None = None
     host: Mapping[str, Any] = field(default_factory=dict)
+    peak_activation_bytes: tuple[int, ...] | None = None
 
     @property
     def median_s(self) -> float:
@@ -193,14 +220,17 @@ class PipelineRunResult:
                 "num_microbatches": self.num_microbatches, "batch_size": self.batch_size,
                 "optimizer": self.optimizer, "median_s": self.median_s, "p10_s": self.p10_s,
                 "p90_s": self.p90_s, "step_times_s": list(self.step_times_s),
-                "losses": list(self.losses), "host": dict(self.host)}
+                "losses": list(self.losses), "host": dict(self.host),
+                "peak_activation_bytes": None if self.peak_activation_bytes is None
+                else list(self.peak_activation_bytes)}
 
 
 def run_pipeline(model: str, stages: Sequence[Sequence[str]], schedule: Schedule, *,
                  steps: int = 10, warmup: int = 2, batch_size: int | None = None,
                  image_size: int | None = None, seq_len: int | None = None,
                  optimizer: str = "sgd", lr: float = 0.01, seed: int = 0,
-                 timeout_s: float = 600.0, return_gradients: bool = False) -> PipelineRunResult:
+                 timeout_s: float = 600.0, return_gradients: bool = False,
+                 measure_memory: bool = False) -> PipelineRunResult:
     """Train zoo model ``model`` cut into ``stages`` with ``schedule`` on
     ``schedule.num_ranks`` gloo processes and time ``steps`` steps after ``warmup``."""
     if not isinstance(schedule, Schedule):
@@ -236,7 +266,8 @@ def run_pipeline(model: str, stages: Sequence[Sequence[str]], schedule: Schedule
               "stage_to_rank": list(schedule.stage_to_rank or ()), "nproc": nproc,
               "steps": steps, "warmup": warmup, "optimizer": optimizer, "lr": lr,
               "port": free_port(), "timeout_s": float(timeout_s),
-              "return_gradients": bool(return_gradients)}
+              "return_gradients": bool(return_gradients),
+              "measure_memory": bool(measure_memory)}
     with job("trainsched.runtime.pipeline:worker_main", config, nproc, timeout_s=timeout_s,
              what="the pipeline") as tmpdir:
         data = json.loads((tmpdir / "rank0.json").read_text())
@@ -251,7 +282,8 @@ def run_pipeline(model: str, stages: Sequence[Sequence[str]], schedule: Schedule
         model=data["model"], num_ranks=nproc, num_stages=schedule.num_stages,
         num_microbatches=schedule.num_microbatches, batch_size=data["batch_size"],
         optimizer=optimizer, step_times_s=tuple(data["step_times_s"][warmup:]),
-        losses=tuple(data["losses"]), gradients=gradients, host=data["host"])
+        losses=tuple(data["losses"]), gradients=gradients, host=data["host"],
+        peak_activation_bytes=None if data.get("peaks") is None else tuple(data["peaks"]))
 
 
 # --- the workers ------------------------------------------------------------------------------
@@ -271,9 +303,11 @@ def _fault(rank: int) -> int | None:
     return int(at or 0) if int(who) == rank else None
 
 
-class _Gloo:
+class GlooMailbox:
     """Point-to-point messages of one rank: ``isend`` (waited for at the end of the step) and
-    blocking ``irecv``, one tag per tensor; messages to a stage on this rank stay in memory."""
+    blocking ``irecv``, one tag per tensor; messages to a stage on this rank stay in memory.
+    ``width`` is the most tensors one message carries. Its ``send``/``recv`` are what
+    :func:`run_actions` takes; :meth:`flush` waits for the sends at the end of a step."""
 
     def __init__(self, rank: int, num_stages: int, num_microbatches: int, width: int) -> None:
         self.rank, self.sizes = rank, (num_stages, num_microbatches, width)
@@ -345,8 +379,12 @@ def _work(cfg: dict[str, Any]) -> dict[str, Any]:  # pragma: no cover - in the w
     opt = None
     if params:
         opt = make_optimizer(cfg["optimizer"], params, cfg["lr"])
+    meter = _meter(stages) if cfg.get("measure_memory") else None
+    for st in owned.values():
+        st.meter = meter
+    peak = torch.zeros(n, dtype=torch.int64)
     width = max(len(st.input_names) for st in stages) + 1
-    gloo = _Gloo(rank, len(stages), m, width)
+    gloo = GlooMailbox(rank, len(stages), m, width)
     fault = _fault(rank)
 
     def die(k: int) -> None:
@@ -358,6 +396,8 @@ def _work(cfg: dict[str, Any]) -> dict[str, Any]:  # pragma: no cover - in the w
     times, losses = torch.zeros(total, dtype=torch.float64), torch.zeros(total, dtype=torch.float64)
     for step in range(total):
         dist.barrier()
+        if meter is not None:
+            meter.reset_peak()
         start = time.perf_counter()
         run_actions(rank, schedule, owned, inputs, gloo.send, gloo.recv,
                     before=die if step == 0 and fault is not None else None)
@@ -373,13 +413,17 @@ def _work(cfg: dict[str, Any]) -> dict[str, Any]:  # pragma: no cover - in the w
             opt.step()
             opt.zero_grad(set_to_none=True)
         times[step] = time.perf_counter() - start - paused
+        if meter is not None and step >= cfg["warmup"]:
+            peak[rank] = max(int(peak[rank]), meter.peak_bytes)
         last = owned.get(len(stages) - 1)
         if last is not None:
             losses[step] = sum(last.losses.values())
             last.losses.clear()
     dist.all_reduce(times, op=dist.ReduceOp.MAX)
     dist.all_reduce(losses)
+    dist.all_reduce(peak)   # each rank filled its own entry
     host = {"torch": torch.__version__, "threads": torch.get_num_threads(),
             "python": sys.version.split()[0], "cpu_count": os.cpu_count()}
     return {"model": zoo.name, "batch_size": zoo.batch_size, "host": host,
-            "step_times_s": times.tolist(), "losses": losses.tolist()}
+            "step_times_s": times.tolist(), "losses": losses.tolist(),
+            "peaks": peak.tolist() if meter is not None else None}

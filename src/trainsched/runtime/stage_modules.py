@@ -27,13 +27,20 @@ or in one process (``run_local``).
   ``backward_weight`` (``W``) then turns them into parameter gradients, one node at a time, so it
   repeats no activation gradient. A parameter read by several nodes of one stage gets its
   gradient in ``I`` already (a per-node ``W`` would count the paths between them twice).
+- **What ``I`` frees.** When every weight node of a stage is a ``linear`` or a ``layer_norm``
+  reading its parameters directly (transformers, MLPs), ``W`` needs only each node's input and
+  its output gradient: it computes the parameter gradients from them by formula (``gyᵀx`` and
+  the sum of ``gy``; the sums of ``gy · x̂`` and ``gy``), so ``I`` runs autograd without
+  keeping the graph and everything else the forward saved is freed at ``I``, as the memory
+  model says. Any other weight node (a convolution, batch norm) keeps the graph until ``W``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.utils._pytree as pytree
@@ -41,6 +48,10 @@ from torch import fx, nn
 
 from trainsched.errors import TrainschedError
 from trainsched.runtime.placed import ExportedProgram, export_program, flatten_inputs
+from trainsched.runtime.weight_grads import accumulate_grads, weight_formula
+
+if TYPE_CHECKING:
+    from trainsched.runtime.saved_memory import SavedTensorMeter
 
 __all__ = ["PipelineStage", "Spec", "build_stages", "flat_microbatches", "loss_of",
            "split_microbatches"]
@@ -283,6 +294,8 @@ class _Saved:
     pairs: list[tuple[torch.Tensor, int]]    # outputs that need a gradient, their grad index
     weights: dict[str, list[torch.Tensor]]   # weight node -> its output tensors
     weight_grads: dict[str, list[Any]] | None = None   # filled by ``I``
+    held: list[Any] = field(default_factory=list)       # meter handles of what W needs
+    weight_inputs: dict[str, Any] = field(default_factory=dict)  # formula W: node -> input
 
 
 class PipelineStage:
@@ -291,6 +304,8 @@ class PipelineStage:
     ``input_specs`` are the shapes and dtypes it receives (stage 0: the model's flat inputs),
     ``grad_specs`` those of the output gradients it receives (one per floating output).
     ``parameters`` are the model's own trainable parameters this stage owns, by name.
+    ``meter``, when set, counts the activations the stage holds (:mod:`~trainsched.runtime.
+    saved_memory`).
     """
 
     def __init__(self, program: ExportedProgram, cut: _Cut, index: int, num_stages: int,
@@ -314,6 +329,16 @@ class PipelineStage:
                                                     for f in cut.params}
         self._saved: dict[int, _Saved] = {}
         self.losses: dict[int, float] = {}
+        self.meter: SavedTensorMeter | None = None
+        formulas = {n: weight_formula(program, model, program.nodes[n], fqns)
+                    for n, fqns in cut.weight_nodes.items()}
+        # W by formula for every weight node, or by the kept graph for all of them
+        self._formulas = formulas if all(formulas.values()) else None
+
+    @property
+    def model(self) -> nn.Module:
+        """The whole model the stage was cut from (its parameters are the model's own)."""
+        return self._model
 
     def __repr__(self) -> str:
         return (f"<PipelineStage {self.index}/{self.num_stages}: {len(self._cut.nodes)} nodes, "
@@ -341,7 +366,7 @@ class PipelineStage:
             inputs[k] = inputs[k].detach().requires_grad_(True)
         values = dict(zip(self.input_names, inputs, strict=True))
         nodes = self._program.nodes
-        with torch.enable_grad():
+        with torch.enable_grad(), self.meter.saving() if self.meter else nullcontext():
             for name in self._cut.nodes:
                 node = nodes[name]
                 if node.op == "placeholder":
@@ -369,6 +394,9 @@ class PipelineStage:
                          if sent[k].requires_grad]
         leaves = [inputs[k] for k in self._float_in]
         self._saved[microbatch] = _Saved(leaves=leaves, pairs=pairs, weights=weights)
+        if self._formulas is not None:
+            self._saved[microbatch].weight_inputs = {
+                n: values[nodes[n].args[0].name].detach() for n in self._formulas}
         return [t.detach() for t in sent]
 
     def _roots(self, microbatch: int, grads: Sequence[torch.Tensor],
@@ -400,17 +428,25 @@ class PipelineStage:
         weight = [t for n in self._cut.weight_nodes for t in saved.weights[n]]
         shared = [self.parameters[f] for f in self._cut.shared]
         wanted = [*saved.leaves, *weight, *shared]
+        by_formula = self._formulas is not None
+        if by_formula and self.meter is not None:   # kept for W after the graph is freed
+            saved.held += self.meter.hold(saved.weight_inputs.values())
         got: Sequence[Any] = [None] * len(wanted)
         if outputs and wanted:
-            got = torch.autograd.grad(outputs, wanted, grad_outputs, retain_graph=True,
-                                      allow_unused=True)
+            got = torch.autograd.grad(outputs, wanted, grad_outputs,
+                                      retain_graph=not by_formula, allow_unused=True)
         n, w = len(saved.leaves), len(weight)
         captured, at = {}, n
         for node in self._cut.weight_nodes:
             captured[node] = list(got[at:at + len(saved.weights[node])])
             at += len(saved.weights[node])
         saved.weight_grads = captured
-        _accumulate(shared, got[n + w:])
+        if by_formula:   # W needs none of the graph: let it go now
+            saved.pairs, saved.weights = [], {}
+            del outputs, weight
+        if self.meter is not None:
+            saved.held += self.meter.hold(got[n:n + w])
+        accumulate_grads(shared, got[n + w:])
         return self._input_grads(saved.leaves, got[:n])
 
     def backward_weight(self, microbatch: int) -> None:
@@ -419,6 +455,12 @@ class PipelineStage:
         if saved is None or saved.weight_grads is None:
             raise TrainschedError(f"stage {self.index} runs W of micro-batch {microbatch} "
                                   "before its I")
+        if self._formulas is not None:
+            for node, formula in self._formulas.items():
+                gy = saved.weight_grads[node]
+                if gy and gy[0] is not None:
+                    formula(saved.weight_inputs[node], gy[0])
+            return
         for node, fqns in self._cut.weight_nodes.items():
             pairs = [(t, g) for t, g in zip(saved.weights[node], saved.weight_grads[node],
                                             strict=True) if g is not None]
@@ -427,18 +469,7 @@ class PipelineStage:
             params = [self.parameters[f] for f in fqns]
             got = torch.autograd.grad([t for t, _ in pairs], params, [g for _, g in pairs],
                                       retain_graph=True, allow_unused=True)
-            _accumulate(params, got)
-
-
-def _accumulate(params: Sequence[torch.Tensor], grads: Sequence[Any]) -> None:
-    with torch.no_grad():
-        for p, g in zip(params, grads, strict=True):
-            if g is None:
-                continue
-            if p.grad is None:
-                p.grad = g.detach().clone()
-            else:
-                p.grad.add_(g)
+            accumulate_grads(params, got)
 
 
 def build_stages(model: nn.Module, stages: Sequence[Sequence[str]], example_args: tuple,

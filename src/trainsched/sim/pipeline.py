@@ -16,16 +16,25 @@ other executors:
   stages on one device they are free (a plain dependency), and without a cluster all
   communication is free;
 - the last stage's ``I``/``B`` waits only for its own ``F`` (earlier on its list); ``W`` follows
-  its ``I`` on the same list.
+  its ``I`` on the same list;
+- **host time** (with a cluster): every compute action costs ``cluster.device.
+  microbatch_overhead_s`` more than its stage's ops (the runtime's per-micro-batch dispatch),
+  and ``cluster.device.message_host_s`` more per point-to-point message it posts or collects
+  across devices: ``F(s, m)`` receives from ``s − 1`` and sends to ``s + 1``, ``I``/``B(s, m)``
+  receives from ``s + 1`` and sends to ``s − 1`` (one message per stage boundary, whatever
+  the number of tensors). Both default to 0.
 
 Memory per device: the ``resident_bytes`` of its stages all step. ``F(s, m)`` allocates
 ``saved_bytes[s]``; the share ``input_grad_only_fraction`` (default one half) that only dX needs
 is freed when ``I(s, m)`` ends and the rest when ``W(s, m)`` ends (all of it when a fused ``B``
-ends). An activation sent downstream is held by its producer from the start of ``F`` until its
-transfer ends and by the receiver from the transfer's start until ``F(s+1, m)`` ends; gradients
-likewise from the start of ``I``/``B(s+1, m)`` and until ``I``/``B(s, m)`` ends. Between
-stages on one device the producer's buffer lives until the consumer ends; without a cluster the
-producer holds it while it runs and the receiver from the producer's start to its own end.
+ends). Stages that say what a deferred ``W`` keeps (``stages.weight_input_bytes``: each weight
+op's input and output gradient) free all of ``saved_bytes`` when ``I`` ends and hold
+``weight_input_bytes[s]`` from then (the start of the rank's next action) until ``W`` ends. An
+activation sent downstream is held by its producer from the start of ``F`` until its transfer
+ends and by the receiver from the transfer's start until ``F(s+1, m)`` ends; gradients likewise
+from the start of ``I``/``B(s+1, m)`` and until ``I``/``B(s, m)`` ends. Between stages on one
+device the producer's buffer lives until the consumer ends; without a cluster the producer holds
+it while it runs and the receiver from the producer's start to its own end.
 
 The result is a :class:`PipelineResult`: a :class:`~trainsched.sim.result.SimResult` plus per
 rank busy and idle compute time and ``bubble_fraction`` = idle compute of all ranks ÷ (ranks ×
@@ -147,6 +156,15 @@ def _simulate(stages: StageCosts, schedule: Schedule, cluster: Cluster | None,
     stage_dev = [rank_dev[r] for r in schedule.stage_to_rank]
     durations = {"F": stages.forward_s, "I": stages.backward_input_s,
                  "W": stages.backward_weight_s, "B": stages.backward_s}  # fmt: skip
+    action_s = message_s = 0.0
+    if cluster is not None:
+        action_s = cluster.device.microbatch_overhead_s
+        message_s = cluster.device.message_host_s
+    # Per stage, the cross-device messages of an F (from below, to above) and of an I/B.
+    crosses = [s > 0 and stage_dev[s - 1] != stage_dev[s] for s in range(p)] + [False]
+    messages = {"F": [crosses[s] + crosses[s + 1] for s in range(p)],
+                "W": [0] * p}  # fmt: skip
+    messages["I"] = messages["B"] = messages["F"]
 
     # Compute: each rank's actions in list order, chained on its device's stream.
     forward_task: dict[tuple[int, int], int] = {}  # (stage, mb) -> F
@@ -163,7 +181,8 @@ def _simulate(stages: StageCosts, schedule: Schedule, cluster: Cluster | None,
             s, kind, mb = a.stage, a.kind, a.microbatch
             assert mb is not None
             label = f"{s}{kind}{mb}"
-            t = low.compute(label, durations[kind][s], d, priority=len(mine),
+            took = durations[kind][s] + action_s + message_s * messages[kind][s]
+            t = low.compute(label, took, d, priority=len(mine),
                             category=CATEGORY[kind],
                             args={"action": label, "rank": r, "stage": s, "microbatch": mb})
             if mine:
@@ -240,12 +259,20 @@ def _simulate(stages: StageCosts, schedule: Schedule, cluster: Cluster | None,
     # Saved activations: the dX-only share until I, the rest until W (all of it until B).
     for s in range(p):
         saved = stages.saved_bytes[s]
-        if not saved:
+        kept = stages.weight_input_bytes[s] if stages.weight_input_bytes else None
+        if not saved and not kept:
             continue
         d = stage_dev[s]
         at_input = int(saved * fraction)
         for mb in range(num_mb):
             f, g, w = forward_task[s, mb], grad_task[s, mb], weight_task[s, mb]
+            if kept is not None and g != w:   # I frees the graph; W keeps its inputs
+                alloc(Allocation(device=d, size_bytes=saved, at_task=f, until_tasks=(g,)))
+                if kept:   # from I's end: from the start of the rank's next action
+                    mine = rank_tasks[schedule.stage_to_rank[s]]
+                    alloc(Allocation(device=d, size_bytes=kept, at_task=mine[position[g] + 1],
+                                     until_tasks=(w,)))
+                continue
             if g == w or not at_input:
                 alloc(Allocation(device=d, size_bytes=saved, at_task=f, until_tasks=(w,)))
                 continue

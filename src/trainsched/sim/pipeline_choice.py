@@ -1,0 +1,223 @@
+"""Pick a pipeline schedule and micro-batch count by simulation: :func:`choose_pipeline`.
+
+``trainsched simulate --parallelism pipeline --schedule auto`` asks which of the registered
+schedules (:data:`~trainsched.backprop.schedules.SCHEDULES`, every one) and how many
+micro-batches give the shortest step for this graph on this cluster without going over the
+memory limit. Each candidate is cut and costed the way a plan of it would be
+(:func:`~trainsched.backprop.stages.stage_costs_from_graph`, stages balanced by compute) and
+simulated (:func:`~trainsched.sim.pipeline.simulate_pipeline`); its peak is the largest of its
+ranks' peaks (resident state, saved activations, buffers in flight).
+
+- **Micro-batch counts** (:func:`microbatch_candidates`): the divisors of the batch, so that
+  every micro-batch holds the same whole number of samples (never less than one); for a graph
+  whose batch is unknown, 1, p, 2p and 4p for p ranks.
+- **The memory limit** is per device, in bytes: the cluster's device memory unless one is
+  given. The Zero Bubble greedy (``zb-greedy``) is planned under it too: each rank may hold the
+  limit less its stages' resident state in activations.
+- **The winner** is the shortest step among the candidates that fit; ties go to the smaller
+  peak, then to the schedule tried first (the registry's order by default), then to fewer
+  micro-batches. A candidate that cannot be
+  built (a schedule that needs more micro-batches than that) is listed with the reason. When
+  no candidate fits, the error names the smallest limit that works: the smallest peak of all.
+- **Linear scaling**: the graph's costs are divided by the micro-batch count, so more
+  micro-batches never make a stage slower; what stops the count growing is the host time of
+  each action and message (``cluster.device.microbatch_overhead_s``, ``message_host_s``).
+  Without them, the largest count that fits usually wins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from trainsched.backprop.schedules import SCHEDULES, build_schedule, schedule_stage_count
+from trainsched.backprop.stages import StageCosts, stage_costs_from_graph
+from trainsched.cluster import Cluster
+from trainsched.errors import TrainschedError
+from trainsched.graph import Graph
+from trainsched.plan import Schedule
+from trainsched.sim.pipeline import PipelineResult, simulate_pipeline
+from trainsched.sim.simulate import training_graph
+from trainsched.units import format_duration, format_size, is_int
+
+__all__ = ["Candidate", "PipelineChoice", "choose_from_costs", "choose_pipeline",
+           "microbatch_candidates"]
+
+#: ``(num_stages, num_microbatches) -> StageCosts``: what one micro-batch costs per stage.
+CostsOf = Callable[[int, int], StageCosts]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """One (schedule, micro-batches) tried: its simulated step and peak (``None`` when it could
+    not be built, ``note`` says why), and whether the peak fits under the limit."""
+
+    schedule: str
+    num_microbatches: int
+    step_time_s: float | None
+    peak_memory_bytes: int | None
+    fits: bool
+    note: str = ""
+
+    def to_dict(self) -> dict[str, object]:
+        return {"schedule": self.schedule, "microbatches": self.num_microbatches,
+                "step_time_s": self.step_time_s, "peak_memory_bytes": self.peak_memory_bytes,
+                "fits": self.fits, "note": self.note}
+
+
+@dataclass(frozen=True, kw_only=True)
+class PipelineChoice:
+    """The winner of :func:`choose_pipeline`: its schedule name, the stages it was costed and
+    cut with, the schedule, its simulation, every candidate tried (in the order tried) and a
+    sentence saying why it won."""
+
+    schedule_name: str
+    num_microbatches: int
+    stages: StageCosts
+    schedule: Schedule
+    result: PipelineResult
+    memory_limit_bytes: int
+    candidates: tuple[Candidate, ...]
+    reason: str
+
+    def to_dict(self) -> dict[str, object]:
+        return {"schedule": self.schedule_name, "microbatches": self.num_microbatches,
+                "memory_limit_bytes": self.memory_limit_bytes, "reason": self.reason,
+                "candidates": [c.to_dict() for c in self.candidates]}
+
+
+def microbatch_candidates(batch_size: int | None, num_ranks: int) -> tuple[int, ...]:
+    """The micro-batch counts tried: the divisors of ``batch_size`` (ascending), or 1, p, 2p,
+    4p when the batch is unknown (``None``)."""
+    if not (is_int(num_ranks) and num_ranks >= 1):
+        raise TrainschedError(f"num_ranks must be an integer >= 1, got {num_ranks!r}")
+    if batch_size is None:
+        return tuple(sorted({1, num_ranks, 2 * num_ranks, 4 * num_ranks}))
+    if not (is_int(batch_size) and batch_size >= 1):
+        raise TrainschedError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    return tuple(m for m in range(1, batch_size + 1) if batch_size % m == 0)
+
+
+def _peak(result: PipelineResult) -> int:
+    return max(result.peak_memory_bytes.values(), default=0)
+
+
+def choose_pipeline(graph: Graph, cluster: Cluster, num_ranks: int, *,
+                    batch_size: int | None = None, memory_limit_bytes: int | None = None,
+                    schedules: Sequence[str] | None = None,
+                    microbatches: Sequence[int] | None = None) -> PipelineChoice:
+    """The schedule and micro-batch count with the shortest simulated step under the memory
+    limit (module docstring). ``schedules`` defaults to every registered one, ``microbatches``
+    to :func:`microbatch_candidates` of ``batch_size`` (default: the graph's
+    ``meta["batch_size"]``); ``memory_limit_bytes`` to the cluster's device memory."""
+    if not isinstance(graph, Graph):
+        raise TrainschedError(f"choose_pipeline needs a Graph, got {type(graph).__name__}")
+    if not isinstance(cluster, Cluster):
+        raise TrainschedError(f"choose_pipeline needs a Cluster, got {type(cluster).__name__}")
+    if not (is_int(num_ranks) and 1 <= num_ranks <= cluster.num_devices):
+        raise TrainschedError(f"num_ranks must be an integer in 1..{cluster.num_devices} (the "
+                              f"cluster's devices), got {num_ranks!r}")
+    limit = cluster.device.memory_bytes if memory_limit_bytes is None else memory_limit_bytes
+    if not (is_int(limit) and limit >= 1):
+        raise TrainschedError(f"memory limit must be a number of bytes >= 1, got {limit!r}")
+    graph = training_graph(graph)
+    if batch_size is None:
+        known = graph.meta.get("batch_size")
+        batch_size = known if is_int(known) and known >= 1 else None
+    counts = list(microbatches) if microbatches is not None \
+        else list(microbatch_candidates(batch_size, num_ranks))
+    for m in counts:
+        if not (is_int(m) and m >= 1):
+            raise TrainschedError(f"micro-batch counts must be integers >= 1, got {m!r}")
+        if batch_size is not None and m > batch_size:
+            raise TrainschedError(f"{m} micro-batches of a batch of {batch_size}: a micro-batch "
+                                  f"needs at least one sample; try at most {batch_size}")
+    return choose_from_costs(lambda p, m: stage_costs_from_graph(graph, p, m), cluster,
+                             num_ranks, counts, memory_limit_bytes=limit, schedules=schedules)
+
+
+def choose_from_costs(costs_of: CostsOf, cluster: Cluster, num_ranks: int,
+                      microbatches: Sequence[int], *, memory_limit_bytes: int,
+                      schedules: Sequence[str] | None = None) -> PipelineChoice:
+    """:func:`choose_pipeline` on stage costs from ``costs_of(num_stages, m)`` (measured per
+    micro-batch size, say, instead of a graph's linear scaling); every count is tried."""
+    limit, counts = memory_limit_bytes, list(microbatches)
+    names = list(SCHEDULES)
+    if schedules is not None:
+        for n in schedules:
+            SCHEDULES.lookup(n)   # an unknown name: an error listing the known ones
+        names = [n.strip().lower() for n in schedules]
+    if not names or not counts:
+        raise TrainschedError("choose_pipeline needs at least one schedule and one "
+                              "micro-batch count to try")
+
+    tried: list[Candidate] = []
+    built: dict[int, tuple[StageCosts, Schedule, PipelineResult]] = {}
+    for name in names:
+        for m in counts:
+            try:
+                stages = costs_of(schedule_stage_count(name, num_ranks), m)
+                options = {}
+                if SCHEDULES.tags(name).get("costs"):
+                    # one stage per rank: each may hold the limit less its resident state
+                    options["memory_limit_bytes"] = [max(0, limit - r)
+                                                     for r in stages.resident_bytes]
+                schedule = build_schedule(name, num_ranks, m, stages=stages, **options)
+                result = simulate_pipeline(stages, schedule, cluster)
+            except TrainschedError as exc:
+                tried.append(Candidate(schedule=name, num_microbatches=m, step_time_s=None,
+                                       peak_memory_bytes=None, fits=False, note=str(exc)))
+                continue
+            peak = _peak(result)
+            built[len(tried)] = (stages, schedule, result)
+            tried.append(Candidate(schedule=name, num_microbatches=m,
+                                   step_time_s=result.step_time_s, peak_memory_bytes=peak,
+                                   fits=peak <= limit,
+                                   note="" if peak <= limit else "over the memory limit"))
+    if not built:
+        raise TrainschedError(f"no pipeline schedule could be built for {num_ranks} ranks; "
+                              f"first reason: {tried[0].note}")
+    order = {n: k for k, n in enumerate(names)}
+
+    def key(k: int) -> tuple[float, int, int, int]:
+        c = tried[k]
+        assert c.step_time_s is not None and c.peak_memory_bytes is not None
+        return (c.step_time_s, c.peak_memory_bytes, order[c.schedule], c.num_microbatches)
+
+    fitting = sorted((k for k in built if tried[k].fits), key=key)
+    if not fitting:
+        smallest = min(built, key=lambda k: (tried[k].peak_memory_bytes, key(k)))
+        c = tried[smallest]
+        raise TrainschedError(
+            f"no pipeline schedule fits in {format_size(limit)} per device; the smallest "
+            f"limit that works is {format_size(c.peak_memory_bytes)} ({c.schedule} with "
+            f"{c.num_microbatches} micro-batches): raise the limit to at least that")
+    best = fitting[0]
+    stages, schedule, result = built[best]
+    win = tried[best]
+    return PipelineChoice(schedule_name=win.schedule, num_microbatches=win.num_microbatches,
+                          stages=stages, schedule=schedule, result=result,
+                          memory_limit_bytes=limit, candidates=tuple(tried),
+                          reason=_reason(tried, fitting, sorted(built, key=key), limit))
+
+
+def _reason(tried: list[Candidate], fitting: list[int], everything: list[int],
+            limit: int) -> str:
+    win = tried[fitting[0]]
+    assert win.step_time_s is not None and win.peak_memory_bytes is not None
+    text = (f"{win.schedule} with {win.num_microbatches} micro-batches has the shortest "
+            f"step, {format_duration(win.step_time_s)}, of the {len(fitting)} candidates "
+            f"within {format_size(limit)} (peak {format_size(win.peak_memory_bytes)})")
+    if len(fitting) > 1:
+        second = tried[fitting[1]]
+        assert second.step_time_s is not None
+        gap = (second.step_time_s / win.step_time_s - 1) if win.step_time_s > 0 else 0.0
+        text += (f"; next: {second.schedule} with {second.num_microbatches}, "
+                 f"{format_duration(second.step_time_s)} (+{100 * gap:.1f}%)")
+    fastest = tried[everything[0]]
+    if not fastest.fits:
+        assert fastest.step_time_s is not None and fastest.peak_memory_bytes is not None
+        text += (f"; {fastest.schedule} with {fastest.num_microbatches} would take "
+                 f"{format_duration(fastest.step_time_s)} but needs "
+                 f"{format_size(fastest.peak_memory_bytes)}")
+    return text

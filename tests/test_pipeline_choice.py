@@ -1,0 +1,142 @@
+"""Choosing a pipeline schedule and micro-batch count by simulation (sim/pipeline_choice.py).
+
+The graph is built by hand so that every step and peak is worked out below: an input the
+stage needs a gradient of, then two layers, each costing 4 s of forward, dX and dW for the
+whole batch of 4 (per micro-batch of 1/m of it: 4/m each), saving 400 bytes (400/m per
+micro-batch) and holding 10 bytes of parameters and 10 of gradients (plain SGD). The two
+stages are [x, l0] and [l1]; nothing crosses the boundary, communication is free.
+
+GPipe and 1F1B on 2 ranks: step (m + 1)(F + B) = (m + 1) 12/m, so 24, 18, 15 s for m = 1, 2,
+4. Rank 0's peak: 20 resident + (micro-batches in flight) x 400/m: GPipe holds all m (420 for
+every m), 1F1B min(m, 2): 420, 420, 220.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from trainsched.cluster import cluster_from_flags
+from trainsched.errors import TrainschedError
+from trainsched.graph import Edge, Graph, Op
+from trainsched.sim.pipeline_choice import choose_pipeline, microbatch_candidates
+
+
+def _graph() -> Graph:
+    ops = [Op(name="x", target="input")]
+    ops += [Op(name=f"l{k}", compute_s=4.0, backward_input_s=4.0, backward_weight_s=4.0,
+               param_bytes=10, saved_bytes=400, output_bytes=0) for k in range(2)]
+    edges = [Edge(src="x", dst="l0", size_bytes=0), Edge(src="l0", dst="l1", size_bytes=0)]
+    return Graph(ops, edges, {"batch_size": 4, "grad_inputs": ["x"]})
+
+
+CLUSTER = cluster_from_flags(devices=2, memory="1GiB", bandwidth="1GB/s", latency="0s")
+TWO = ["gpipe", "1f1b"]
+
+
+def test_the_candidates_are_the_divisors_of_the_batch():
+    assert microbatch_candidates(12, 2) == (1, 2, 3, 4, 6, 12)
+    assert microbatch_candidates(None, 3) == (1, 3, 6, 12)
+
+
+def test_every_candidate_is_listed_with_its_step_and_peak():
+    choice = choose_pipeline(_graph(), CLUSTER, 2, schedules=TWO)
+    got = [(c.schedule, c.num_microbatches, c.step_time_s, c.peak_memory_bytes)
+           for c in choice.candidates]
+    assert got == [("gpipe", 1, 24.0, 420), ("gpipe", 2, 18.0, 420), ("gpipe", 4, 15.0, 420),
+                   ("1f1b", 1, 24.0, 420), ("1f1b", 2, 18.0, 420), ("1f1b", 4, 15.0, 220)]
+
+
+def test_a_tie_on_step_time_goes_to_the_smaller_peak():
+    choice = choose_pipeline(_graph(), CLUSTER, 2, schedules=TWO)
+    assert (choice.schedule_name, choice.num_microbatches) == ("1f1b", 4)
+    assert choice.result.step_time_s == 15.0
+    assert "1f1b with 4 micro-batches" in choice.reason
+
+
+def test_the_memory_limit_rules_out_what_does_not_fit():
+    choice = choose_pipeline(_graph(), CLUSTER, 2, schedules=TWO, memory_limit_bytes=300)
+    assert [c.fits for c in choice.candidates] == [False] * 5 + [True]
+    assert (choice.schedule_name, choice.num_microbatches) == ("1f1b", 4)
+
+
+def test_a_limit_no_schedule_meets_names_the_smallest_that_works():
+    with pytest.raises(TrainschedError, match=r"smallest limit that works is 220 B \(1f1b "
+                                              r"with 4 micro-batches\)"):
+        choose_pipeline(_graph(), CLUSTER, 2, schedules=TWO, memory_limit_bytes=200)
+
+
+def test_a_tie_on_step_and_peak_goes_to_the_schedule_tried_first():
+    # m = 2: both take 18 s and peak at 420 bytes; 1f1b is tried first here
+    choice = choose_pipeline(_graph(), CLUSTER, 2, schedules=["1f1b", "gpipe"],
+                             microbatches=[1, 2], memory_limit_bytes=420)
+    assert (choice.schedule_name, choice.num_microbatches) == ("1f1b", 2)
+
+
+def test_auto_tries_every_registered_schedule():
+    from trainsched.backprop.schedules import SCHEDULES
+
+    choice = choose_pipeline(_graph(), CLUSTER, 2, microbatches=[2])
+    assert [c.schedule for c in choice.candidates] == list(SCHEDULES)
+
+
+def test_more_microbatches_than_samples_are_refused():
+    with pytest.raises(TrainschedError, match="at least one sample"):
+        choose_pipeline(_graph(), CLUSTER, 2, schedules=TWO, microbatches=[8])
+
+
+# --- the command line ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def graph_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("g") / "g.json"
+    _graph().save(path)
+    return path
+
+
+def _simulate(graph_path, *extra: str) -> list[str]:
+    return ["simulate", str(graph_path), "--cluster", "cpu", "--parallelism", "pipeline",
+            "--ranks", "2", "--schedule", "auto", *extra]
+
+
+def test_simulate_auto_reports_every_candidate_and_the_winner(graph_path, capsys):
+    import json
+
+    from trainsched.backprop.schedules import SCHEDULES
+    from trainsched.cli import main
+
+    assert main([*_simulate(graph_path, "--memory-limit", "300B"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert len(doc["choice"]["candidates"]) == 3 * len(SCHEDULES)   # m in 1, 2, 4
+    # ZB-H1 at m = 4 (F = I = W = 1 s): 3m slots of work plus its bubble (p - 1)(F + I - W)
+    # = 1 s, 13 s in all, at 1F1B's peak of 220 bytes; ZB-H2 is as fast but holds 3 micro-
+    # batches (320 bytes), GPipe and 1F1B take 15 s.
+    assert (doc["choice"]["schedule"], doc["choice"]["microbatches"]) == ("zb-h1", 4)
+    assert doc["step_time_s"] == pytest.approx(13.0)
+    assert max(doc["peak_memory_bytes"].values()) == 220
+
+
+def test_simulate_auto_text_lists_the_candidates(graph_path, capsys):
+    from trainsched.cli import main
+
+    assert main(_simulate(graph_path, "--memory-limit", "300B")) == 0
+    out = capsys.readouterr().out
+    assert "schedules tried (memory limit 300 B per device)" in out
+    assert "chosen: " in out
+    assert out.count("over the memory limit") >= 1
+
+
+def test_simulate_auto_under_an_impossible_limit_names_the_smallest_one(graph_path, capsys):
+    from trainsched.cli import main
+
+    assert main(_simulate(graph_path, "--memory-limit", "100B")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the smallest limit that works is" in err[0]
+
+
+def test_a_memory_limit_without_auto_is_refused(graph_path, capsys):
+    from trainsched.cli import main
+
+    args = _simulate(graph_path, "--memory-limit", "1GiB")
+    args[args.index("auto")] = "1f1b"
+    assert main(args) == 2
+    assert "--schedule auto" in capsys.readouterr().err
