@@ -172,3 +172,17 @@ def test_an_out_of_order_plan_runs_reverse_first_k_with_its_k(monkeypatch):
     with pytest.raises(RuntimeError, match="recorded"):
         run(plan, steps=1, warmup=0)
     assert [s.backprop_k for s in seen] == [2]
+
+
+def test_a_plan_with_another_sync_policy_is_refused_not_run_as_bsp():
+    from trainsched.comm.policy import comm_policy
+    from trainsched.errors import TrainschedError
+    from trainsched.plan import ModelRef
+    from trainsched.runtime import run, runnable
+
+    plan = DataParallelPlan(model=ModelRef(name="mlp", fingerprint="f", forward_ops=3,
+                                           batch_size=8), ranks=2, comm="ddp",
+                            policy=comm_policy("ddp"), sync="bsp:0.5,asp:0.5")
+    assert "trains zoo models in BSP only" in runnable(plan)
+    with pytest.raises(TrainschedError, match=r"sync policy 'bsp:0\.5,asp:0\.5'"):
+        run(plan, steps=1, warmup=0)

@@ -99,6 +99,10 @@ def _not_run_yet(plan: Plan) -> str | None:
     host a single-device plan with slots runs in order, and :func:`run` says so)."""
     if isinstance(plan, DataParallelPlan) and plan.backprop not in ("inorder", "ooo"):
         return f"backprop {plan.backprop!r} is simulated only: the runtime does not run it"
+    if isinstance(plan, DataParallelPlan) and plan.sync != "bsp":
+        return (f"sync policy {plan.sync!r}: the data-parallel runtime trains zoo models in "
+                f"BSP only; other policies run on the sync runtime's built-in tasks "
+                f"(trainsched train teacher-student --sync {plan.sync})")
     return None
 
 
