@@ -27,7 +27,6 @@ ended, ``j < i``: layer i's update must end before its own forward). :func:`pars
 
 from __future__ import annotations
 
-import heapq
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -94,28 +93,6 @@ def deferred_bytes(graph: Graph, k: int) -> int:
     return held
 
 
-def _ordered(graph: Graph, key: dict[str, float]) -> tuple[str, ...]:
-    """The topological order that, among ready ops, takes the smallest ``key`` first."""
-    index = {op.name: i for i, op in enumerate(graph.ops)}
-    indegree = dict.fromkeys(index, 0)
-    after: dict[str, list[str]] = {name: [] for name in index}
-    for e in graph.edges:
-        after[e.src].append(e.dst)
-        indegree[e.dst] += 1
-    ready = [(key[name], index[name], name) for name, d in indegree.items() if d == 0]
-    heapq.heapify(ready)
-    out = []
-    while ready:
-        _, _, name = heapq.heappop(ready)
-        out.append(name)
-        for nxt in after[name]:
-            indegree[nxt] -= 1
-            if indegree[nxt] == 0:
-                heapq.heappush(ready, (key[nxt], index[nxt], nxt))
-    assert len(out) == len(index), "a training graph is acyclic"
-    return tuple(out)
-
-
 def reverse_first_k(graph: Graph, k: int) -> tuple[str, ...]:
     """The compute order of reverse-first-k (module docstring): program order, with the dW ops
     of layers ``< k`` moved after the rest of the backward chain (the last ``backward_input``
@@ -136,7 +113,7 @@ def reverse_first_k(graph: Graph, k: int) -> tuple[str, ...]:
     last = chain[-1]  # the last dX, or the dW of a layer >= k right after it
     for i, name in enumerate(moved):  # right after the last dX, layer 0 first
         key[name] = last + (i + 1) / (len(moved) + 1)
-    return _ordered(graph, key)
+    return graph.ordered_by(key.__getitem__)
 
 
 def in_order(graph: Graph, k: int = 0) -> tuple[str, ...]:

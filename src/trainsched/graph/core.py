@@ -20,7 +20,7 @@ import operator
 import os
 import sys
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -282,20 +282,22 @@ class Graph:
                 return f"{where}: {end} {name!r} is not an op of the graph"
         return f"{where} is a self-loop; graph has a cycle: {e.src} -> {e.src}"
 
-    def _sort(self) -> tuple[int, ...]:
-        """Kahn's algorithm, earliest op in ``ops`` first among ready ones; reports a cycle."""
+    def _sort(self, key: Callable[[int], Any] | None = None) -> tuple[int, ...]:
+        """Kahn's algorithm; among ready ops the smallest ``key(index)`` goes first, then the
+        earliest in ``ops``; reports a cycle."""
         indegree = [len(ins) for ins in self._in]
-        ready = [i for i, d in enumerate(indegree) if d == 0]
+        rank = (lambda i: (key(i), i)) if key is not None else (lambda i: i)
+        ready = [(rank(i), i) for i, d in enumerate(indegree) if d == 0]
         heapq.heapify(ready)
         order: list[int] = []
         while ready:
-            i = heapq.heappop(ready)
+            i = heapq.heappop(ready)[1]
             order.append(i)
             for k in self._out[i]:
                 j = self._index[self._edges[k].dst]
                 indegree[j] -= 1
                 if indegree[j] == 0:
-                    heapq.heappush(ready, j)
+                    heapq.heappush(ready, (rank(j), j))
         if len(order) < len(self._ops):
             raise TrainschedError(f"graph has a cycle: {self._find_cycle(indegree)}")
         return tuple(order)
@@ -392,6 +394,12 @@ class Graph:
         A graph listed in program order therefore keeps that order.
         """
         return tuple(self._ops[i].name for i in self._topo)
+
+    def ordered_by(self, key: Callable[[str], Any]) -> tuple[str, ...]:
+        """Op names, every edge forward; among ready ops the smallest ``key(name)`` goes first,
+        then the earliest in ``ops``: a priority order a schedule may follow."""
+        return tuple(self._ops[i].name
+                     for i in self._sort(lambda i: key(self._ops[i].name)))
 
     def critical_path(self) -> tuple[float, tuple[str, ...]]:
         """The longest path by ``compute_s`` (edges weigh 0): its length and its ops in order.

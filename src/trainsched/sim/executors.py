@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import heapq
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -64,25 +63,14 @@ def priority_order(graph: Graph) -> tuple[str, ...]:
     ops = graph.ops
     index = {op.name: i for i, op in enumerate(ops)}
     successors: list[list[int]] = [[] for _ in ops]
-    indegree = [0] * len(ops)
     for e in graph.edges:
         successors[index[e.src]].append(index[e.dst])
-        indegree[index[e.dst]] += 1
-    remaining = [0.0] * len(ops)
+    remaining = {}
     for name in reversed(graph.topological_order()):
         i = index[name]
-        remaining[i] = ops[i].compute_s + max((remaining[j] for j in successors[i]), default=0.0)
-    ready = [(-remaining[i], ops[i].name, i) for i in range(len(ops)) if indegree[i] == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        _, name, i = heapq.heappop(ready)
-        order.append(name)
-        for j in successors[i]:
-            indegree[j] -= 1
-            if indegree[j] == 0:
-                heapq.heappush(ready, (-remaining[j], ops[j].name, j))
-    return tuple(order)
+        remaining[name] = ops[i].compute_s + max(
+            (remaining[ops[j].name] for j in successors[i]), default=0.0)
+    return graph.ordered_by(lambda name: (-remaining[name], name))
 
 
 def simulate_single(graph: Graph, cluster: Cluster | None = None, *, device: int = 0,
