@@ -1,6 +1,6 @@
 """Cut an exported model into pipeline stages that run forward and backward per micro-batch.
 
-:func:`build_stages` exports the model once (:func:`~trainsched.runtime.placed.export_program`,
+:func:`build_stages` exports the model once (:func:`~trainsched.runtime.exported.export_program`,
 the program capture names its ops after) and cuts it into one :class:`PipelineStage` per tuple
 of forward op names (``stage_costs_from_graph(...).ops`` gives them). The pipeline runtime
 (:mod:`trainsched.runtime.pipeline`) runs a schedule's actions on these stages, on real processes
@@ -47,7 +47,7 @@ import torch.utils._pytree as pytree
 from torch import fx, nn
 
 from trainsched.errors import TrainschedError
-from trainsched.runtime.placed import ExportedProgram, export_program, flatten_inputs
+from trainsched.runtime.exported import ExportedProgram, export_program, flatten_inputs
 from trainsched.runtime.weight_grads import accumulate_grads, weight_formula
 
 if TYPE_CHECKING:

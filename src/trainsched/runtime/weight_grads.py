@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from trainsched.runtime.placed import ExportedProgram
+from trainsched.runtime.exported import ExportedProgram
 
 __all__ = ["accumulate_grads", "weight_formula"]
 
