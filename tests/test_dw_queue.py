@@ -80,7 +80,7 @@ def test_memory_capped_runs_the_oldest_until_the_rest_fits():
 
 def test_orders_are_registered_by_name_and_bad_parameters_are_refused():
     assert list(DEFERRAL_ORDERS) == ["standard", "reverse_first_k", "fifo", "priority",
-                                     "memory_capped"]
+                                     "memory_capped", "slotted"]
     assert deferral_order("reverse_first_k", k=3).drain([entry(1, 0), entry(0, 1)]) == (1, 0)
     with pytest.raises(TrainschedError, match="k must be an integer >= 0"):
         reverse_first_k(-1)

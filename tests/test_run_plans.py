@@ -186,3 +186,20 @@ def test_a_plan_with_another_sync_policy_is_refused_not_run_as_bsp():
     assert "trains zoo models in BSP only" in runnable(plan)
     with pytest.raises(TrainschedError, match=r"sync policy 'bsp:0\.5,asp:0\.5'"):
         run(plan, steps=1, warmup=0)
+
+
+def test_a_single_device_plan_runs_its_dw_slots_and_says_there_is_no_second_stream(capsys):
+    from trainsched.errors import TrainschedError
+    from trainsched.plan import ModelRef, SinglePlan
+    from trainsched.runtime import run
+
+    ref = ModelRef(name="mlp", fingerprint="f", forward_ops=3, batch_size=8)
+    slotted = SinglePlan(model=ref, slots=("inline", "overlap_backward", "overlap_forward(0)",
+                                           "overlap_forward(1)"))
+    result = run(slotted, steps=2, warmup=1)
+    assert len(result.step_times_s) == 2
+    assert "one stream, so they run in their slots' order" in capsys.readouterr().err
+    # the worker really builds the slots: a count the model's 4 split layers do not have fails
+    wrong = SinglePlan(model=ref, slots=("inline", "overlap_backward", "overlap_forward(0)"))
+    with pytest.raises(TrainschedError, match="3 dW slots for a model with 4 split layers"):
+        run(wrong, steps=1, warmup=0)

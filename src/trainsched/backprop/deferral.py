@@ -22,6 +22,10 @@ The orders (:data:`DEFERRAL_ORDERS`), each a factory returning an order:
   layer), ties by arrival.
 - ``memory_capped(cap_bytes)``: as ``fifo``, but whenever the bytes held exceed the cap the
   oldest entries run until they no longer do.
+- ``slotted(deferred)``: the single-device slots (``specs/backprop.md`` §2a): layers in
+  ``deferred`` (slot ``overlap_forward(j)``) wait past the end of the backward pass, into the
+  next step, where the runtime runs them after layer j's forward; every other layer as
+  ``standard`` (the runtime puts ``overlap_backward`` ones on a second stream).
 
 Bytes held are storage-deduplicated (:func:`held_bytes`): tensors sharing a storage (an input
 read by several layers, a view) count once.
@@ -37,7 +41,7 @@ from trainsched.errors import TrainschedError
 from trainsched.registry import Registry
 
 __all__ = ["DEFERRAL_ORDERS", "DeferralOrder", "PendingW", "deferral_order", "fifo",
-           "held_bytes", "memory_capped", "priority", "reverse_first_k", "standard"]
+           "held_bytes", "memory_capped", "priority", "reverse_first_k", "slotted", "standard"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -175,6 +179,22 @@ class _MemoryCapped:
         return _by_arrival(pending)
 
 
+@dataclass(frozen=True)
+class _Slotted:
+    deferred: frozenset[int]
+    name: str = "slotted"
+
+    def run_now(self, pending: Sequence[PendingW]) -> tuple[int, ...]:
+        now = [i for i in _by_arrival(pending) if pending[i].layer not in self.deferred]
+        return tuple(reversed(now))
+
+    def at_backward_end(self, pending: Sequence[PendingW]) -> tuple[int, ...]:
+        return ()
+
+    def drain(self, pending: Sequence[PendingW]) -> tuple[int, ...]:
+        return _forward_order(pending, range(len(pending)))
+
+
 def _count(name: str, value: Any) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise TrainschedError(f"{name} must be an integer >= 0, got {value!r}")
@@ -208,6 +228,15 @@ def memory_capped(cap_bytes: int) -> DeferralOrder:
     return _MemoryCapped(_count("cap_bytes", cap_bytes))
 
 
+def slotted(deferred: Iterable[int]) -> DeferralOrder:
+    """Layers in ``deferred`` wait until the runtime or ``drain`` runs them (forward order
+    at ``drain``); the rest as ``standard``."""
+    layers = tuple(deferred)
+    for layer in layers:
+        _count("a deferred layer", layer)
+    return _Slotted(frozenset(layers))
+
+
 #: The dW orders by name: factories taking the order's parameters.
 DEFERRAL_ORDERS: Registry[Callable[..., DeferralOrder]] = Registry("dW order", "dW orders")
 DEFERRAL_ORDERS.register("standard", standard)
@@ -215,6 +244,7 @@ DEFERRAL_ORDERS.register("reverse_first_k", reverse_first_k)
 DEFERRAL_ORDERS.register("fifo", fifo)
 DEFERRAL_ORDERS.register("priority", priority)
 DEFERRAL_ORDERS.register("memory_capped", memory_capped)
+DEFERRAL_ORDERS.register("slotted", slotted)
 
 
 def deferral_order(name: str, **params: Any) -> DeferralOrder:

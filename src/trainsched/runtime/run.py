@@ -95,8 +95,9 @@ def runnable(plan: Plan, model: str | None = None) -> str | None:
 def _not_run_yet(plan: Plan) -> str | None:
     """Why the runtime cannot run ``plan``'s backprop order (``None``: it can), so that no run
     silently measures in-order backprop under another name. Reverse-first-k runs on the
-    scheduled runtime's split backward; dW slots on a second stream need CUDA (on a CPU-only
-    host a single-device plan with slots runs in order, and :func:`run` says so)."""
+    scheduled runtime's split backward; a single-device plan's dW slots run through
+    :class:`~trainsched.runtime.split.SlottedModel` (on this CPU runtime one stream: the slots'
+    order without overlap, and :func:`run` says so)."""
     if isinstance(plan, DataParallelPlan) and plan.backprop not in ("inorder", "ooo"):
         return f"backprop {plan.backprop!r} is simulated only: the runtime does not run it"
     if isinstance(plan, DataParallelPlan) and plan.sync != "bsp":
@@ -171,10 +172,12 @@ def run(plan: Plan, model: str | None = None, *, steps: int = 10, warmup: int = 
         if plan.slots:
             import sys
 
-            print("trainsched: note: the plan's dW slots run weight gradients on a second CUDA "
-                  "stream; this runtime runs on the CPU, so they run in order here",
-                  file=sys.stderr, flush=True)
-        segment, ranks = Segment(label="single", kind="compute", steps=steps, warmup=warmup), 1
+            print("trainsched: note: the plan's dW slots overlap weight gradients on a second "
+                  "CUDA stream; this runtime runs on the CPU, one stream, so they run in their "
+                  "slots' order without overlapping", file=sys.stderr, flush=True)
+        segment = Segment(label="single", kind="compute", steps=steps, warmup=warmup,
+                          slots=[str(s) for s in plan.slots] or None)
+        ranks = 1
     elif isinstance(plan, PlacedPlan):
         # Backward and optimizer ops (``op:dX``, ``op:dW``, ``op:opt``) run where autograd
         # and the parameters put them: with their forward op, as the placers place them.

@@ -107,6 +107,7 @@ class Segment:
     placement: dict[str, int] | None = None  # placed: op name -> logical device (on the CPU)
     backprop_k: int = 0  # sdp: the layers nearest the input whose dW run after the last dX
     placement_order: list[str] | None = None  # placed: the order its ops run (None: program's)
+    slots: list[str] | None = None  # compute: each split layer's dW slot (runtime/split/slots)
 
     def tuner(self) -> Any:
         """A fresh :class:`~trainsched.comm.tune.OnlineTuner` from ``tune`` (or ``None``)."""
@@ -170,6 +171,9 @@ class Segment:
         if k and (self.kind != "sdp" or not self.enabled):
             raise TrainschedError("backprop_k (out-of-order backprop) runs on the scheduled "
                                   "runtime: it needs comm other than 'ddp', scheduling on")
+        if self.slots is not None and (self.kind != "compute" or not self.slots):
+            raise TrainschedError("dW slots run on one device: they apply to a compute "
+                                  "segment and need one slot per split layer")
         if self.timeline_dir is not None and self.kind != "sdp":
             raise TrainschedError("timeline_dir records the scheduled runtime; comm 'ddp' is "
                                   "stock DDP, which it cannot record")
@@ -492,6 +496,10 @@ def _run_segment(model: Any, args: tuple, kwargs: dict, seg: Segment, cfg: dict[
         net = PlacedModule(model, placement, example_args=args, example_kwargs=kwargs,
                            granularity="op")
         opt = opt_cls(params, **opt_kwargs)
+    elif seg.slots is not None:  # compute with each layer's dW in its slot
+        from trainsched.runtime.split import SlottedModel
+
+        net = opt = SlottedModel(model, seg.slots, optimizer=opt_cls, optimizer_kwargs=opt_kwargs)
     else:  # flat, compute: the plain module, one optimizer
         net = model
         opt = opt_cls(params, **opt_kwargs)

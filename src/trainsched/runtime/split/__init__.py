@@ -14,7 +14,9 @@ of :mod:`trainsched.backprop.deferral` (``standard``, ``reverse_first_k``, ``fif
 Two backends: custom autograd functions for Linear, Conv1d/2d/3d and Embedding
 (:mod:`.functions`), and a ``GradientEdge`` split of any other module's autograd graph
 (:mod:`.graph`). :mod:`.model` picks the layers and refuses stock DDP and compiled modules;
-:mod:`.queue` holds the closures and counts the bytes they keep alive.
+:mod:`.queue` holds the closures and counts the bytes they keep alive. :class:`SlottedModel`
+(:mod:`.slots`) trains a single device with each layer's dW in its slot (inline, on a second
+stream beside the following dX, or deferred into the next step after a chosen forward).
 """
 
 from trainsched.runtime.split.model import (
@@ -27,6 +29,8 @@ from trainsched.runtime.split.model import (
     split_backward,
 )
 from trainsched.runtime.split.queue import QueueListener, WGradQueue, storage_sizes
+from trainsched.runtime.split.slots import SlottedModel
 
-__all__ = ["BACKENDS", "NORMS", "QueueListener", "SplitLayer", "SplitModel", "WGradQueue",
+__all__ = ["BACKENDS", "NORMS", "QueueListener", "SlottedModel", "SplitLayer", "SplitModel",
+           "WGradQueue",
            "count_layers", "find_layers", "split_backward", "storage_sizes"]

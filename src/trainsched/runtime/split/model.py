@@ -170,13 +170,18 @@ class SplitModel(nn.Module):
         #: The trainable parameters of the split layers (their dW go through the queue).
         self.split_params = tuple(unique.values())
         self._installed: list[tuple[nn.Module, Any]] = []
+        bound: list[tuple[nn.Module, object]] = []
         for path, m, how in found:
             slot = Slot(self.queue, path, m)
+            bound.append((m, slot))
             previous = vars(m).get("forward")
             own = m.forward
             m.forward = (split_forward(m, slot) if how == "function"
                          else graph_forward(m, slot, own))
             self._installed.append((m, previous))
+        #: ``(module, key)`` per split layer, in module-tree order: ``queue.layer_index(key)``
+        #: is the module's layer index once it ran forward.
+        self.layer_keys: tuple[tuple[nn.Module, object], ...] = tuple(bound)
         self._ignore_before = vars(module).get(_IGNORE)
         setattr(module, _IGNORE, _RefuseDDP())
         setattr(self, _IGNORE, _RefuseDDP())

@@ -29,7 +29,7 @@ import torch
 from trainsched.backprop.deferral import DeferralOrder, PendingW, held_bytes
 from trainsched.errors import TrainschedError
 
-__all__ = ["QueueListener", "WGradQueue", "storage_sizes"]
+__all__ = ["Executor", "QueueListener", "WGradQueue", "storage_sizes"]
 
 
 class QueueListener(Protocol):
@@ -50,6 +50,17 @@ class _Entry:
     info: PendingW
     run: Callable[[], None] | None
     params: tuple[torch.nn.Parameter, ...]
+    tensors: tuple[torch.Tensor, ...]
+
+
+class Executor(Protocol):
+    """Runs one entry's closure where it belongs (the single-device slots put some on a
+    second CUDA stream); without one the queue calls the closure itself."""
+
+    def __call__(self, info: PendingW, run: Callable[[], None],
+                 params: Sequence[torch.nn.Parameter],
+                 tensors: Sequence[torch.Tensor]) -> None:
+        """Run (or launch) ``run``, which reads ``tensors`` and accumulates into ``params``."""
 
 
 def storage_sizes(tensors: Iterable[torch.Tensor | None],
@@ -79,6 +90,8 @@ class WGradQueue:
                  listener: QueueListener | None = None) -> None:
         self.order = order
         self.listener = listener
+        #: Who runs an entry's closure (``None``: the queue, at once, on this thread).
+        self.executor: Executor | None = None
         self._auto_end = auto_end
         self._pending: list[_Entry] = []
         self._seq = 0
@@ -119,6 +132,10 @@ class WGradQueue:
             self.listener.layer_forward(params)
         return layer, microbatch
 
+    def layer_index(self, key: object) -> int | None:
+        """The layer index of the split layer ``key`` (``None`` before its first forward)."""
+        return self._layers.get(id(key))
+
     @property
     def num_layers_seen(self) -> int:
         """Split layers that ran forward so far."""
@@ -137,7 +154,8 @@ class WGradQueue:
                         params=tuple(n for n, _ in params),
                         storages=storage_sizes(tensors, exclude=[p for _, p in params]))
         self._seq += 1
-        self._pending.append(_Entry(info, run, tuple(p for _, p in params)))
+        kept = tuple(t for t in tensors if t is not None)
+        self._pending.append(_Entry(info, run, tuple(p for _, p in params), kept))
         if in_backward and not self._in_backward:
             self._in_backward = True
             if self._auto_end:
@@ -163,6 +181,12 @@ class WGradQueue:
         assert not self._pending
         self._calls.clear()
 
+    def run_layers(self, layers: Iterable[int]) -> None:
+        """Run the waiting entries of ``layers`` now, in arrival order (the slots runtime
+        launches a deferred dW after a chosen forward)."""
+        wanted = set(layers)
+        self._run(tuple(i for i, e in enumerate(self._pending) if e.info.layer in wanted))
+
     def discard(self) -> None:
         """Drop every waiting entry without running it (a failed step's)."""
         self._pending.clear()
@@ -178,11 +202,15 @@ class WGradQueue:
         self._pending = [e for e in self._pending if id(e) not in taken]
         for entry in chosen:
             run, entry.run = entry.run, None  # drop the closure (and its tensors) once run
+            tensors, entry.tensors = entry.tensors, ()
             assert run is not None
             self.running = True
             try:
                 with torch.no_grad():
-                    run()
+                    if self.executor is None:
+                        run()
+                    else:
+                        self.executor(entry.info, run, entry.params, tensors)
             finally:
                 self.running = False
             self.ran_count += 1
