@@ -37,13 +37,12 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-import itertools
-from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from trainsched.cluster import Cluster
 from trainsched.errors import TrainschedError
+from trainsched.placement.memory import DeviceMemory
 from trainsched.placement.reduce import Problem
 
 __all__ = ["Machine", "PlacerSchedule", "Stall", "Transfer", "fewest_devices", "run_schedule"]
@@ -184,7 +183,6 @@ class _Scheduler:
         p = problem
         n, m = p.n, machine.num_devices
         self.p, self.n, self.m = p, n, m
-        self.cap = machine.capacity
         self.seq = machine.sequential
         self.lat, self.bw = machine.latency_s, machine.bandwidth
         self.fixed = fixed
@@ -213,26 +211,14 @@ class _Scheduler:
         self.copy_alloc: dict[int, int] = {}  # tensor * m + device -> allocation index
         self.sent_end = [-1.0] * n  # latest end of a transfer of an op's tensors
         self.transfers: list[Transfer] = []
-        # Memory: resident per device, and a history of the dynamic level (times, levels).
+        self.mem = DeviceMemory(machine.capacity)
         self.group_res = p.group_resident()
         self.group_dev = [-1] * len(p.group_ops)
         if fixed is not None:
             for i, d in enumerate(fixed):
                 self.group_dev[p.group[i]] = d
         self.group_charged = [False] * len(p.group_ops)
-        self.resident = [0] * m
-        # Per device, breakpoints (times), the level's change at each and how far the instant's
-        # high is above its level; the current level. Deltas, so a free far in the past costs
-        # an insertion, not a pass over everything after it.
-        self.hist_t: list[list[float]] = [[0.0] for _ in range(m)]
-        self.hist_dv: list[list[int]] = [[0] for _ in range(m)]
-        self.hist_hi: list[list[int]] = [[0] for _ in range(m)]
-        self.level = [0] * m
-        self.peak_bound = [0] * m
-        self.pending: list[tuple[float, int, int, int, int]] = []  # (t, phase, seq, dev, bytes)
-        self.allocs: list[list] = []  # [device, bytes, at, free or None]
         self.out_alloc = [-1] * n
-        self.counter = itertools.count()
         # Candidate heaps per device: A (data not ready by free_at: key data_ready), B (ready:
         # key topo index); tokens invalidate stale entries; blocked pairs wait for a free.
         self.A: list[list[tuple[float, int, int]]] = [[] for _ in range(m)]
@@ -478,98 +464,23 @@ class _Scheduler:
 
     # --- memory --------------------------------------------------------------------------
 
-    def level_add(self, d: int, at: float, delta: int, instant_free: bool = False) -> None:
-        """Add ``delta`` bytes to device d's level from time ``at`` on (``at`` ≤ now).
-
-        Each breakpoint keeps its level and its high (the level at that instant after its
-        allocations, before frees of buffers allocated at that same instant, which is when the
-        simulator takes a peak); ``instant_free`` marks such a free, which leaves the high.
-        """
-        ts, dv, hi = self.hist_t[d], self.hist_dv[d], self.hist_hi[d]
-        i = bisect_left(ts, at)
-        if i == len(ts) or ts[i] != at:
-            ts.insert(i, at)
-            dv.insert(i, 0)
-            hi.insert(i, 0)
-        dv[i] += delta
-        self.level[d] += delta
-        if instant_free:
-            hi[i] -= delta
-        if delta > 0:
-            level = self.level[d]
-            high = level + hi[-1]
-            for k in range(len(ts) - 1, i, -1):
-                level -= dv[k]
-                if level + hi[k - 1] > high:
-                    high = level + hi[k - 1]
-            if high > self.peak_bound[d]:
-                self.peak_bound[d] = high
-
     def fits(self, o: int, d: int, record: list, start: float | None = None) -> bool:
         """Whether o, with the transfers in ``record``, fits on d now (or from ``start`` on, a
         time in the past: its output and temp then count from there, to the end)."""
         p = self.p
         g = p.group[o]
         extra_res = 0 if self.group_charged[g] else self.group_res[g]
-        new = p.output[o] + p.temp[o]
-        ts, dv, hi = self.hist_t[d], self.hist_dv[d], self.hist_hi[d]
-        allocs = [(s, size) for _, _, size, s, _ in record]
-        if start is not None:
-            allocs.append((start, new))
-            new = 0
-        vk = self.level[d]  # the level at breakpoint k, walking back
-        worst = vk + max(0, hi[-1]) + new
-        if allocs:
-            starts = sorted(allocs)
-            moved = sum(size for _, size in starts)
-            worst += moved
-            # Breakpoints before now: the instant's high plus the transfers started by then,
-            # and the level until the next breakpoint plus those started before it.
-            before = moved  # transfers started before ts[k + 1]
-            j = len(starts) - 1
-            s_min = starts[0][0]
-            for k in range(len(ts) - 2, -1, -1):
-                seg_end = ts[k + 1]
-                if seg_end <= s_min:
-                    break
-                vk -= dv[k + 1]
-                while j >= 0 and starts[j][0] >= seg_end:
-                    before -= starts[j][1]
-                    j -= 1
-                at = before
-                i = j
-                while i >= 0 and starts[i][0] > ts[k]:
-                    at -= starts[i][1]
-                    i -= 1
-                level = max(vk + before, vk + hi[k] + at)
-                if level > worst:
-                    worst = level
-        if extra_res:
-            worst = max(worst, self.peak_bound[d])
-        return self.resident[d] + extra_res + worst <= self.cap[d]
+        return self.mem.fits(d, p.output[o] + p.temp[o], [(s, size) for _, _, size, s, _ in record],
+                             extra_res, start)
 
     def schedule_free(self, d: int, at_alloc: float, when: float, size: int, idx: int) -> None:
-        self.allocs[idx][3] = when
-        if size == 0:
-            return
-        phase = 2 if when <= at_alloc else 0
-        if when < self.now:
-            self.level_add(d, when, -size, instant_free=phase == 2)
+        if self.mem.free(d, at_alloc, when, size, idx, self.now):
             self.unblock(d)
-        else:
-            heapq.heappush(self.pending, (when, phase, next(self.counter), d, size))
 
     def apply_frees(self, upto: float, past_instant: bool) -> None:
         """Apply pending frees before ``upto``, and at ``upto`` those of earlier allocations
         (all of them when the clock moves past that instant)."""
-        pending = self.pending
-        touched = set()
-        while pending and (pending[0][0] < upto or (pending[0][0] == upto and
-                                                     (past_instant or pending[0][1] == 0))):
-            when, phase, _, d, size = heapq.heappop(pending)
-            self.level_add(d, when, -size, instant_free=phase == 2)
-            touched.add(d)
-        for d in sorted(touched):
+        for d in self.mem.apply_frees(upto, past_instant):
             self.unblock(d)
 
     def unblock(self, d: int) -> None:
@@ -609,7 +520,7 @@ class _Scheduler:
                 if idx is None:
                     continue
                 when = max(end[v] for v in p.tensor_consumers[tid] if dev[v] == x)
-                a = self.allocs[idx]
+                a = self.mem.allocs[idx]
                 self.schedule_free(x, a[2], when, a[1], idx)
 
     # --- commit --------------------------------------------------------------------------
@@ -632,15 +543,12 @@ class _Scheduler:
             u = p.tensor_producer[tid]
             if a > self.sent_end[u]:
                 self.sent_end[u] = a
-            self.copy_alloc[tid * m + d] = len(self.allocs)
-            self.allocs.append([d, size, s, None])
-            if size:
-                self.level_add(d, s, size)
+            self.copy_alloc[tid * m + d] = self.mem.allocate(d, size, s)
         g = p.group[o]
         if not self.group_charged[g]:
             self.group_charged[g] = True
             self.group_dev[g] = d
-            self.resident[d] += self.group_res[g]
+            self.mem.resident[d] += self.group_res[g]
         end = t + p.compute_s[o]
         self.dev[o] = d
         self.start[o] = t
@@ -650,12 +558,8 @@ class _Scheduler:
         self.position[o] = len(self.sequence)
         self.sequence.append(o)
         self.last_op[d] = o
-        self.out_alloc[o] = len(self.allocs)
-        self.allocs.append([d, p.output[o], t, None])
-        temp_idx = len(self.allocs)
-        self.allocs.append([d, p.temp[o], t, None])
-        if p.output[o] + p.temp[o]:
-            self.level_add(d, t, p.output[o] + p.temp[o])
+        self.out_alloc[o] = self.mem.allocate(d, p.output[o], t, together=p.temp[o])
+        temp_idx = self.out_alloc[o] + 1
         self.schedule_free(d, t, end, p.temp[o], temp_idx)
         for u in self.preds[o]:
             self.nsucc[u] -= 1
@@ -706,7 +610,7 @@ class _Scheduler:
                 if c is not None and (best is None or (c[0], c[1], c[1] != self.reserved, d)
                                       < (best[0], best[1], best[1] != best_reserved, best[2])):
                     best, best_reserved = (c[0], c[1], d), self.reserved
-            pending = self.pending
+            pending = self.mem.pending
             if best is None:
                 if not pending:
                     raise self.stall()
@@ -747,34 +651,14 @@ class _Scheduler:
         p = self.p
         g = p.group[o]
         extra = 0 if self.group_charged[g] else self.group_res[g]
-        need = min(self.resident[d] + extra + self.level[d] + p.output[o] + p.temp[o]
+        need = min(self.mem.resident[d] + extra + self.mem.level[d] + p.output[o] + p.temp[o]
                    for d in self.devices_for(o))
         return Stall(o, need)
 
     def result(self) -> PlacerSchedule:
-        peaks = _peaks(self.m, self.resident, self.allocs)
+        peaks = self.mem.peaks()
         return PlacerSchedule(device=tuple(self.dev), start_s=tuple(self.start),
                               end_s=tuple(self.end), order=tuple(tuple(x) for x in self.order),
                               sequence=tuple(self.sequence), transfers=tuple(self.transfers),
                               peak_bytes=tuple(peaks), makespan_s=max(self.end, default=0.0))
 
-
-def _peaks(m: int, resident: list[int], allocs: list[list]) -> list[int]:
-    """Peak bytes per device, by the simulator's rule: at one instant, frees of earlier
-    allocations go first, then allocations, then frees of allocations made at that instant."""
-    changes: list[list[tuple[float, int, int]]] = [[] for _ in range(m)]
-    for d, size, at, free in allocs:
-        if size == 0:
-            continue
-        changes[d].append((at, 1, size))
-        if free is not None:
-            changes[d].append((free, 2 if free <= at else 0, -size))
-    peaks = []
-    for d in range(m):
-        level = peak = resident[d]
-        for _, _, delta in sorted(changes[d]):
-            level += delta
-            if level > peak:
-                peak = level
-        peaks.append(peak)
-    return peaks
