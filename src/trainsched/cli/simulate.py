@@ -106,8 +106,9 @@ def add_parser(sub: Subcommands) -> None:
                    help="pipeline, --schedule auto: memory per device the schedule must fit "
                    "in (default: the cluster's device memory)")
     p.add_argument("--sync", default=None, metavar="POLICY",
-                   help="data parallel: sync policy, e.g. bsp, asp, ssp(s=4), k-of-n(k=3), "
-                   "local(h=8), bsp:0.125,asp:0.875 (default bsp); simulates it over many steps")
+                   help="data parallel: sync policy, e.g. bsp, asp, ssp:S, k-of-n:K, local:H, "
+                   "bsp:0.125,asp:0.875, bsp:0.5,ssp(s=4):0.5 (default bsp); simulates it over "
+                   "many steps")
     p.add_argument("--straggler", action="append", default=None, metavar="RANK:DELAY[:FROM-TO]",
                    help="data parallel, protocol simulation: slow a rank by a delay (1:50ms) "
                    "or a factor (2:3x), optionally in steps FROM to TO-1 (2:3x:100-400); "

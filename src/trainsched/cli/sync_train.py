@@ -33,8 +33,9 @@ SYNC_FLAGS = ("straggler", "samples", "momentum", "servers", "deterministic")
 def add_sync_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sync", default=None, metavar="POLICY",
                    help="train a built-in task (teacher-student) under this sync policy: bsp, "
-                   "asp, ssp(s=4), k-of-n(k=3), local(h=8), or phases such as "
-                   "bsp:0.125,asp:0.875 (docs/sync.md)")
+                   "asp, ssp:S, k-of-n:K, local:H, or phases such as bsp:0.125,asp:0.875 or "
+                   "bsp:0.5,ssp(s=4):0.5 (a parameter in parentheses among several phases; "
+                   "docs/sync.md)")
     p.add_argument("--straggler", action="append", default=None, metavar="RANK:DELAY[:FROM-TO]",
                    help="--sync: slow a worker by a delay (1:50ms) or a factor (1:3x), "
                    "optionally in steps FROM to TO-1; repeatable")
