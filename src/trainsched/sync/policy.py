@@ -19,9 +19,9 @@ form ``ssp(s=4)`` is valid everywhere and is the one a policy of several phases 
 
 :func:`format_policy` writes the canonical text (no spaces, fractions as Python writes floats,
 a lone phase without ``:1``, a lone protocol with a parameter in the short form ``ssp:4``,
-the parenthesised form among several phases) and :func:`parse_policy` reads it back equal. A malformed text is
-refused with the column (1-based) of the character at fault. Fractions lie in (0, 1] and sum
-to 1 (within 1e-9).
+the parenthesised form among several phases) and :func:`parse_policy` reads it back equal.
+A malformed text is refused with the column (1-based) of the character at fault. Fractions lie
+in (0, 1] and sum to 1 (within 1e-9).
 
 Samples are the clock: :meth:`SyncPolicy.phase_samples` cuts a run's total sample count into
 integer phase quotas that sum to it exactly, and :func:`lr_scale` is the factor the learning
