@@ -38,7 +38,16 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from trainsched.errors import TrainschedError
-from trainsched.sync.protocols import PROTOCOLS, Bsp, SyncProtocol, format_protocol, parse_protocol
+from trainsched.sync.protocols import (
+    PROTOCOLS,
+    Asp,
+    Bsp,
+    KOfN,
+    Ssp,
+    SyncProtocol,
+    format_protocol,
+    parse_protocol,
+)
 from trainsched.sync.straggler import (
     StragglerPolicy,
     format_straggler_policy,
@@ -98,6 +107,13 @@ class SyncPolicy:
     def bsp_fraction(self) -> float:
         """The share of samples trained under BSP (the offline policy's knob f)."""
         return math.fsum(f for p, f in self.phases if isinstance(p, Bsp))
+
+    @property
+    def uses_servers(self) -> bool:
+        """Whether a run of the policy needs parameter servers: a phase of ASP, SSP or k-of-N,
+        or a straggler policy that relaxes to ASP."""
+        relax = self.straggler is not None and self.straggler.action == "relax"
+        return relax or any(isinstance(p, Asp | Ssp | KOfN) for p in self.protocols)
 
     @property
     def switches(self) -> int:
