@@ -6,7 +6,9 @@ simulator itself, and ``--backprop ooo [--k K]`` for out-of-order backprop (reve
 chosen by simulating every k when not given, ``trainsched.sim.sweep_k``). ``--sync POLICY``
 (or a plan file whose sync policy is not plain BSP, or a ``--straggler``) adds the multi-step
 protocol simulation (:mod:`trainsched.sim.sync`): the policy beside pure BSP, time per step
-and per sample, staleness.
+and per sample, staleness. ``--servers S --server-placement dedicated|colocated`` set the
+plan's parameter servers for a policy with a server phase (default: the cluster's parameter
+servers, dedicated; one where it describes none).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from trainsched.cli.common import (
 from trainsched.comm.policy import COMM_POLICIES, CREDIT_MODES
 from trainsched.costs import ALGORITHMS
 from trainsched.errors import TrainschedError
+from trainsched.plan.plans import SERVER_PLACEMENTS
 from trainsched.report.progress import ProgressBar
 from trainsched.report.tables import simulate_report
 
@@ -109,10 +112,17 @@ def add_parser(sub: Subcommands) -> None:
                    help="data parallel: sync policy, e.g. bsp, asp, ssp:S, k-of-n:K, local:H, "
                    "bsp:0.125,asp:0.875, bsp:0.5,ssp(s=4):0.5 (default bsp); simulates it over "
                    "many steps")
+    p.add_argument("--servers", type=int, default=None,
+                   help="data parallel, a --sync policy with asp, ssp or k-of-n: parameter "
+                   "servers, one shard of the parameters each (default: the cluster's, else 1)")
+    p.add_argument("--server-placement", choices=SERVER_PLACEMENTS, default=None,
+                   help="data parallel, with --servers' policies: dedicated (default: hosts of "
+                   "their own behind the cluster's server link) or colocated (shard j on worker "
+                   "j's host, sharing its network link)")
     p.add_argument("--straggler", action="append", default=None, metavar="RANK:DELAY[:FROM-TO]",
                    help="data parallel, protocol simulation: slow a rank by a delay (1:50ms) "
-                   "or a factor (2:3x), optionally in steps FROM to TO-1 (2:3x:100-400); "
-                   "repeatable")
+                   "or a factor (2:3x), or delay every message it sends (1:20ms@link), "
+                   "optionally in steps FROM to TO-1 (2:3x:100-400); repeatable")
     p.add_argument("--sync-steps", type=int, default=None,
                    help="data parallel, protocol simulation: BSP steps' worth of samples to "
                    f"simulate (default {SYNC_STEPS})")
@@ -137,7 +147,8 @@ RULES = (
     Applies(flags=("ranks",), when={"parallelism": ("data", "pipeline")},
             where="with --parallelism data or pipeline"),
     Applies(flags=("comm_policy", "credit_mode", "backfill", "algorithm", "startup_overlap",
-                   "steps", "autotune", "sync"), when={"parallelism": ("data",)},
+                   "steps", "autotune", "sync", "servers", "server_placement"),
+            when={"parallelism": ("data",)},
             where="with --parallelism data"),
     Applies(flags=SYNC_FLAGS, when={"parallelism": ("data", "plan")},
             where="with --parallelism data or a data-parallel --plan"),
@@ -201,7 +212,7 @@ def build_plan(graph: Any, cluster: Any, args: argparse.Namespace, *, policy: An
                                       policy=policy, algorithm=args.algorithm or "ring",
                                       steps=steps, startup_overlap=args.startup_overlap,
                                       backprop=args.backprop or "inorder", k=k,
-                                      sync=args.sync or "bsp")
+                                      sync=args.sync or "bsp", **_servers(args, cluster))
     from trainsched.backprop.schedules import build_schedule, schedule_stage_count
     from trainsched.backprop.stages import stage_costs_from_graph
     from trainsched.strategies import default_microbatches
@@ -221,6 +232,24 @@ def build_plan(graph: Any, cluster: Any, args: argparse.Namespace, *, policy: An
     return plans.PipelinePlan(model=model, stages=stages.ops,
                               schedule=build_schedule(schedule, ranks, micro, stages=stages),
                               schedule_name=schedule.strip().lower())
+
+
+def _servers(args: argparse.Namespace, cluster: Any) -> dict[str, Any]:
+    """The plan's ``servers`` and ``server_placement`` from ``--servers`` and
+    ``--server-placement`` (a policy without a server phase takes neither); by default the
+    cluster's parameter servers (one where it describes none), dedicated."""
+    from trainsched.sync import parse_policy
+
+    flags = [f for f in ("servers", "server_placement") if getattr(args, f) is not None]
+    if not parse_policy(args.sync or "bsp").uses_servers:
+        if flags:
+            raise TrainschedError(f"--{flags[0].replace('_', '-')} applies to a --sync policy "
+                                  f"with a parameter-server phase (asp, ssp:S, k-of-n:K, or "
+                                  f"straggler(relax)); drop it or give such a policy")
+        return {}
+    check_count("--servers", args.servers, 1)
+    return {"servers": args.servers or max(1, cluster.parameter_servers),
+            "server_placement": args.server_placement or "dedicated"}
 
 
 def _auto_pipeline(graph: Any, cluster: Any, args: argparse.Namespace,
@@ -490,9 +519,12 @@ def _sync_doc(plan: Any, graph: Any, cluster: Any, result: Any,
     batch = graph.meta.get("batch_size")
     batch = batch if isinstance(batch, int) and batch >= 1 else 1
     single = simulate_single(graph, cluster).step_time_s
+    served = plan.sync_policy.uses_servers
     workload = sync_workload(graph, cluster, ranks=plan.ranks, batch_per_rank=batch,
                              algorithm=plan.algorithm, noise_cv=noise, stragglers=stragglers,
-                             allreduce_s=max(0.0, result.step_time_s - single))
+                             allreduce_s=max(0.0, result.step_time_s - single),
+                             servers=plan.servers if served else None,
+                             server_placement=plan.server_placement)
     steps = args.sync_steps or SYNC_STEPS
     total = steps * plan.ranks * batch
     rows = []
@@ -511,4 +543,6 @@ def _sync_doc(plan: Any, graph: Any, cluster: Any, result: Any,
             "samples": total, "step_noise": noise, "switch_s": switch_s,
             "stragglers": [format_straggler(s) for s in stragglers],
             "compute_s": single, "allreduce_s": workload.allreduce_s,
-            "push_s": workload.push_s, "server_s": workload.server_s, "rows": rows}
+            "push_s": workload.push_s, "server_s": workload.server_s,
+            "servers": plan.servers if served else None,
+            "server_placement": plan.server_placement if served else None, "rows": rows}
