@@ -30,6 +30,8 @@ from trainsched.cli import main
      "momentum and nesterov are SGD's"),
     (["teacher-student", "--servers", "2"], "--servers applies only with --sync"),
     (["teacher-student", "--sync", "asp", "--servers", "0"], "--servers"),
+    (["teacher-student", "--sync", "local:4", "--servers", "2"],
+     "--servers applies to a --sync policy with a parameter-server phase"),
 ])
 def test_bad_sync_runs_are_one_line(argv, words, capsys):
     assert main(["train", *argv]) == 2

@@ -67,6 +67,10 @@ def run_sync_cli(args: argparse.Namespace) -> int:
     stragglers = parse_stragglers(args.straggler or ())
     servers = 1 if args.servers is None else args.servers
     check_count("--servers", servers, 1)
+    if args.servers is not None and not policy.uses_servers:
+        raise TrainschedError(f"--servers applies to a --sync policy with a parameter-server "
+                              f"phase (asp, ssp:S, k-of-n:K, or straggler(relax)); "
+                              f"{format_policy(policy)} has none: drop --servers")
     launched = torchrun_rank()
     ranks, batch = args.ranks, args.batch_size or 32
     if ranks is None and launched is not None:  # the job's world less its servers
