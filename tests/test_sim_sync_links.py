@@ -148,3 +148,17 @@ def test_simulate_refuses_servers_for_a_policy_without_a_server_phase(tmp_path, 
     assert _run(tmp_path, "--sync", "local:4", "--servers", "2") == 2
     assert "--servers applies to a --sync policy with a parameter-server phase" in \
         capsys.readouterr().err
+
+
+def test_the_online_controller_sees_local_times_so_a_delayed_link_raises_no_episode():
+    from trainsched.sim.sync_online import simulate_online
+    from trainsched.sync import StragglerPolicy
+
+    # 4 ranks, rank 3's link 2 s late: every BSP step takes 1 + 2 + 0.1 s, but the local
+    # times the detector compares stay equal (a compute delay of 2 s would be excluded).
+    workload = SyncWorkload(ranks=4, batch_per_rank=1, compute_s=1.0, allreduce_s=0.1,
+                            stragglers=parse_stragglers("3:2s@link"))
+    result = simulate_online(workload, total_samples=400,
+                             policy=StragglerPolicy(action="exclude"), switch_s=0.1)
+    assert result.events == ()
+    assert result.time_s == pytest.approx(100 * 3.1)
