@@ -134,7 +134,6 @@ class SyncWorkload:
                                       f"one of the {self.ranks} ranks (0..{self.ranks - 1})")
         object.__setattr__(self, "stragglers", stragglers)
 
-
     def per_rank(self, name: str) -> tuple[float, ...]:
         """``push_s``, ``pull_s`` or ``server_s`` as one number per rank."""
         value = getattr(self, name)
