@@ -30,6 +30,8 @@ from trainsched.cli import main
      "momentum and nesterov are SGD's"),
     (["teacher-student", "--servers", "2"], "--servers applies only with --sync"),
     (["teacher-student", "--sync", "asp", "--servers", "0"], "--servers"),
+    (["teacher-student", "--sync", "local:4", "--servers", "2"],
+     "--servers applies to a --sync policy with a parameter-server phase"),
 ])
 def test_bad_sync_runs_are_one_line(argv, words, capsys):
     assert main(["train", *argv]) == 2
@@ -59,6 +61,31 @@ def test_the_sync_flags_reach_run_sync(monkeypatch, capsys):
     assert json.loads(capsys.readouterr().out)["final_loss"] == 1.0
     # 100 samples rounded down to ASP's update of 8: 96
     assert [s for _, s in seen["phases"]] == [96]
+
+
+def test_a_short_policy_and_a_delayed_link_reach_run_sync_and_the_report(monkeypatch, capsys):
+    import trainsched.runtime.sync as sync_runtime
+    from trainsched.runtime.sync import LinkRecord, SyncRunResult
+    from trainsched.sync import Ssp, Straggler
+
+    seen = {}
+
+    def fake(task, phases, **kw):
+        seen.update(kw, phases=list(phases))
+        links = (LinkRecord(rank=0, phase=0, messages=4, delayed=0, delay_s=0.0, comm_s=0.01),
+                 LinkRecord(rank=1, phase=0, messages=4, delayed=4, delay_s=0.08, comm_s=0.09))
+        return SyncRunResult(task="t", ranks=2, batch_per_rank=8, phases=(), switches=(),
+                             checkpoints=(), curve=(), final_loss=1.0, final_accuracy=0.5,
+                             total_samples=0, wall_s=0.0, resumed_from=None, links=links)
+
+    monkeypatch.setattr(sync_runtime, "run_sync", fake)
+    assert main(["train", "teacher-student", "--sync", "ssp:2", "--straggler", "1:20ms@link",
+                 "--batch-size", "8", "--samples", "64"]) == 0
+    assert [p for p, _ in seen["phases"]] == [Ssp(2)]
+    assert seen["stragglers"] == (Straggler(rank=1, delay_s=0.02, link=True),)
+    out = capsys.readouterr().out
+    assert "policy ssp:2" in out
+    assert "delayed link: worker 1 held 4 of 4 messages, 80.0 ms in all (sending 90.0 ms)" in out
 
 
 pytest.importorskip("torch")

@@ -57,7 +57,8 @@ def every_kind(graph: Graph) -> list:
                          steps=3, order="static", startup_overlap=True),
         DataParallelPlan(model=model, ranks=2, comm="tictac",
                          policy=PriorityPolicy(cross_barrier=True), algorithm="tree",
-                         sync="bsp:0.25,ssp(s=2):0.75;straggler(relax)"),
+                         sync="bsp:0.25,ssp(s=2):0.75;straggler(relax)", servers=2,
+                         server_placement="colocated"),
         PipelinePlan(model=model, stages=(("l0", "l1"), ("l2", "l3"), ("l4", "l5")),
                      schedule=one_f_one_b(3, 4), schedule_name="1f1b"),
     ]
@@ -95,6 +96,57 @@ def test_a_plans_sync_policy_is_kept_in_its_canonical_text():
     assert plan.sync_policy.bsp_fraction == 0.125
     assert DataParallelPlan(model=model, ranks=4, comm="ddp", policy=DdpBucketPolicy(),
                             sync="asp:1").sync == "asp"
+
+
+def _data(sync: str = "asp", **servers) -> DataParallelPlan:
+    return DataParallelPlan(model=ModelRef.of(chain()), ranks=4, comm="ddp",
+                            policy=DdpBucketPolicy(), sync=sync, **servers)
+
+
+def test_a_plans_servers_default_to_one_dedicated():
+    plan = _data()
+    assert (plan.servers, plan.server_placement) == (1, "dedicated")
+
+
+def test_a_plans_servers_are_written_to_the_file_and_read_back():
+    plan = _data("k-of-n:3", servers=3, server_placement="colocated")
+    doc = json.loads(plan_to_json(plan))["strategy"]
+    assert (doc["servers"], doc["server_placement"]) == (3, "colocated")
+    assert plan_from_json(plan_to_json(plan)) == plan
+
+
+def test_a_plan_file_without_the_servers_loads_with_the_defaults():
+    doc = json.loads(plan_to_json(_data("ssp:2", servers=2)))
+    del doc["strategy"]["servers"], doc["strategy"]["server_placement"]
+    plan = plan_from_json(json.dumps(doc))
+    assert (plan.sync, plan.servers, plan.server_placement) == ("ssp:2", 1, "dedicated")
+
+
+def test_a_policy_without_servers_writes_no_server_fields():
+    assert "servers" not in json.loads(plan_to_json(_data("bsp:0.5,local(h=4):0.5")))["strategy"]
+
+
+@pytest.mark.parametrize(("sync", "servers", "words"), [
+    ("bsp", {"servers": 2}, "apply to a sync policy with a parameter-server phase"),
+    ("local:4", {"server_placement": "colocated"}, "'local:4' has none"),
+    ("asp", {"servers": 0}, "servers must be an integer >= 1"),
+    ("asp", {"server_placement": "rack"}, "must be one of dedicated, colocated, got 'rack'"),
+    ("asp", {"servers": 5, "server_placement": "colocated"}, "give at most 4 servers"),
+])
+def test_bad_server_fields_are_refused(sync, servers, words):
+    with pytest.raises(TrainschedError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        _data(sync, **servers)
+
+
+def test_a_relaxing_straggler_policy_has_servers():
+    assert _data("bsp;straggler(relax)", servers=2).servers == 2
+
+
+def test_a_bad_server_field_in_a_file_names_the_field():
+    doc = json.loads(plan_to_json(_data("asp")))
+    doc["strategy"]["servers"] = "two"
+    with pytest.raises(TrainschedError, match=r"strategy\.servers: expected an integer"):
+        plan_from_json(json.dumps(doc))
 
 
 def test_a_plans_k_of_n_may_not_wait_for_more_ranks_than_it_has():

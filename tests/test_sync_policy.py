@@ -12,11 +12,44 @@ from trainsched.sync.straggler import StragglerPolicy
 
 
 @pytest.mark.parametrize("text", ["bsp:0.125,asp:0.875", "bsp:0.5,ssp(s=4):0.5",
-                                  "bsp:0.25,local(h=8):0.75", "asp", "k-of-n(k=3)",
+                                  "bsp:0.25,local(h=8):0.75", "asp", "k-of-n:3",
                                   "bsp:0.5,asp:0.5;straggler(relax)",
                                   "bsp;straggler(exclude,on=1.5,prior=30.0)"])
 def test_canonical_text_round_trips(text):
     assert format_policy(parse_policy(text)) == text
+
+
+@pytest.mark.parametrize(("text", "protocol"), [
+    ("ssp:4", Ssp(4)), ("ssp:0", Ssp(0)), ("k-of-n:3", KOfN(3)), ("local:8", LocalSgd(8)),
+    ("bsp", Bsp()), ("asp", Asp())])
+def test_one_protocol_alone_is_written_short_and_round_trips(text, protocol):
+    policy = parse_policy(text)
+    assert policy == SyncPolicy(phases=((protocol, 1.0),))
+    assert format_policy(policy) == text
+
+
+@pytest.mark.parametrize(("text", "canonical"), [
+    ("ssp(s=4)", "ssp:4"), ("ssp(4):1", "ssp:4"), ("local(h=8):1.0", "local:8"),
+    ("K-OF-N : 3", "k-of-n:3"), ("ssp:2;straggler(relax)", "ssp:2;straggler(relax)")])
+def test_the_long_forms_of_one_protocol_read_as_the_short_one(text, canonical):
+    assert format_policy(parse_policy(text)) == canonical
+
+
+def test_a_number_after_a_protocol_with_a_parameter_is_the_parameter_alone():
+    # ssp:1 is ssp(s=1) for all the samples, not "ssp for fraction 1"
+    assert parse_policy("ssp:1").phases == ((Ssp(1), 1.0),)
+    assert parse_policy("local:1").phases == ((LocalSgd(1), 1.0),)
+
+
+def test_a_number_after_a_protocol_without_a_parameter_is_still_the_fraction():
+    assert parse_policy("asp:1") == parse_policy("asp")
+    assert parse_policy("bsp:1").phases == ((Bsp(), 1.0),)
+
+
+def test_several_phases_keep_the_parenthesised_parameter():
+    policy = parse_policy("bsp:0.5,ssp(s=4):0.5")
+    assert policy.phases == ((Bsp(), 0.5), (Ssp(4), 0.5))
+    assert format_policy(policy) == "bsp:0.5,ssp(s=4):0.5"
 
 
 def test_policy_text_reads_the_phases_in_order():
@@ -75,6 +108,14 @@ def test_every_policy_round_trips_through_its_text(policy):
     ("bsp:0.5,asp", 9, "phase asp needs its fraction"),
     ("straggler(relax)", 1, "comes after the phases"),
     ("bsp;straggler(drop)", 15, "unknown action 'drop'"),
+    ("bsp:0.5,ssp:0.5", 9, "in a policy of several phases write ssp's parameter in parentheses"),
+    ("bsp:0.5,ssp:4", 9, "ssp(s=N):F"),
+    ("local:8,bsp:0.5", 1, "in a policy of several phases"),
+    ("ssp:0.5", 5, "gives ssp's parameter s, a whole number"),
+    ("ssp", 1, "needs its parameter; write ssp:N or ssp(s=N)"),
+    ("ssp:x", 5, "expected ssp's parameter"),
+    ("k-of-n:0", 8, "k must be a whole number >= 1"),
+    ("asp:2", 5, "the fraction 2 is not in (0, 1]"),
 ])
 def test_malformed_text_points_at_the_column(text, column, words):
     with pytest.raises(TrainschedError) as info:

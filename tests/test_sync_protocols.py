@@ -27,6 +27,17 @@ def test_text_round_trips_exactly(text):
     assert format_protocol(parse_protocol(text)) == text
 
 
+@pytest.mark.parametrize(("text", "protocol"), [
+    ("ssp:4", Ssp(4)), ("k-of-n:3", KOfN(3)), ("local:8", LocalSgd(8))])
+def test_the_short_form_reads_and_writes_the_same_protocol(text, protocol):
+    assert parse_protocol(text) == protocol
+    assert format_protocol(protocol, short=True) == text
+
+
+def test_a_protocol_without_a_parameter_is_its_name_in_the_short_form_too():
+    assert format_protocol(Asp(), short=True) == "asp"
+
+
 def test_the_parameter_name_may_be_left_out():
     assert parse_protocol("ssp(4)") == Ssp(4)
 
@@ -35,6 +46,7 @@ def test_the_parameter_name_may_be_left_out():
     ("hogwild", "unknown sync protocol 'hogwild'"),
     ("ssp", "needs its parameter"),
     ("bsp(2)", "takes no parameter"),
+    ("bsp:2", "takes no parameter"),
     ("ssp(h=2)", "has parameter 's'"),
     ("ssp(s=-1)", "cannot read"),
     ("local(h=0)", "h must be a whole number >= 1"),

@@ -8,7 +8,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from trainsched.errors import TrainschedError
-from trainsched.sync.faults import Straggler, format_straggler, parse_straggler, parse_stragglers
+from trainsched.sync.faults import (
+    Straggler,
+    format_straggler,
+    link_delay_s,
+    parse_straggler,
+    parse_stragglers,
+    slowed_s,
+)
 from trainsched.sync.straggler import StragglerPolicy, detect, initial_state
 from trainsched.sync.switching import StragglerController, decide
 
@@ -124,7 +131,39 @@ def test_several_stragglers_separated_by_commas():
         Straggler(rank=1, delay_s=0.05), Straggler(rank=2, factor=3.0, from_step=100))
 
 
+def test_a_delayed_link_holds_messages_and_leaves_the_local_time_alone():
+    straggler = parse_straggler("1:20ms@link")
+    assert straggler == Straggler(rank=1, delay_s=0.02, link=True)
+    assert straggler.local_s(5, 1.0) == 1.0
+    assert straggler.message_s(5) == 0.02
+
+
+def test_a_delayed_link_window_excludes_its_end():
+    straggler = parse_straggler("0:5ms@link:3-5")
+    assert [straggler.message_s(s) for s in (2, 3, 4, 5)] == [0.0, 0.005, 0.005, 0.0]
+
+
+def test_link_delays_of_a_rank_add_and_compute_delays_do_not_count():
+    stragglers = parse_stragglers("1:20ms@link,1:5ms@link:0-2,1:50ms,0:7ms@link")
+    assert link_delay_s(stragglers, 1, 0) == pytest.approx(0.025)
+    assert link_delay_s(stragglers, 1, 2) == pytest.approx(0.02)
+    assert slowed_s(stragglers, 1, 0, 1.0) == pytest.approx(1.05)  # only the compute delay
+
+
+@pytest.mark.parametrize("text", ["1:0.02s@link", "3:1.5s@link:10-20", "0:0.001s@link:4-"])
+def test_delayed_link_text_round_trips(text):
+    assert format_straggler(parse_straggler(text)) == text
+
+
+def test_a_link_delay_written_in_milliseconds_formats_in_seconds():
+    assert format_straggler(parse_straggler("1:20ms@LINK")) == "1:0.02s@link"
+
+
 @pytest.mark.parametrize(("text", "column", "words"), [
+    ("1:3x@link", 3, "not a factor"),
+    ("1:20ms@net", 7, "on the rank's link only (@link), got '@net'"),
+    ("1:@link", 3, "the delay must be a duration"),
+    ("0:5ms,1:20ms@wire", 13, "got '@wire'"),
     ("x:50ms", 1, "rank must be a whole number"),
     ("1:fast", 3, "the delay must be a duration"),
     ("1:3x:400-100", 1, "window 400-100 is empty"),
@@ -134,7 +173,7 @@ def test_several_stragglers_separated_by_commas():
 ])
 def test_bad_straggler_text_says_where(text, column, words):
     with pytest.raises(TrainschedError) as info:
-        parse_straggler(text)
+        parse_stragglers(text)
     assert f"column {column}" in str(info.value)
     assert words in str(info.value)
 
@@ -146,6 +185,12 @@ def test_the_column_counts_across_a_comma_list():
 
 @given(st.builds(Straggler, rank=st.integers(0, 63), factor=st.floats(1.0, 100.0),
                  from_step=st.integers(0, 1000), to_step=st.none() | st.integers(1001, 5000))
-       | st.builds(Straggler, rank=st.integers(0, 63), delay_s=st.floats(0.0, 10.0)))
+       | st.builds(Straggler, rank=st.integers(0, 63), delay_s=st.floats(0.0, 10.0),
+                   link=st.booleans()))
 def test_straggler_text_round_trips(straggler):
     assert parse_straggler(format_straggler(straggler)) == straggler
+
+
+def test_a_factor_on_a_link_is_refused_as_a_value_too():
+    with pytest.raises(TrainschedError, match="not a factor"):
+        Straggler(rank=0, factor=2.0, link=True)

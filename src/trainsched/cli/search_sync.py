@@ -29,8 +29,8 @@ def add_parser(sub: Subcommands) -> None:
                        "BSP's accuracy, by real runs of a built-in task")
     p.add_argument("task", help="a built-in task (teacher-student)")
     p.add_argument("--relaxed", default="asp",
-                   help="the protocol after the BSP phase: asp (default), ssp(s=S), "
-                   "k-of-n(k=K), local(h=H)")
+                   help="the protocol after the BSP phase: asp (default), ssp:S, k-of-n:K, "
+                   "local:H (or ssp(s=S), k-of-n(k=K), local(h=H))")
     p.add_argument("--ranks", type=int, default=DEFAULTS["ranks"], help="worker ranks")
     p.add_argument("--batch-size", type=int, default=DEFAULTS["batch_size"],
                    help="samples per worker batch")

@@ -6,7 +6,9 @@ simulator itself, and ``--backprop ooo [--k K]`` for out-of-order backprop (reve
 chosen by simulating every k when not given, ``trainsched.sim.sweep_k``). ``--sync POLICY``
 (or a plan file whose sync policy is not plain BSP, or a ``--straggler``) adds the multi-step
 protocol simulation (:mod:`trainsched.sim.sync`): the policy beside pure BSP, time per step
-and per sample, staleness.
+and per sample, staleness. ``--servers S --server-placement dedicated|colocated`` set the
+plan's parameter servers for a policy with a server phase (default: the cluster's parameter
+servers, dedicated; one where it describes none).
 """
 
 from __future__ import annotations
@@ -32,21 +34,23 @@ from trainsched.cli.common import (
     training_graph,
     tune_ranges,
 )
+from trainsched.cli.simulate_sync import (
+    STEP_NOISE,
+    SYNC_FLAGS,
+    SYNC_STEPS,
+    plan_servers,
+    sync_doc,
+)
 from trainsched.comm.policy import COMM_POLICIES, CREDIT_MODES
 from trainsched.costs import ALGORITHMS
 from trainsched.errors import TrainschedError
+from trainsched.plan.plans import SERVER_PLACEMENTS
 from trainsched.report.progress import ProgressBar
 from trainsched.report.tables import simulate_report
 
 NAME = "simulate"
 
 PARALLELISMS = ("single", "placed", "data", "pipeline")
-
-#: The protocol simulation's defaults: BSP steps' worth of samples, step-time variation.
-SYNC_STEPS = 200
-STEP_NOISE = 0.05
-#: The protocol simulation's flags (``--sync`` itself needs ``--parallelism data``).
-SYNC_FLAGS = ("straggler", "sync_steps", "step_noise", "switch_cost")
 
 #: The policy flags of ``simulate --parallelism data`` and the policy fields they set.
 POLICY_FLAGS = {"partition": "partition_bytes", "credit": "credit_bytes",
@@ -106,12 +110,20 @@ def add_parser(sub: Subcommands) -> None:
                    help="pipeline, --schedule auto: memory per device the schedule must fit "
                    "in (default: the cluster's device memory)")
     p.add_argument("--sync", default=None, metavar="POLICY",
-                   help="data parallel: sync policy, e.g. bsp, asp, ssp(s=4), k-of-n(k=3), "
-                   "local(h=8), bsp:0.125,asp:0.875 (default bsp); simulates it over many steps")
+                   help="data parallel: sync policy, e.g. bsp, asp, ssp:S, k-of-n:K, local:H, "
+                   "bsp:0.125,asp:0.875, bsp:0.5,ssp(s=4):0.5 (default bsp); simulates it over "
+                   "many steps")
+    p.add_argument("--servers", type=int, default=None,
+                   help="data parallel, a --sync policy with asp, ssp or k-of-n: parameter "
+                   "servers, one shard of the parameters each (default: the cluster's, else 1)")
+    p.add_argument("--server-placement", choices=SERVER_PLACEMENTS, default=None,
+                   help="data parallel, with --servers' policies: dedicated (default: hosts of "
+                   "their own behind the cluster's server link) or colocated (shard j on worker "
+                   "j's host, sharing its network link)")
     p.add_argument("--straggler", action="append", default=None, metavar="RANK:DELAY[:FROM-TO]",
                    help="data parallel, protocol simulation: slow a rank by a delay (1:50ms) "
-                   "or a factor (2:3x), optionally in steps FROM to TO-1 (2:3x:100-400); "
-                   "repeatable")
+                   "or a factor (2:3x), or delay every message it sends (1:20ms@link), "
+                   "optionally in steps FROM to TO-1 (2:3x:100-400); repeatable")
     p.add_argument("--sync-steps", type=int, default=None,
                    help="data parallel, protocol simulation: BSP steps' worth of samples to "
                    f"simulate (default {SYNC_STEPS})")
@@ -136,7 +148,8 @@ RULES = (
     Applies(flags=("ranks",), when={"parallelism": ("data", "pipeline")},
             where="with --parallelism data or pipeline"),
     Applies(flags=("comm_policy", "credit_mode", "backfill", "algorithm", "startup_overlap",
-                   "steps", "autotune", "sync"), when={"parallelism": ("data",)},
+                   "steps", "autotune", "sync", "servers", "server_placement"),
+            when={"parallelism": ("data",)},
             where="with --parallelism data"),
     Applies(flags=SYNC_FLAGS, when={"parallelism": ("data", "plan")},
             where="with --parallelism data or a data-parallel --plan"),
@@ -200,7 +213,7 @@ def build_plan(graph: Any, cluster: Any, args: argparse.Namespace, *, policy: An
                                       policy=policy, algorithm=args.algorithm or "ring",
                                       steps=steps, startup_overlap=args.startup_overlap,
                                       backprop=args.backprop or "inorder", k=k,
-                                      sync=args.sync or "bsp")
+                                      sync=args.sync or "bsp", **plan_servers(args, cluster))
     from trainsched.backprop.schedules import build_schedule, schedule_stage_count
     from trainsched.backprop.stages import stage_costs_from_graph
     from trainsched.strategies import default_microbatches
@@ -383,7 +396,7 @@ def run(args: argparse.Namespace) -> int:
                    policy=_policy_doc(policy), crossing_bound_s=bound,
                    crossing_bound_gradient=gradient, autotune=autotune,
                    backprop=_backprop_doc(plan, graph, sweep),
-                   sync=_sync_doc(plan, graph, cluster, result, args))
+                   sync=sync_doc(plan, graph, cluster, result, args))
     print(dump(doc) if args.json else simulate_report(doc, graph.meta.get("model", args.graph)))
     return 0
 
@@ -454,60 +467,10 @@ def _run_plan_file(args: argparse.Namespace) -> int:
                    policy=_policy_doc(plan.policy), crossing_bound_s=bound,
                    crossing_bound_gradient=gradient, autotune=None,
                    backprop=_backprop_doc(plan, graph, None),
-                   sync=_sync_doc(plan, graph, cluster, result, args))
+                   sync=sync_doc(plan, graph, cluster, result, args))
     elif given(args, list(SYNC_FLAGS)):
         raise TrainschedError(f"{', '.join(given(args, list(SYNC_FLAGS)))}: the plan in "
                               f"{args.plan} is a {plan.kind} plan; the protocol simulation "
                               f"needs a data-parallel plan")
     print(dump(doc) if args.json else simulate_report(doc, graph.meta.get("model", args.graph)))
     return 0
-
-
-def _sync_doc(plan: Any, graph: Any, cluster: Any, result: Any,
-              args: argparse.Namespace) -> dict[str, Any] | None:
-    """The protocol simulation of ``plan``'s sync policy beside pure BSP (``None`` when the
-    policy is plain BSP and no protocol-simulation flag is given). BSP's synchronisation time
-    is the step simulator's: its step time minus the one-device step."""
-    from trainsched.sim import simulate_single
-    from trainsched.sim.sync import simulate_sync, sync_workload
-    from trainsched.sync import Bsp, format_straggler, parse_stragglers
-    from trainsched.units import parse_duration
-
-    if plan.sync == "bsp" and not given(args, list(SYNC_FLAGS)):
-        return None
-    check_count("--sync-steps", args.sync_steps, 1)
-    noise = STEP_NOISE if args.step_noise is None else args.step_noise
-    if not 0 <= noise < 10:
-        raise TrainschedError(f"--step-noise must be a coefficient of variation in [0, 10), "
-                              f"got {noise}")
-    switch_s = parse_duration(args.switch_cost or 0)
-    stragglers = parse_stragglers(args.straggler or ())
-    for s in stragglers:
-        if s.rank >= plan.ranks:
-            raise TrainschedError(f"--straggler {format_straggler(s)}: rank {s.rank} is not one "
-                                  f"of the {plan.ranks} ranks (0..{plan.ranks - 1})")
-    batch = graph.meta.get("batch_size")
-    batch = batch if isinstance(batch, int) and batch >= 1 else 1
-    single = simulate_single(graph, cluster).step_time_s
-    workload = sync_workload(graph, cluster, ranks=plan.ranks, batch_per_rank=batch,
-                             algorithm=plan.algorithm, noise_cv=noise, stragglers=stragglers,
-                             allreduce_s=max(0.0, result.step_time_s - single))
-    steps = args.sync_steps or SYNC_STEPS
-    total = steps * plan.ranks * batch
-    rows = []
-    runs = [("bsp", Bsp())] + ([(plan.sync, plan.sync_policy)] if plan.sync != "bsp" else [])
-    for text, policy in runs:
-        run = simulate_sync(policy, workload, total_samples=total, switch_s=switch_s)
-        rows.append({
-            "policy": text,
-            "time_s": run.time_s, "step_time_s": run.step_time_s,
-            "time_per_sample_s": run.time_per_sample_s, "mean_staleness": run.mean_staleness,
-            "max_staleness": max(run.update_staleness, default=0),
-            "phases": [{"protocol": p.protocol, "samples": p.samples, "updates": p.updates,
-                        "time_s": p.time_s, "staleness": [list(x) for x in p.staleness]}
-                       for p in run.phases]})
-    return {"policy": plan.sync, "steps": steps, "batch_per_rank": batch,
-            "samples": total, "step_noise": noise, "switch_s": switch_s,
-            "stragglers": [format_straggler(s) for s in stragglers],
-            "compute_s": single, "allreduce_s": workload.allreduce_s,
-            "push_s": workload.push_s, "server_s": workload.server_s, "rows": rows}

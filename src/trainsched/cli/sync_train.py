@@ -33,11 +33,13 @@ SYNC_FLAGS = ("straggler", "samples", "momentum", "servers", "deterministic")
 def add_sync_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sync", default=None, metavar="POLICY",
                    help="train a built-in task (teacher-student) under this sync policy: bsp, "
-                   "asp, ssp(s=4), k-of-n(k=3), local(h=8), or phases such as "
-                   "bsp:0.125,asp:0.875 (docs/sync.md)")
+                   "asp, ssp:S, k-of-n:K, local:H, or phases such as bsp:0.125,asp:0.875 or "
+                   "bsp:0.5,ssp(s=4):0.5 (a parameter in parentheses among several phases; "
+                   "docs/sync.md)")
     p.add_argument("--straggler", action="append", default=None, metavar="RANK:DELAY[:FROM-TO]",
-                   help="--sync: slow a worker by a delay (1:50ms) or a factor (1:3x), "
-                   "optionally in steps FROM to TO-1; repeatable")
+                   help="--sync: slow a worker by a delay (1:50ms) or a factor (1:3x), or "
+                   "hold every message it sends (1:20ms@link), optionally in steps FROM to "
+                   "TO-1; repeatable")
     p.add_argument("--samples", type=int, default=None,
                    help=f"--sync: samples applied to the shared model over the run (default "
                    f"{SAMPLES}, rounded down to the phases' common update size)")
@@ -65,6 +67,10 @@ def run_sync_cli(args: argparse.Namespace) -> int:
     stragglers = parse_stragglers(args.straggler or ())
     servers = 1 if args.servers is None else args.servers
     check_count("--servers", servers, 1)
+    if args.servers is not None and not policy.uses_servers:
+        raise TrainschedError(f"--servers applies to a --sync policy with a parameter-server "
+                              f"phase (asp, ssp:S, k-of-n:K, or straggler(relax)); "
+                              f"{format_policy(policy)} has none: drop --servers")
     launched = torchrun_rank()
     ranks, batch = args.ranks, args.batch_size or 32
     if ranks is None and launched is not None:  # the job's world less its servers
@@ -125,6 +131,12 @@ def sync_report(result: Any, policy: str) -> str:
         lines.append(f"  {kind}: {episode.samples} samples in {episode.updates} "
                      f"{episode.protocol} updates from {episode.start_samples}, "
                      f"{episode.wall_s:.2f} s, ended by {episode.end}")
+    for rank in sorted({r.rank for r in result.links if r.delayed}):
+        mine = [r for r in result.links if r.rank == rank]
+        lines.append(f"  delayed link: worker {rank} held {sum(r.delayed for r in mine)} of "
+                     f"{sum(r.messages for r in mine)} messages, "
+                     f"{format_duration(sum(r.delay_s for r in mine))} in all (sending "
+                     f"{format_duration(sum(r.comm_s for r in mine))})")
     lines.append(f"  held-out loss {result.final_loss:.4f}, accuracy "
                  f"{100 * result.final_accuracy:.1f}%")
     return "\n".join(lines)

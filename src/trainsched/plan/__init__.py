@@ -19,6 +19,7 @@ from trainsched.plan.placement import PLACEMENT_FORMAT, Placement
 from trainsched.plan.plans import (
     COLLECTIVE_ORDERS,
     PLAN_KINDS,
+    SERVER_PLACEMENTS,
     SYNC_PROTOCOLS,
     DataParallelPlan,
     ModelRef,
@@ -46,6 +47,7 @@ __all__ = [
     "PLACEMENT_FORMAT",
     "PLAN_FORMAT",
     "PLAN_KINDS",
+    "SERVER_PLACEMENTS",
     "STAGE_KINDS",
     "SYNC_PROTOCOLS",
     "Action",

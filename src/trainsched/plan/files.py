@@ -5,8 +5,9 @@
 :class:`TrainschedError` naming the file and the field. The document's ``strategy`` object has
 a ``kind``; a composed plan (a data-parallel pipeline) will be the kind ``"composed"`` holding
 its parts, which this reader refuses by name until it exists. Fields added later (a data plan's
-``backprop`` and ``k``, a single plan's ``slots``) default when a file lacks them, so older
-files still load. ``predicted`` optionally keeps
+``backprop`` and ``k``, its ``servers`` and ``server_placement``, a single plan's ``slots``)
+default when a file lacks them, so older files still load; the servers are written only for a
+sync policy that has them. ``predicted`` optionally keeps
 what the simulator predicted for the plan (:class:`~trainsched.plan.plans.Prediction`).
 """
 
@@ -70,7 +71,9 @@ def _strategy_doc(plan: Plan) -> dict[str, Any]:
                 "comm": {"name": plan.comm, **_policy_doc(plan.policy)},
                 "algorithm": plan.algorithm, "order": plan.order, "sync": plan.sync,
                 "steps": plan.steps, "startup_overlap": plan.startup_overlap,
-                "backprop": plan.backprop, "k": plan.k}
+                "backprop": plan.backprop, "k": plan.k,
+                **({"servers": plan.servers, "server_placement": plan.server_placement}
+                   if plan.sync_policy.uses_servers else {})}
     if isinstance(plan, PipelinePlan):
         schedule = plan.schedule
         return {"kind": plan.kind, "stages": [list(ops) for ops in plan.stages],
@@ -178,7 +181,7 @@ def _read_strategy(r: _Reader, model: ModelRef) -> Plan:
         return PlacedPlan(model=model, placement=placement)
     if kind == "data":
         r.only("kind", "ranks", "comm", "algorithm", "order", "sync", "steps", "startup_overlap",
-               "backprop", "k")
+               "backprop", "k", "servers", "server_placement")
         comm, policy = _read_policy(r.sub("comm"))
         return DataParallelPlan(model=model, ranks=r.get("ranks", int), comm=comm, policy=policy,
                                 algorithm=r.get("algorithm", str, "ring"),
@@ -186,7 +189,8 @@ def _read_strategy(r: _Reader, model: ModelRef) -> Plan:
                                 sync=r.get("sync", str, "bsp"), steps=r.get("steps", int, 1),
                                 startup_overlap=r.get("startup_overlap", bool, False),
                                 backprop=r.get("backprop", str, "inorder"),
-                                k=r.get("k", int, 0))
+                                k=r.get("k", int, 0), servers=r.get("servers", int, 1),
+                                server_placement=r.get("server_placement", str, "dedicated"))
     r.only("kind", "stages", "schedule_name", "num_stages", "num_microbatches", "stage_to_rank",
            "actions")
     actions = r.get("actions", list)

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 __all__ = [
     "COLLECTIVE_ORDERS",
     "PLAN_KINDS",
+    "SERVER_PLACEMENTS",
     "SYNC_PROTOCOLS",
     "DataParallelPlan",
     "ModelRef",
@@ -60,6 +61,10 @@ SYNC_PROTOCOLS = tuple(PROTOCOLS)
 #: How every rank agrees on the order collectives are issued in (the runtime's ``order``):
 #: rank 0 decides each step (``leader``), or an order compiled once (``static``).
 COLLECTIVE_ORDERS = ("leader", "static")
+#: Where a data-parallel plan's parameter servers run: on hosts of their own behind the
+#: cluster's parameter-server link (``dedicated``), or shard j on worker j's host, sharing its
+#: network link (``colocated``).
+SERVER_PLACEMENTS = ("dedicated", "colocated")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -191,7 +196,11 @@ class DataParallelPlan:
     collective order (:data:`COLLECTIVE_ORDERS`; the simulator needs no agreement); ``sync``
     the sync policy as text (``bsp``, ``bsp:0.125,asp:0.875``, ``bsp;straggler(exclude)``),
     checked and kept in its canonical form (:func:`trainsched.sync.format_policy`; the object
-    is :attr:`sync_policy`). ``steps`` and ``startup_overlap``
+    is :attr:`sync_policy`). ``servers`` and ``server_placement``: the parameter servers of a
+    policy with a server phase (ASP, SSP, k-of-N, or ``straggler(relax)``): how many (one shard
+    of the parameters each) and where (:data:`SERVER_PLACEMENTS`; ``colocated`` puts shard j on
+    worker j's host, so at most ``ranks`` of them); a policy without one keeps the defaults (1,
+    ``dedicated``). ``steps`` and ``startup_overlap``
     set the simulation: steps replayed (the last period is the step time) and whether
     collectives in flight together overlap their start-up.
     """
@@ -207,6 +216,8 @@ class DataParallelPlan:
     startup_overlap: bool = False
     backprop: str = "inorder"
     k: int = 0
+    servers: int = 1
+    server_placement: str = "dedicated"
     kind: ClassVar[str] = "data"
 
     def __post_init__(self) -> None:
@@ -226,6 +237,7 @@ class DataParallelPlan:
         except TrainschedError as exc:
             raise TrainschedError(f"data-parallel plan: {exc}") from None
         object.__setattr__(self, "sync", format_policy(policy))
+        self._check_servers(policy)
         for field, value, known in (("algorithm", self.algorithm, ALGORITHMS),
                                     ("order", self.order, COLLECTIVE_ORDERS)):
             if value not in known:
@@ -248,6 +260,24 @@ class DataParallelPlan:
                 f"lazily, just before their next forward, which needs a comm policy whose "
                 f"updates cross the step barrier; {self.comm!r} does not (use one of "
                 f"{', '.join(_cross_barrier_policies())})")
+
+    def _check_servers(self, policy: SyncPolicy) -> None:
+        _check_count("data-parallel plan: servers", self.servers, 1)
+        if self.server_placement not in SERVER_PLACEMENTS:
+            raise TrainschedError(f"data-parallel plan: server_placement must be one of "
+                                  f"{', '.join(SERVER_PLACEMENTS)}, got "
+                                  f"{self.server_placement!r}")
+        if not policy.uses_servers and (self.servers, self.server_placement) != (1,
+                                                                                 "dedicated"):
+            raise TrainschedError(f"data-parallel plan: servers and server_placement apply to "
+                                  f"a sync policy with a parameter-server phase (asp, ssp, "
+                                  f"k-of-n, or straggler(relax)); {self.sync!r} has none: "
+                                  f"drop them or use such a policy")
+        if self.server_placement == "colocated" and self.servers > self.ranks:
+            raise TrainschedError(f"data-parallel plan: {self.servers} colocated servers on "
+                                  f"{self.ranks} ranks; colocated shard j shares worker j's "
+                                  f"host, so give at most {self.ranks} servers (or place them "
+                                  f"dedicated)")
 
     @property
     def devices(self) -> int:

@@ -158,7 +158,9 @@ def sync_lines(sync: Mapping[str, Any]) -> list[str]:
     stragglers = ", ".join(sync["stragglers"]) or "none"
     lines = [f"  sync policy      {sync['policy']}: {sync['steps']} BSP steps' worth of samples "
              f"({sync['samples']}), step noise {100 * sync['step_noise']:.0f}%, stragglers "
-             f"{stragglers}, switch {format_duration(sync['switch_s'])}",
+             f"{stragglers}, switch {format_duration(sync['switch_s'])}"
+             + (f", {sync['servers']} {sync['server_placement']} server"
+                f"{'s' * (sync['servers'] > 1)}" if sync.get("servers") else ""),
              f"  {'':<17}{'policy':<28}{'time':>10}{'per step':>11}{'per sample':>12}"
              f"{'staleness':>11}{'vs bsp':>8}"]
     base = sync["rows"][0]["time_s"]

@@ -27,6 +27,13 @@ Per protocol (each phase starts with every rank at a barrier):
 * **local SGD(H)**: ranks run H local steps alone, then average (``allreduce_s``) at a barrier:
   a period takes the slowest rank's H-step sum plus the all-reduce; N·b samples per local step.
 
+**A delayed link** (:class:`~trainsched.sync.Straggler` with ``link``, ``1:20ms@link``) adds its
+delay to the messages the rank sends, not to its compute: BSP, its part of each step's
+all-reduce (the step waits for it); ASP / SSP / k-of-N, each push (which also asks for the next
+weights, as in the runtime; a phase's first pull is not simulated); local SGD, each average,
+once per H steps. Each rank's push, pull and server times may differ (one number, or one per
+rank): a parameter server colocated with a worker makes that worker's messages to it local.
+
 A phase runs until its sample quota (:meth:`trainsched.sync.SyncPolicy.phase_samples`, on
 multiples of N·b) is applied: a server-protocol rank starts a step only while the quota has room
 for it, and the phase ends when the last reserved gradient is applied and pulled. Each switch
@@ -65,6 +72,7 @@ from trainsched.sync import (
     SyncPolicy,
     SyncProtocol,
     format_protocol,
+    link_delay_s,
     slowed_s,
 )
 from trainsched.units import is_int
@@ -80,16 +88,18 @@ class SyncWorkload:
     """N ranks of ``batch_per_rank`` samples each: ``compute_s`` the mean local step time (one
     number for all ranks, or one per rank), ``noise_cv`` its coefficient of variation (each
     step's time is the mean times a log-normal factor of mean 1), the communication times of
-    the module docstring, and the injected ``stragglers``."""
+    the module docstring (``push_s``, ``pull_s`` and ``server_s``: one number, or one per rank;
+    ``server_s[r]`` is the server's time for rank r's gradient), and the injected
+    ``stragglers`` (delayed links among them)."""
 
     ranks: int
     batch_per_rank: int
     compute_s: float | tuple[float, ...]
     noise_cv: float = 0.0
     allreduce_s: float = 0.0
-    push_s: float = 0.0
-    pull_s: float = 0.0
-    server_s: float = 0.0
+    push_s: float | tuple[float, ...] = 0.0
+    pull_s: float | tuple[float, ...] = 0.0
+    server_s: float | tuple[float, ...] = 0.0
     stragglers: tuple[Straggler, ...] = ()
 
     def __post_init__(self) -> None:
@@ -104,16 +114,30 @@ class SyncWorkload:
             raise TrainschedError(f"sync workload: compute_s must be seconds > 0, one number or "
                                   f"one per rank ({self.ranks}), got {self.compute_s!r}")
         object.__setattr__(self, "compute_s", tuple(float(t) for t in compute))
-        for name in ("noise_cv", "allreduce_s", "push_s", "pull_s", "server_s"):
+        for name in ("noise_cv", "allreduce_s"):
             if not _seconds(getattr(self, name)):
                 raise TrainschedError(f"sync workload: {name} must be a finite number >= 0, "
                                       f"got {getattr(self, name)!r}")
+        for name in ("push_s", "pull_s", "server_s"):
+            value = getattr(self, name)
+            each = tuple(value) if isinstance(value, Sequence) else None
+            if each is None and _seconds(value):
+                continue
+            if each is None or len(each) != self.ranks or not all(map(_seconds, each)):
+                raise TrainschedError(f"sync workload: {name} must be seconds >= 0, one number "
+                                      f"or one per rank ({self.ranks}), got {value!r}")
+            object.__setattr__(self, name, tuple(float(t) for t in each))
         stragglers = tuple(self.stragglers)
         for s in stragglers:
             if not isinstance(s, Straggler) or s.rank >= self.ranks:
                 raise TrainschedError(f"sync workload: straggler {s!r} is not a Straggler on "
                                       f"one of the {self.ranks} ranks (0..{self.ranks - 1})")
         object.__setattr__(self, "stragglers", stragglers)
+
+    def per_rank(self, name: str) -> tuple[float, ...]:
+        """``push_s``, ``pull_s`` or ``server_s`` as one number per rank."""
+        value = getattr(self, name)
+        return tuple(value) if isinstance(value, tuple) else (float(value),) * self.ranks
 
 
 def _seconds(value: object) -> bool:
@@ -202,6 +226,8 @@ class _Run:
     def __init__(self, workload: SyncWorkload, seed: int) -> None:
         self.w = workload
         self.local = _LocalTimes(workload, seed)
+        self.push, self.pull, self.serve = (workload.per_rank(name) for name in
+                                            ("push_s", "pull_s", "server_s"))
         self.now = 0.0
         self.clock = [0] * workload.ranks
         self.end_s: list[float] = []
@@ -215,10 +241,17 @@ class _Run:
         self.staleness.append(staleness)
         self.lr.append(lr)
 
-    def step_times(self, ranks: Sequence[int]) -> list[float]:
+    def link(self, rank: int, step: int) -> float:
+        """How long a message ``rank`` sends in its ``step`` is held (delayed links)."""
+        return link_delay_s(self.w.stragglers, rank, step)
+
+    def step_times(self, ranks: Sequence[int], *, sends: bool = True) -> list[float]:
+        """Each rank's local time in its next step, plus the hold of the message it sends
+        after it when ``sends``."""
         out = []
         for r in ranks:
-            out.append(self.local(r, self.clock[r]))
+            step = self.clock[r]
+            out.append(self.local(r, step) + (self.link(r, step) if sends else 0.0))
             self.clock[r] += 1
         return out
 
@@ -243,8 +276,12 @@ class _Run:
         w, ranks = self.w, range(self.w.ranks)
 
         def step() -> float:
-            arrivals = sorted(t + w.push_s for t in self.step_times(ranks))
-            return arrivals[k - 1] + w.server_s + w.pull_s
+            # a rank's push (held by its link) after its pull of the last version: in steady
+            # lockstep the pull is part of the rank's cycle
+            arrivals = sorted((t + self.push[r] + self.pull[r], r) for r, t in
+                              zip(ranks, self.step_times(ranks), strict=True))
+            first = arrivals[:k]
+            return first[-1][0] + max(self.serve[r] for _, r in first)
 
         self.lockstep(quota, k * w.batch_per_rank, k / w.ranks, step)
 
@@ -255,9 +292,11 @@ class _Run:
             steps = min(period, -(-(quota - done) // per_step))
             start, sums = self.now, [0.0] * w.ranks
             for _ in range(steps):
-                for r, t in zip(ranks, self.step_times(ranks), strict=True):
+                for r, t in zip(ranks, self.step_times(ranks, sends=False), strict=True):
                     sums[r] += t
-            self.now = start + max(sums) + w.allreduce_s
+            held = [self.link(r, self.clock[r] - 1) for r in ranks]  # the average's message
+            self.now = start + max(a + b for a, b in zip(sums, held, strict=True)) \
+                + w.allreduce_s
             for _ in range(steps):
                 take = min(per_step, quota - done)
                 done += take
@@ -288,8 +327,9 @@ class _Run:
                 return False
             reserved += b
             compute = self.local(r, self.clock[r])
+            held = self.link(r, self.clock[r])
             self.clock[r] += 1
-            heapq.heappush(events, (t + compute + w.push_s, seq, r, compute))
+            heapq.heappush(events, (t + compute + held + self.push[r], seq, r, compute))
             seq += 1
             return True
 
@@ -298,7 +338,7 @@ class _Run:
         applied = 0
         while events:
             arrival, _, r, compute = heapq.heappop(events)
-            server_free = max(server_free, arrival) + w.server_s
+            server_free = max(server_free, arrival) + self.serve[r]
             staleness = version - read[r]
             version += 1
             take = int(min(b, quota - applied))
@@ -306,7 +346,7 @@ class _Run:
             self.log(server_free, take, staleness, lr)
             phase_clock[r] += 1
             read[r] = version
-            ready_at[r] = server_free + w.pull_s
+            ready_at[r] = server_free + self.pull[r]
             if on_apply is not None and not closed:
                 self.now = server_free
                 closed = on_apply(r, compute)
@@ -316,7 +356,7 @@ class _Run:
                     # its pull is answered now, with the weights of this version
                     waiting.remove(other)
                     read[other] = version
-                    ready_at[other] = max(ready_at[other], server_free + w.pull_s)
+                    ready_at[other] = max(ready_at[other], server_free + self.pull[other])
                     start(other, ready_at[other])
         self.now = max(ready_at)
         return applied
@@ -368,25 +408,61 @@ def simulate_sync(policy: SyncPolicy | SyncProtocol, workload: SyncWorkload, *,
 def sync_workload(graph: Graph, cluster: Cluster, *, ranks: int, batch_per_rank: int,
                   algorithm: str = "ring", noise_cv: float = 0.0,
                   stragglers: Sequence[Straggler] = (),
-                  allreduce_s: float | None = None) -> SyncWorkload:
+                  allreduce_s: float | None = None, servers: int | None = None,
+                  server_placement: str = "dedicated") -> SyncWorkload:
     """The workload of a training graph on ``cluster``: the local step is the graph's one-device
     step time (:func:`~trainsched.sim.simulate_single`), the all-reduce moves every gradient at
     once (:func:`~trainsched.sim.collective_s`), a push or pull moves them over a worker's
-    share of the node's NIC, and the server spends their bytes over its link (the cluster's
-    parameter-server link shared by its servers; without servers, a worker link).
-    ``allreduce_s`` overrides the all-reduce time (e.g. the exposed communication the step
-    simulator predicts for the plan's comm policy, so BSP here matches its step time)."""
+    share of the node's NIC (its link: latency + bytes / bandwidth), and the server spends
+    their bytes over its link. ``allreduce_s`` overrides the all-reduce time (e.g. the exposed
+    communication the step simulator predicts for the plan's comm policy, so BSP here matches
+    its step time).
+
+    The servers (a data-parallel plan's ``servers`` and ``server_placement``), each holding
+    1/S of the gradient bytes G:
+
+    * ``servers=None``: the cluster's parameter servers sharing its parameter-server link (G /
+      (count × its bandwidth)); without them one server behind a worker's link;
+    * ``dedicated``: S servers on hosts of their own, each behind the cluster's
+      parameter-server link (a worker's link where the cluster describes none): server time
+      G / (S × its bandwidth), every worker's push and pull crossing its own link;
+    * ``colocated``: shard j on worker j's host (j < S), sharing its link. Worker r's push and
+      pull cross its link only for the shards on other hosts (G·(1 − 1/S) for r < S, all of G
+      otherwise; no time at all when nothing leaves the host), and the servers receive each
+      gradient's remote shards over the workers' links, in parallel: (G/S) / bandwidth, 0 for
+      the one worker whose gradient stays on its host (S = 1, worker 0)."""
     compute = simulate_single(graph, cluster).step_time_s
     size = float(sum(g.size_bytes for g in graph_gradients(graph)))
     link = _worker_link(cluster)
-    transfer = link.latency_s + size / link.bandwidth_bytes_per_s if size else 0.0
-    if cluster.ps_link is not None and cluster.parameter_servers:
+
+    def transfer(size_bytes: float) -> float:
+        return link.latency_s + size_bytes / link.bandwidth_bytes_per_s if size_bytes else 0.0
+
+    push: float | tuple[float, ...] = transfer(size)
+    server: float | tuple[float, ...]
+    if servers is not None and not (is_int(servers) and servers >= 1):
+        raise TrainschedError(f"servers must be a whole number >= 1, got {servers!r}")
+    if servers is None and cluster.ps_link is not None and cluster.parameter_servers:
         server = size / (cluster.parameter_servers * cluster.ps_link.bandwidth_bytes_per_s)
-    else:
+    elif servers is None:
         server = size / link.bandwidth_bytes_per_s
+    elif server_placement == "dedicated":
+        host = cluster.ps_link if cluster.ps_link is not None else link
+        server = size / (servers * host.bandwidth_bytes_per_s)
+    elif server_placement == "colocated":
+        if servers > ranks:
+            raise TrainschedError(f"{servers} colocated servers on {ranks} ranks: shard j "
+                                  f"shares worker j's host, so give at most {ranks}")
+        remote = [size * (1 - 1 / servers) if r < servers else size for r in range(ranks)]
+        push = tuple(transfer(b) for b in remote)
+        server = tuple(size / servers / link.bandwidth_bytes_per_s if b else 0.0
+                       for b in remote)
+    else:
+        raise TrainschedError(f"server_placement must be dedicated or colocated, got "
+                              f"{server_placement!r}")
     return SyncWorkload(ranks=ranks, batch_per_rank=batch_per_rank, compute_s=compute,
                         noise_cv=noise_cv,
                         allreduce_s=collective_s(size, ranks, cluster, algorithm)
                         if allreduce_s is None else allreduce_s,
-                        push_s=transfer, pull_s=transfer, server_s=server,
+                        push_s=push, pull_s=push, server_s=server,
                         stragglers=tuple(stragglers))

@@ -60,9 +60,11 @@ def simulate_online(workload: SyncWorkload, *, total_samples: int, policy: Strag
     done = relaxed = 0
     excluded: tuple[int, ...] = ()
     while done + relaxed < total_samples:  # relaxed samples are part of the run's total
-        times = run.step_times(range(w.ranks))
+        # the controller sees local times; a delayed link holds the all-reduce, not them
+        held = [run.link(r, run.clock[r]) for r in range(w.ranks)]
+        times = run.step_times(range(w.ranks), sends=False)
         active = [r for r in range(w.ranks) if r not in excluded]
-        step = max(times[r] for r in active) + w.allreduce_s
+        step = max(times[r] + held[r] for r in active) + w.allreduce_s
         run.now += step
         take = min(len(active) * w.batch_per_rank, total_samples - done - relaxed)
         done += take

@@ -7,6 +7,7 @@ tested with. The runtime's parameter server and local-SGD averaging live in
 from trainsched.sync.faults import (
     Straggler,
     format_straggler,
+    link_delay_s,
     parse_straggler,
     parse_stragglers,
     slowed_s,
@@ -65,6 +66,7 @@ __all__ = [
     "format_protocol",
     "format_straggler",
     "initial_state",
+    "link_delay_s",
     "lr_scale",
     "parse_policy",
     "parse_protocol",

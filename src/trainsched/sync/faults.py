@@ -5,8 +5,15 @@ times) read the same :class:`Straggler`:
 
 * ``1:50ms`` — rank 1 takes 50 ms longer every step (a delay: any duration ``units`` reads);
 * ``2:3x`` — rank 2's local step takes 3 times as long (a slowdown factor, ``x`` suffix);
+* ``1:20ms@link`` — a delayed link: every message rank 1 sends (a push or pull to the
+  parameter server, its part of an all-reduce round, a local-SGD average) leaves 20 ms late;
+  its computation is not slowed. A link takes a delay, not a factor;
 * ``2:3x:100-400`` — only for steps 100 to 399: the window is ``FROM-TO`` with ``TO``
   excluded, like a Python range (``100-`` runs from step 100 to the end).
+
+A compute delay and a delayed link cost the same under BSP (one all-reduce per step), but not
+under the server protocols (a push and a pull per step: twice the delay) nor under local SGD
+(one average every H steps: a H-th of it).
 
 Steps are the rank's own step count from the start of the run (0-based). Several stragglers
 are written separated by commas (``1:50ms,2:3x:100-400``) and read by
@@ -23,23 +30,27 @@ from dataclasses import dataclass
 from trainsched.errors import TrainschedError
 from trainsched.units import is_int, parse_duration
 
-__all__ = ["Straggler", "format_straggler", "parse_straggler", "parse_stragglers",
-           "slowed_s"]
+__all__ = ["Straggler", "format_straggler", "link_delay_s", "parse_straggler",
+           "parse_stragglers", "slowed_s"]
 
-_FORM = "RANK:DELAY[:FROM-TO], e.g. 1:50ms, 2:3x or 2:3x:100-400"
+_FORM = "RANK:DELAY[:FROM-TO], e.g. 1:50ms, 2:3x, 1:20ms@link or 2:3x:100-400"
+#: The suffix of a delayed link's delay.
+_LINK = "@link"
 
 
 @dataclass(frozen=True, kw_only=True)
 class Straggler:
     """Rank ``rank`` is slowed in steps ``from_step <= step < to_step`` (``to_step`` ``None``:
     to the end): by ``delay_s`` seconds added to each step, or by ``factor`` times its local
-    time (exactly one of the two)."""
+    time (exactly one of the two). With ``link``, ``delay_s`` delays every message the rank
+    sends instead (a delayed link; its local time is untouched)."""
 
     rank: int
     delay_s: float | None = None
     factor: float | None = None
     from_step: int = 0
     to_step: int | None = None
+    link: bool = False
 
     def __post_init__(self) -> None:
         if not (is_int(self.rank) and self.rank >= 0):
@@ -53,6 +64,11 @@ class Straggler:
                 not math.isfinite(value) or value < 0:
             raise TrainschedError(f"straggler: the delay or factor must be a finite number >= "
                                   f"0, got {value!r}")
+        if not isinstance(self.link, bool):
+            raise TrainschedError(f"straggler: link must be true or false, got {self.link!r}")
+        if self.link and self.factor is not None:
+            raise TrainschedError(f"straggler: a delayed link holds each message for a time "
+                                  f"(e.g. {self.rank}:20ms@link), not a factor")
         if self.factor is not None and self.factor < 1:
             raise TrainschedError(f"straggler: a slowdown factor must be >= 1 (3x is three "
                                   f"times slower), got {self.factor!r}")
@@ -69,10 +85,19 @@ class Straggler:
         return self.from_step <= step and (self.to_step is None or step < self.to_step)
 
     def local_s(self, step: int, base_s: float) -> float:
-        """The rank's local time in ``step`` when it would take ``base_s`` unslowed."""
-        if not self.active(step):
+        """The rank's local time in ``step`` when it would take ``base_s`` unslowed (a delayed
+        link leaves it alone)."""
+        if self.link or not self.active(step):
             return base_s
         return base_s * self.factor if self.factor is not None else base_s + self.delay_s
+
+    def message_s(self, step: int) -> float:
+        """How long each message the rank sends in ``step`` is held (0 unless a delayed link
+        active in that step)."""
+        if not self.link or not self.active(step):
+            return 0.0
+        assert self.delay_s is not None
+        return self.delay_s
 
 
 def slowed_s(stragglers: Iterable[Straggler], rank: int, step: int, base_s: float) -> float:
@@ -82,6 +107,12 @@ def slowed_s(stragglers: Iterable[Straggler], rank: int, step: int, base_s: floa
         if s.rank == rank:
             base_s = s.local_s(step, base_s)
     return base_s
+
+
+def link_delay_s(stragglers: Iterable[Straggler], rank: int, step: int) -> float:
+    """How long each message ``rank`` sends in ``step`` is held: the delays of its delayed
+    links active in that step, added."""
+    return sum((s.message_s(step) for s in stragglers if s.rank == rank), 0.0)
 
 
 def _fail(text: str, column: int, message: str) -> TrainschedError:
@@ -110,6 +141,18 @@ def parse_straggler(text: str, *, column: int = 1, source: str | None = None) ->
     if not rank_text.isdigit():
         raise _fail(whole, starts[0], f"the rank must be a whole number >= 0, got {rank_text!r}")
     options: dict[str, object] = {"rank": int(rank_text)}
+    at = delay_text.find("@")
+    if at >= 0:
+        suffix = delay_text[at:]
+        where = starts[1] + (len(parts[1]) - len(parts[1].lstrip())) + at
+        if suffix.lower() != _LINK:
+            raise _fail(whole, where, f"a delay may be put on the rank's link only "
+                                      f"({_LINK}), got {suffix!r}")
+        delay_text = delay_text[:at].strip()
+        options["link"] = True
+        if _FACTOR.fullmatch(delay_text.lower()):
+            raise _fail(whole, starts[1], f"a delayed link holds each message for a time "
+                                          f"(e.g. 20ms{_LINK}), not a factor ({delay_text})")
     factor = _FACTOR.fullmatch(delay_text.lower())
     if factor is not None:
         options["factor"] = float(factor.group(1))
@@ -151,7 +194,7 @@ def format_straggler(straggler: Straggler) -> str:
         how = f"{straggler.factor!r}x"
     else:
         assert straggler.delay_s is not None
-        how = f"{straggler.delay_s!r}s"
+        how = f"{straggler.delay_s!r}s" + (_LINK if straggler.link else "")
     window = ""
     if straggler.from_step or straggler.to_step is not None:
         end = "" if straggler.to_step is None else str(straggler.to_step)

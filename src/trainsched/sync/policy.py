@@ -6,12 +6,22 @@ optional straggler policy (:class:`~trainsched.sync.straggler.StragglerPolicy`).
 * ``bsp:0.125,asp:0.875`` — BSP for the first eighth of the samples, then ASP;
 * ``bsp:0.5,ssp(s=4):0.5``, ``bsp:0.25,local(h=8):0.75``;
 * ``asp`` — one protocol alone (``asp:1``);
+* ``ssp:4``, ``k-of-n:3``, ``local:8`` — one protocol with its parameter (the short form);
 * ``bsp;straggler(exclude)`` — the straggler policy after the phases, behind a ``;``.
 
+**The rule for ``NAME:NUMBER``.** In a policy of one phase, ``NAME:NUMBER`` where NAME's
+protocol takes a parameter (``ssp``, ``k-of-n``, ``local``) gives the parameter, not the
+fraction: ``ssp:4`` is SSP with staleness bound 4 for all the samples, and ``ssp:1`` is
+``ssp(s=1)``, never "ssp for fraction 1". Where the protocol takes no parameter the number is
+the fraction as always (``asp:1`` and ``bsp:1`` are ``asp`` and ``bsp``). The parenthesised
+form ``ssp(s=4)`` is valid everywhere and is the one a policy of several phases uses
+(``bsp:0.5,ssp(s=4):0.5``); there a bare ``ssp`` is refused. A lone ``ssp(s=4):1`` reads too.
+
 :func:`format_policy` writes the canonical text (no spaces, fractions as Python writes floats,
-a lone phase without ``:1``) and :func:`parse_policy` reads it back equal. A malformed text is
-refused with the column (1-based) of the character at fault. Fractions lie in (0, 1] and sum
-to 1 (within 1e-9).
+a lone phase without ``:1``, a lone protocol with a parameter in the short form ``ssp:4``,
+the parenthesised form among several phases) and :func:`parse_policy` reads it back equal.
+A malformed text is refused with the column (1-based) of the character at fault. Fractions lie
+in (0, 1] and sum to 1 (within 1e-9).
 
 Samples are the clock: :meth:`SyncPolicy.phase_samples` cuts a run's total sample count into
 integer phase quotas that sum to it exactly, and :func:`lr_scale` is the factor the learning
@@ -28,7 +38,16 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from trainsched.errors import TrainschedError
-from trainsched.sync.protocols import PROTOCOLS, Bsp, SyncProtocol, format_protocol, parse_protocol
+from trainsched.sync.protocols import (
+    PROTOCOLS,
+    Asp,
+    Bsp,
+    KOfN,
+    Ssp,
+    SyncProtocol,
+    format_protocol,
+    parse_protocol,
+)
 from trainsched.sync.straggler import (
     StragglerPolicy,
     format_straggler_policy,
@@ -41,7 +60,8 @@ __all__ = ["SUM_TOLERANCE", "SyncPolicy", "format_policy", "lr_scale", "parse_po
 #: How far the phase fractions' sum may be from 1.
 SUM_TOLERANCE = 1e-9
 
-_FORM = "PROTOCOL:FRACTION,... (e.g. bsp:0.125,asp:0.875), optionally ;straggler(ACTION)"
+_FORM = ("PROTOCOL:FRACTION,... (e.g. bsp:0.125,asp:0.875, bsp:0.5,ssp(s=4):0.5) or one "
+         "protocol alone (asp, ssp:4, k-of-n:3, local:8), optionally ;straggler(ACTION)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,6 +107,13 @@ class SyncPolicy:
     def bsp_fraction(self) -> float:
         """The share of samples trained under BSP (the offline policy's knob f)."""
         return math.fsum(f for p, f in self.phases if isinstance(p, Bsp))
+
+    @property
+    def uses_servers(self) -> bool:
+        """Whether a run of the policy needs parameter servers: a phase of ASP, SSP or k-of-N,
+        or a straggler policy that relaxes to ASP."""
+        relax = self.straggler is not None and self.straggler.action == "relax"
+        return relax or any(isinstance(p, Asp | Ssp | KOfN) for p in self.protocols)
 
     @property
     def switches(self) -> int:
@@ -140,7 +167,7 @@ def lr_scale(protocol: SyncProtocol, ranks: int, batch_per_rank: int) -> float:
 def format_policy(policy: SyncPolicy) -> str:
     """The canonical text of ``policy`` (module docstring)."""
     if len(policy.phases) == 1 and policy.phases[0][1] == 1.0:
-        text = format_protocol(policy.phases[0][0])
+        text = format_protocol(policy.phases[0][0], short=True)
     else:
         text = ",".join(f"{format_protocol(p)}:{f!r}" for p, f in policy.phases)
     if policy.straggler is not None:
@@ -186,7 +213,8 @@ def parse_policy(text: str) -> SyncPolicy:
     if not isinstance(text, str):
         raise TrainschedError(f"a sync policy is text like {_FORM}, got {text!r}")
     r = _Reader(text)
-    phases: list[tuple[SyncProtocol, float | None, int]] = []
+    phases: list[tuple[SyncProtocol | None, float | None, int]] = []
+    pending: dict[int, tuple[str, str | None, int]] = {}  # phase -> (name, number, its column)
     straggler = None
     while True:
         r.skip_spaces()
@@ -196,23 +224,33 @@ def parse_policy(text: str) -> SyncPolicy:
             raise r.fail("expected a protocol (" + ", ".join(PROTOCOLS) + ")")
         if token.lower().startswith("straggler"):
             raise r.fail("the straggler policy comes after the phases, behind a ';'", start)
-        try:
-            protocol = parse_protocol(token)
-        except TrainschedError as exc:
-            raise r.fail(str(exc), start) from None
+        name = token.lower()
+        # NAME:NUMBER with a parametrised NAME: the parameter or an error, once the phases
+        # are counted (the module docstring's rule)
+        bare = name in PROTOCOLS and PROTOCOLS[name][1] is not None
+        protocol = None
+        if not bare:
+            try:
+                protocol = parse_protocol(token)
+            except TrainschedError as exc:
+                raise r.fail(str(exc), start) from None
         r.skip_spaces()
-        fraction = None
+        fraction, number, number_at = None, None, r.at
         if r.peek() == ":":
             r.at += 1
             r.skip_spaces()
             number_at = r.at
             number = r.match(_NUMBER)
             if number is None:
-                raise r.fail("expected the phase's fraction of the samples (a number in "
-                             "(0, 1]) after ':'")
-            fraction = float(number)
-            if not 0 < fraction <= 1:
-                raise r.fail(f"the fraction {number} is not in (0, 1]", number_at)
+                what = (f"{name}'s parameter (a whole number)" if bare else
+                        "the phase's fraction of the samples (a number in (0, 1])")
+                raise r.fail(f"expected {what} after ':'")
+            if not bare:
+                fraction = float(number)
+                if not 0 < fraction <= 1:
+                    raise r.fail(f"the fraction {number} is not in (0, 1]", number_at)
+        if bare:
+            pending[len(phases)] = (name, number, number_at)
         phases.append((protocol, fraction, start))
         r.skip_spaces()
         sep = r.peek()
@@ -233,8 +271,12 @@ def parse_policy(text: str) -> SyncPolicy:
             raise r.fail("expected ',' before the next phase, ';' before the straggler "
                          "policy, or the end")
         break
+    for k, (name, number, number_at) in sorted(pending.items()):
+        phases[k] = (_lone_parameter(r, name, number, number_at, phases[k][2], len(phases)),
+                     1.0, phases[k][2])
     if len(phases) > 1:
         for protocol, fraction, start in phases:
+            assert protocol is not None
             if fraction is None:
                 raise r.fail(f"phase {format_protocol(protocol)} needs its fraction "
                              f"({format_protocol(protocol)}:F) when there are several phases",
@@ -246,6 +288,27 @@ def parse_policy(text: str) -> SyncPolicy:
         raise TrainschedError(f"sync policy {text!r}: the fractions sum to {total!r}, not 1; "
                               f"make them add up to 1 (e.g. bsp:0.25,asp:0.75)")
     try:
-        return SyncPolicy(phases=tuple((p, f) for p, f, _ in phases), straggler=straggler)
+        return SyncPolicy(phases=tuple((p, f) for p, f, _ in phases),  # type: ignore[misc]
+                          straggler=straggler)
     except TrainschedError as exc:
         raise TrainschedError(f"sync policy {text!r}: {exc}") from None
+
+
+def _lone_parameter(r: _Reader, name: str, number: str | None, number_at: int, start: int,
+                    count: int) -> SyncProtocol:
+    """The protocol ``name`` written bare (``ssp``) or ``name:NUMBER`` (``ssp:4``) as phase
+    of ``count``: its parameter when it is the only phase, else an error at ``start``."""
+    cls, short = PROTOCOLS[name]
+    if count > 1:
+        raise r.fail(f"in a policy of several phases write {name}'s parameter in parentheses, "
+                     f"{name}({short}=N):F ({name}:N alone is a policy of one phase)", start)
+    if number is None:
+        raise r.fail(f"sync protocol {name!r} needs its parameter; write {name}:N or "
+                     f"{name}({short}=N)", start)
+    if not number.isdigit():
+        raise r.fail(f"{name}:N alone gives {name}'s parameter {short}, a whole number (the "
+                     f"only phase trains all the samples), got {number}", number_at)
+    try:
+        return cls(int(number))
+    except TrainschedError as exc:
+        raise r.fail(str(exc), number_at) from None

@@ -14,6 +14,11 @@ Local SGD is not a server protocol: replicas step alone and average their parame
 
 The text form (``bsp``, ``asp``, ``ssp(s=4)``, ``k-of-n(k=3)``, ``local(h=8)``) is written by
 :func:`format_protocol` and read back by :func:`parse_protocol`; the two round-trip exactly.
+The short form ``NAME:VALUE`` (``ssp:4``, ``k-of-n:3``, ``local:8``; ``format_protocol(p,
+short=True)``) says the same for a protocol with a parameter; it is how a sync policy of one
+protocol is written (:mod:`trainsched.sync.policy`), where a phase's ``:`` would otherwise
+give its fraction of the samples, so inside a policy of several phases the parenthesised form
+is the one to use.
 """
 
 from __future__ import annotations
@@ -168,23 +173,34 @@ PROTOCOLS.register("k-of-n", (KOfN, "k"), compare=lambda ranks: KOfN(max(1, rank
 PROTOCOLS.register("local", (LocalSgd, "h"), compare=lambda ranks: LocalSgd(4))
 
 _TEXT = re.compile(r"^([a-z][a-z-]*)(?:\((?:([a-z]+)=)?([0-9]+)\))?$")
+_SHORT = re.compile(r"^([a-z][a-z-]*)\s*:\s*([0-9]+)$")
 
 
-def format_protocol(protocol: SyncProtocol) -> str:
-    """The text form of ``protocol``: ``bsp``, ``ssp(s=4)``, ``k-of-n(k=3)``, ``local(h=8)``."""
-    cls, short = PROTOCOLS.lookup(protocol.name)
+def format_protocol(protocol: SyncProtocol, *, short: bool = False) -> str:
+    """The text form of ``protocol``: ``bsp``, ``ssp(s=4)``, ``k-of-n(k=3)``, ``local(h=8)``;
+    with ``short``, ``ssp:4``, ``k-of-n:3``, ``local:8`` (a protocol without a parameter is its
+    name either way)."""
+    cls, name = PROTOCOLS.lookup(protocol.name)
     assert isinstance(protocol, cls), protocol
-    if short is None:
+    if name is None:
         return protocol.name
     (value,) = (getattr(protocol, f.name) for f in fields(protocol))
-    return f"{protocol.name}({short}={value})"
+    return f"{protocol.name}:{value}" if short else f"{protocol.name}({name}={value})"
 
 
 def parse_protocol(text: str) -> SyncProtocol:
-    """The protocol written ``text`` (the inverse of :func:`format_protocol`); the parameter's
-    name may be left out (``ssp(4)``). Errors name the text and the known forms."""
-    forms = "bsp, asp, ssp(s=S), k-of-n(k=K), local(h=H)"
-    match = _TEXT.match(text.strip().lower()) if isinstance(text, str) else None
+    """The protocol written ``text`` (the inverse of :func:`format_protocol`, either form); the
+    parameter's name may be left out (``ssp(4)``). Errors name the text and the known forms."""
+    forms = "bsp, asp, ssp:S, k-of-n:K, local:H (or ssp(s=S), k-of-n(k=K), local(h=H))"
+    lowered = text.strip().lower() if isinstance(text, str) else None
+    match = _TEXT.match(lowered) if lowered is not None else None
+    short_form = _SHORT.match(lowered) if lowered is not None and match is None else None
+    if short_form is not None:
+        name, value = short_form.groups()
+        if name in PROTOCOLS and PROTOCOLS[name][1] is None:
+            raise TrainschedError(f"sync protocol {name!r} takes no parameter; write {name}")
+        if name in PROTOCOLS:
+            return PROTOCOLS[name][0](int(value))
     if match is None:
         raise TrainschedError(f"cannot read sync protocol {text!r}; write one of {forms}")
     name, short, value = match.groups()
@@ -197,7 +213,7 @@ def parse_protocol(text: str) -> SyncProtocol:
         return cls()
     if value is None:
         raise TrainschedError(f"sync protocol {name!r} needs its parameter; write "
-                              f"{name}({expected}=N)")
+                              f"{name}:N or {name}({expected}=N)")
     if short is not None and short != expected:
         raise TrainschedError(f"sync protocol {name!r} has parameter {expected!r}, not "
                               f"{short!r}; write {name}({expected}={value})")

@@ -80,7 +80,8 @@ def exclude_episode(online: Any, slow: tuple[int, ...], samples: int, left: int)
             probe_s = worker.local_s
         if not idle:
             worker.compute()
-            with guard(f"worker {me.rank}'s gradient all-reduce among the fast workers"):
+            with worker.sending(worker.position - 1), \
+                    guard(f"worker {me.rank}'s gradient all-reduce among the fast workers"):
                 dist.all_reduce(grad, group=group)
             grad.div_(k)
             me.replica.step(grad, samples=samples + steps * unit)

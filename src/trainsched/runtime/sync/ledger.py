@@ -116,7 +116,8 @@ class Ledger:
 
     def result(self, *, task: str, batch_per_rank: int, final: tuple[float, float],
                wall_s: float, params: list[float] | None, protocols: Sequence[str],
-               straggler_policy: str | None = None) -> dict[str, Any]:
+               straggler_policy: str | None = None,
+               links: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
         phases = [self.phases[k] for k in sorted(self.phases)]
         total = sum(p["samples"] for p in phases) + sum(e["samples"] for e in self.episodes)
         curve = [c for c in self.curve if c["samples"] < total]
@@ -129,4 +130,4 @@ class Ledger:
                 "resumed_from": self.resumed_from, "params": params,
                 "straggler_policy": straggler_policy, "observations": self.observations,
                 "detector_events": self.detector_events, "episodes": self.episodes,
-                "declined": self.declined}
+                "declined": self.declined, "links": list(links)}

@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-__all__ = ["DetectorRecord", "EpisodeRecord", "EvalPoint", "PhaseRecord", "SwitchRecord",
-           "SyncRunResult"]
+__all__ = ["DetectorRecord", "EpisodeRecord", "EvalPoint", "LinkRecord", "PhaseRecord",
+           "SwitchRecord", "SyncRunResult"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,6 +121,23 @@ class EpisodeRecord:
 
 
 @dataclass(frozen=True, kw_only=True)
+class LinkRecord:
+    """The messages worker ``rank`` sent while training in phase ``phase`` (a relaxed or
+    excluding episode counts in the phase it interrupted): ``messages`` (its all-reduce rounds,
+    local-SGD averages, pushes to the servers, which also ask for the next weights, and the
+    first pull of each server segment), ``delayed`` how many an injected delayed link held,
+    ``delay_s`` the time they were held and ``comm_s`` the time the sends took, hold included
+    (both measured). Counted from the process's start: a resumed run counts from the resume."""
+
+    rank: int
+    phase: int
+    messages: int
+    delayed: int
+    delay_s: float
+    comm_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
 class EvalPoint:
     """Held-out loss and accuracy of worker 0's model after ``samples`` applied samples."""
 
@@ -136,7 +153,8 @@ class SyncRunResult:
     applied, wall time, where it resumed from (samples; ``None``: a fresh start) and, when asked,
     the final parameters flattened in ``model.parameters()`` order. With an online straggler
     policy (``straggler_policy``, its text): the detector's ``observations``, its events,
-    the relaxed ``episodes`` and the observations where the decider ``declined`` to act."""
+    the relaxed ``episodes`` and the observations where the decider ``declined`` to act.
+    ``links``: every worker's messages per phase (:class:`LinkRecord`, by phase then rank)."""
 
     task: str
     ranks: int
@@ -156,6 +174,11 @@ class SyncRunResult:
     detector_events: tuple[DetectorRecord, ...] = ()
     episodes: tuple[EpisodeRecord, ...] = ()
     declined: int = 0
+    links: tuple[LinkRecord, ...] = ()
+
+    def link(self, rank: int, phase: int) -> LinkRecord | None:
+        """Worker ``rank``'s messages in phase ``phase`` (``None`` if it sent none counted)."""
+        return next((r for r in self.links if (r.rank, r.phase) == (rank, phase)), None)
 
     @property
     def relaxed_samples(self) -> int:
@@ -177,6 +200,9 @@ class SyncRunResult:
             EpisodeRecord(**{**e, "staleness": tuple(map(tuple, e["staleness"])),
                              "ranks": tuple(e["ranks"])}) for e in d.get("episodes", ()))
         d["curve"] = tuple(EvalPoint(**e) for e in d["curve"])
+        d["links"] = tuple(LinkRecord(**{**e, "messages": int(e["messages"]),
+                                         "delayed": int(e["delayed"])})
+                           for e in d.get("links", ()))
         d["checkpoints"] = tuple(d["checkpoints"])
         if d.get("params") is not None:
             d["params"] = tuple(d["params"])

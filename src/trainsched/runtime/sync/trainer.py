@@ -56,7 +56,7 @@ from trainsched.runtime.sync.online import Online
 from trainsched.runtime.sync.server import Server
 from trainsched.runtime.sync.state import Replica
 from trainsched.runtime.sync.wire import Link, guard
-from trainsched.runtime.sync.worker import Worker
+from trainsched.runtime.sync.worker import SENT, Worker
 from trainsched.runtime.tasks import task_from_json
 from trainsched.sync.faults import Straggler
 from trainsched.sync.policy import lr_scale
@@ -145,6 +145,7 @@ class _Rank:
         self.next_segment = 0
         self.server: Server | None = None
         self.worker: Worker | None = None
+        self.sent: dict[int, dict[str, float]] = {}  # phase -> this worker's message counters
         if self.is_worker:
             link = (Link(self.rank, self.server_ranks, self.bounds, self.replica.numel,
                          self.p2p_group) if self.has_server else None)
@@ -282,6 +283,20 @@ class _Rank:
             return {}
         assert self.worker is not None
         before, local_before = self.worker.position, self.worker.local_sum_s
+        sent_before = dict(self.worker.sent)
+        try:
+            counters = self._train_segment(segment, planned, protocol, watched, unit)
+        finally:
+            account = self.sent.setdefault(segment.phase, dict.fromkeys(SENT, 0))
+            for key in SENT:
+                account[key] += self.worker.sent[key] - sent_before[key]
+        return {**counters, "batches": self.worker.position - before,
+                "local_s": self.worker.local_sum_s - local_before}
+
+    def _train_segment(self, segment: Segment, planned: Segment, protocol: Any, watched: bool,
+                       unit: int) -> dict[str, Any]:
+        """A worker's part of :meth:`_run_segment`: train, and the segment's counters."""
+        assert self.worker is not None
         if needs_server(protocol):
             self.worker.run_server()
             # the server's counters come later (_collect_server_counters)
@@ -301,8 +316,7 @@ class _Rank:
             else:
                 rounds = self.worker.run_bsp(segment)
             counters = self._collective_counters(rounds, segment, staleness=True)
-        return {**counters, "batches": self.worker.position - before,
-                "local_s": self.worker.local_sum_s - local_before}
+        return counters
 
     def _collective_counters(self, rounds: int, segment: Segment,
                              staleness: bool) -> dict[str, Any]:
@@ -401,10 +415,17 @@ class _Rank:
             self.worker.link.close()
         if self.server is not None:
             self.server.inbox.close(self.timeout_s)
+        every: list[Any] = [None] * self.n
+        if self.is_worker:
+            with guard(f"worker {self.rank} gathering the workers' message counters"):
+                dist.all_gather_object(every, self.sent, group=self.workers_group)
         with guard(f"rank {self.rank} at the final barrier"):
             dist.barrier()
         if self.rank != 0:
             return None
+        links = [{"rank": r, "phase": phase, **every[r][phase]}
+                 for phase in sorted({k for sent in every for k in sent})
+                 for r in range(self.n) if phase in every[r]]
         loss, accuracy = _evaluate(self.replica.model, self.task, self.data)
         params = (self.replica.params_into(torch.zeros(self.replica.numel)).tolist()
                   if self.cfg["return_params"] else None)
@@ -412,7 +433,8 @@ class _Rank:
                                   final=(loss, accuracy), wall_s=time.perf_counter() - self.t0,
                                   params=params, protocols=[format_protocol(p)
                                                             for p, _ in self.phases],
-                                  straggler_policy=self.cfg.get("straggler_policy"))
+                                  straggler_policy=self.cfg.get("straggler_policy"),
+                                  links=links)
 
 
 def work(cfg: dict[str, Any]) -> dict[str, Any] | None:  # pragma: no cover - in the workers

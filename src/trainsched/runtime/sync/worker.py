@@ -9,6 +9,13 @@
 * **Server protocols** (ASP, SSP, k-of-N): pull the parameters, compute a gradient, push it,
   and repeat with the parameters the server answers, until it says stop.
 
+Every message a worker sends while training (its part of a BSP all-reduce round, a local-SGD
+average, a push to the servers, which also asks for the next weights, and the first pull of a
+server phase) goes through :meth:`Worker.sending`: an injected delayed link
+(``Straggler(link=True)``, ``1:20ms@link``) holds it first, and the worker counts it, the time
+held and the time it took (:attr:`Worker.sent`). The synchronisation points' collectives and
+the final goodbye are not training messages and are neither held nor counted.
+
 Worker ``r``'s ``j``-th batch (``j``: its position, every batch it computed so far across
 phases, which is also the step a :class:`~trainsched.sync.faults.Straggler` counts) is
 block ``j·N + r`` of the task's sample stream, so under BSP step ``t`` reads stream samples
@@ -17,10 +24,11 @@ block ``j·N + r`` of the task's sample stream, so under BSP step ``t`` reads st
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -30,9 +38,13 @@ from trainsched.runtime.sync.config import Segment, update_samples
 from trainsched.runtime.sync.state import Replica
 from trainsched.runtime.sync.wire import APPLIED, GO, PULL, PUSH, STATUS, VERSION, Link, guard
 from trainsched.runtime.tasks import TaskData, TeacherStudent
-from trainsched.sync.faults import Straggler
+from trainsched.sync.faults import Straggler, link_delay_s
 
-__all__ = ["Worker"]
+__all__ = ["SENT", "Worker"]
+
+#: The counters of :attr:`Worker.sent`: messages sent, how many a delayed link held, the time
+#: held (measured) and the time the sends took, hold included (measured).
+SENT = ("messages", "delayed", "delay_s", "comm_s")
 
 
 class Worker:
@@ -45,7 +57,9 @@ class Worker:
         self.rank, self.workers, self.batch = rank, workers, batch
         self.replica, self.task, self.data = replica, task, data
         self.group, self.link = group, link
-        self.stragglers = [s for s in stragglers if s.rank == rank]
+        self.stragglers = [s for s in stragglers if s.rank == rank and not s.link]
+        self.links = [s for s in stragglers if s.rank == rank and s.link]
+        self.sent: dict[str, float] = dict.fromkeys(SENT, 0)
         self.die_at_batch = die_at_batch
         self.on_progress = on_progress  # called with the samples applied so far
         self.position = 0
@@ -80,6 +94,20 @@ class Worker:
         self.local_sum_s += self.local_s
         self.position += 1
 
+    @contextlib.contextmanager
+    def sending(self, step: int) -> Iterator[None]:
+        """One message this worker sends in its step ``step`` (the body sends it): held first
+        by a delayed link active in that step, then counted and timed into :attr:`sent`."""
+        start = time.perf_counter()
+        hold = link_delay_s(self.links, self.rank, step)
+        if hold > 0:
+            time.sleep(hold)
+            self.sent["delayed"] += 1
+            self.sent["delay_s"] += time.perf_counter() - start
+        yield
+        self.sent["messages"] += 1
+        self.sent["comm_s"] += time.perf_counter() - start
+
     # --- the protocols -------------------------------------------------------------------------
 
     def run_bsp(self, segment: Segment, first: int = 0, count: int | None = None) -> int:
@@ -89,7 +117,8 @@ class Worker:
         last = segment.samples // unit if count is None else first + count
         for t in range(first, last):
             self.compute()
-            with guard(f"worker {self.rank}'s gradient all-reduce"):
+            with self.sending(self.position - 1), \
+                    guard(f"worker {self.rank}'s gradient all-reduce"):
                 dist.all_reduce(grad, group=self.group)
             grad.div_(self.workers)
             self.replica.step(grad, samples=segment.start + t * unit)
@@ -110,7 +139,8 @@ class Worker:
 
     def average_params(self) -> None:
         self.replica.params_into(self.buffer)
-        with guard(f"worker {self.rank}'s parameter averaging"):
+        with self.sending(self.position - 1), \
+                guard(f"worker {self.rank}'s parameter averaging"):
             dist.all_reduce(self.buffer, group=self.group)
         self.buffer.div_(self.workers)
         self.replica.load_params(self.buffer)
@@ -123,7 +153,8 @@ class Worker:
         assert self.link is not None
         link, grad = self.link, self.replica.grad
         shards = len(link.servers)
-        headers = link.exchange(PULL, [0] * shards, 0, 0, grad)
+        with self.sending(self.position):
+            headers = link.exchange(PULL, [0] * shards, 0, 0, grad)
         clock = 0
         while any(h[STATUS] == GO for h in headers):
             active = [h[STATUS] == GO for h in headers]
@@ -131,6 +162,7 @@ class Worker:
             self.on_progress(min(h[APPLIED] for h in headers))
             self.compute()
             clock += 1
-            headers = link.exchange(PUSH, [h[VERSION] for h in headers], clock, self.batch,
-                                    grad, self.local_s, active)
+            with self.sending(self.position - 1):
+                headers = link.exchange(PUSH, [h[VERSION] for h in headers], clock,
+                                        self.batch, grad, self.local_s, active)
         return clock
