@@ -442,7 +442,7 @@ class Cluster:
             f"  peak        {flops}",
             f"  intra-node  {self.intra_node.describe()} (per device, per direction)",
             *([f"  collectives {self.collectives.describe()} (per rank, ring formula; "
-               f"from measured all-reduces)"] if self.collectives else []),
+               f"fitted to measured all-reduces)"] if self.collectives else []),
             "  inter-node  " + (f"{self.inter_node.describe()} (per node)"
                                 if self.inter_node else "none"),
             f"  comm        {self.comm} ({modes[self.comm]})",

@@ -53,9 +53,9 @@ class DispatchGate:
     channel), ``sizes[c]`` its bytes, ``priorities[c]`` its ``(step, priority)`` queue key,
     ``steals[c]`` its host tasks (one per representative; empty list: none) and
     ``startups[c]`` the start-up of its duration that may overlap the collective ahead of it
-    (``None``: no overlap); ``slots`` (``None``: a FIFO wire) runs them on a shared wire of that
-    many slots (module docstring, *Shared wire*). After the replay ``issued_s``, ``dispatched_s`` say when each
-    collective was queued and handed to the wire."""
+    (``None``: no overlap); ``slots`` (``None``: a FIFO wire) runs them on a shared wire of
+    that many slots (module docstring, *Shared wire*). After the replay ``issued_s`` and
+    ``dispatched_s`` say when each collective was queued and handed to the wire."""
 
     name = "the collective dispatcher (waiting to be issued or dispatched)"
 

@@ -75,8 +75,8 @@ from typing import Any, Protocol
 from trainsched.errors import TrainschedError
 from trainsched.sim.coupling import Coupling, CouplingState
 
-__all__ = ["POLICIES", "Coupling", "Gate", "Release", "Replay", "Resource", "StreamPair", "TaskGraph",
-           "longest_path_s", "run_tasks"]
+__all__ = ["POLICIES", "Coupling", "Gate", "Release", "Replay", "Resource", "StreamPair",
+           "TaskGraph", "longest_path_s", "run_tasks"]
 
 POLICIES = ("fifo", "priority")
 _SHOWN_BLOCKED = 10  # blocked tasks named in a stuck-simulation error
