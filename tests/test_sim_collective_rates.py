@@ -206,3 +206,8 @@ def test_a_bad_file_value_names_the_field(tmp_path):
     with pytest.raises(TrainschedError, match=r"\[device\] collective_slots"):
         resolve_cluster(str(path))
     assert isinstance(device_kind("cpu"), DeviceSpec)
+
+
+def test_take_turns_and_by_rate_are_not_given_together():
+    with pytest.raises(TrainschedError, match="two models of one effect"):
+        replace(device_kind("cpu"), comm_compute_share=0.5, collective_slots=2)

@@ -192,6 +192,11 @@ class DeviceSpec:
                  f"{where}: collective_contention must be a number in [0, 1] (1: collectives "
                  f"in flight share the wire's rate; 0: each runs as fast as alone), got "
                  f"{self.collective_contention!r}")
+        _require(not (self.comm_compute_share and self.comm_by_rate),
+                 f"{where}: comm_compute_share (collectives take turns with compute) and the "
+                 f"collective rates (they share by rate) are two models of one effect; give "
+                 f"one: comm_compute_share 0, or compute_rate_with_comm, comm_rate_with_compute "
+                 f"and collective_slots 1")
         object.__setattr__(self, "collective_overhead_s", float(self.collective_overhead_s))
         object.__setattr__(self, "collective_contention", float(self.collective_contention))
         ordered = {d: float(flops[d]) for d in DTYPES if d in flops}
