@@ -54,6 +54,7 @@ __all__ = [
     "DTYPES",
     "FORMAT",
     "GPU_STREAM_FIT_S",
+    "INTERFERENCE_MODELS",
     "PRESETS",
     "STREAM_SLOWDOWN_DEFAULT",
     "Cluster",
@@ -70,6 +71,9 @@ __all__ = [
 FORMAT = "trainsched.cluster/1"
 DTYPES = ("fp32", "tf32", "fp16", "bf16")
 COMM_MODES = ("sequential", "parallel")
+#: How a calibrated host's compute and communication interfere (``DeviceSpec``): share by rate,
+#: or take turns (γ).
+INTERFERENCE_MODELS = ("rates", "turns")
 
 
 def _require(ok: bool, message: str) -> None:

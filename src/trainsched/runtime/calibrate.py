@@ -44,14 +44,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from trainsched.cluster import Cluster, Link, cluster_preset
+from trainsched.cluster import INTERFERENCE_MODELS, Cluster, Link, cluster_preset
 from trainsched.errors import TrainschedError
 from trainsched.runtime.launch import WorkerFailure, free_port, run_workers, status_text
 from trainsched.units import is_int
 
 MiB = 2**20
 GLOO_THREADS = 2  # a gloo process group's worker threads: collectives it runs at once
-COMM_MODELS = ("rates", "turns")
 DEFAULT_SIZES: tuple[int, ...] = tuple(4**k for k in range(1, 14))  # 4 B .. 64 MiB
 BACKENDS = ("gloo", "nccl")
 
@@ -154,9 +153,9 @@ class Calibration:
         ``comm_model`` says which interference model the file carries: ``"rates"`` (compute
         and collectives slow each other while both run, several collectives in flight share
         the wire) or ``"turns"`` (γ: a collective takes γ times its duration from compute)."""
-        if comm_model not in COMM_MODELS:
-            raise TrainschedError(f"comm_model must be one of {', '.join(COMM_MODELS)}, got "
-                                  f"{comm_model!r}")
+        if comm_model not in INTERFERENCE_MODELS:
+            raise TrainschedError(f"comm_model must be one of "
+                                  f"{', '.join(INTERFERENCE_MODELS)}, got {comm_model!r}")
         base = cluster_preset("cpu")
         sizes = [r.size_bytes for r in self.rows]
         description = (
