@@ -211,3 +211,27 @@ def test_a_bad_file_value_names_the_field(tmp_path):
 def test_take_turns_and_by_rate_are_not_given_together():
     with pytest.raises(TrainschedError, match="two models of one effect"):
         replace(device_kind("cpu"), comm_compute_share=0.5, collective_slots=2)
+
+
+# --- the shared wire (the simulated transport of several collectives at once) ----------------
+
+
+def test_shared_wire_runs_up_to_its_slots_and_queues_the_rest_in_dispatch_order():
+    """Two slots: 0 and 1 start on dispatch at 0; 2 waits; 1 ends at 3 and 2 starts then,
+    behind 1; 0 ends at 4, 2 at 6: busy from 0 to 6."""
+    from trainsched.comm.dispatch import SharedWire
+
+    wire = SharedWire(2)
+    for k in (0, 1, 2):
+        wire.issue(k)
+    assert wire.take_started() == [0, 1] and list(wire.waiting) == [2]
+    wire.now = 3.0
+    wire.finish(1)
+    assert wire.take_started() == [2] and wire.start_s[2] == 3.0 and wire.behind[2] == 1
+    wire.now = 4.0
+    wire.finish(0)
+    wire.now = 6.0
+    wire.finish(2)
+    assert wire.take_started() == [] and wire.busy_s == 6.0 and wire.behind[0] == -1
+    with pytest.raises(TrainschedError, match="slots >= 1"):
+        SharedWire(0)

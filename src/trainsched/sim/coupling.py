@@ -30,9 +30,10 @@ from typing import TYPE_CHECKING
 from trainsched.errors import TrainschedError
 
 if TYPE_CHECKING:
+    from trainsched.cluster import DeviceSpec
     from trainsched.sim.engine import TaskGraph
 
-__all__ = ["Coupling", "CouplingState"]
+__all__ = ["Coupling", "CouplingState", "couple_devices"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,6 +52,22 @@ class Coupling:
         value = self.contention
         if not (isinstance(value, int | float) and math.isfinite(value) and 0 <= value <= 1):
             raise TrainschedError(f"coupling: contention must be in [0, 1], got {value!r}")
+
+
+def couple_devices(tasks: TaskGraph, device: DeviceSpec, count: int) -> None:
+    """One coupling group per device ``0..count-1`` at ``device``'s collective rates: its
+    compute-stream tasks on the first side, its ``"comm"`` tasks on the second."""
+    groups = [tasks.add_coupling(Coupling(first_rate=device.compute_rate_with_comm,
+                                          second_rate=device.comm_rate_with_compute,
+                                          contention=device.collective_contention))
+              for _ in range(count)]  # fmt: skip
+    kinds = [r.kind for r in tasks.resources]
+    for t, needs in enumerate(tasks.needs):
+        k = tasks.device[t]
+        if tasks.category[t] == "comm":
+            tasks.couple(t, groups[k], 1)
+        elif len(needs) == 1 and kinds[needs[0]] == "compute":
+            tasks.couple(t, groups[k], 0)
 
 
 class CouplingState:

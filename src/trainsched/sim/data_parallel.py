@@ -107,9 +107,9 @@ from trainsched.costs import (
 )
 from trainsched.errors import TrainschedError
 from trainsched.graph import Graph
-from trainsched.sim.coupling import Coupling
+from trainsched.sim.coupling import couple_devices
 from trainsched.sim.dispatch_gate import DispatchGate
-from trainsched.sim.engine import TaskGraph, run_tasks
+from trainsched.sim.engine import run_tasks
 from trainsched.sim.executors import (
     _checked_order,
     _gc_paused,
@@ -358,7 +358,7 @@ def simulate_data_parallel(graph: Graph, cluster: Cluster, *, ranks: int,
         slots = None
         if by_rate and plan:
             slots = cluster.device.collective_slots
-            _couple(low.tasks, cluster, len(reps))
+            couple_devices(low.tasks, cluster.device, len(reps))
         gate = DispatchGate(low.tasks, policy, parts=lowered.parts, sizes=lowered.sizes,
                             priorities=lowered.priorities, steals=lowered.steals,
                             startups=lowered.startups, slots=slots)
@@ -375,23 +375,6 @@ def simulate_data_parallel(graph: Graph, cluster: Cluster, *, ranks: int,
         return result
     starts = [replay.start_s[t] for t in lowered.firsts]
     return _steady(result, starts[-2], starts[-1])
-
-
-def _couple(tasks: TaskGraph, cluster: Cluster, count: int) -> None:
-    """One coupling group per representative: its compute-stream tasks on the first side, its
-    collectives on the second (module docstring, *By rate*)."""
-    dev = cluster.device
-    groups = [tasks.add_coupling(Coupling(first_rate=dev.compute_rate_with_comm,
-                                          second_rate=dev.comm_rate_with_compute,
-                                          contention=dev.collective_contention))
-              for _ in range(count)]  # fmt: skip
-    kinds = [r.kind for r in tasks.resources]
-    for t, needs in enumerate(tasks.needs):
-        k = tasks.device[t]
-        if tasks.category[t] == "comm":
-            tasks.couple(t, groups[k], 1)
-        elif len(needs) == 1 and kinds[needs[0]] == "compute":
-            tasks.couple(t, groups[k], 0)
 
 
 def _steady(result: SimResult, begin: float, end: float) -> SimResult:
