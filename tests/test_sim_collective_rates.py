@@ -235,3 +235,65 @@ def test_shared_wire_runs_up_to_its_slots_and_queues_the_rest_in_dispatch_order(
     assert wire.take_started() == [] and wire.busy_s == 6.0 and wire.behind[0] == -1
     with pytest.raises(TrainschedError, match="slots >= 1"):
         SharedWire(0)
+
+
+# --- properties on random graphs -------------------------------------------------------------
+
+
+def random_chain(rng, layers: int) -> Graph:
+    """A chain with skip edges, random costs, some layers without parameters."""
+    ops = [Op(name=f"op{i}", compute_s=rng.uniform(0.1, 2) * MS,
+              backward_input_s=rng.uniform(0.1, 2) * MS,
+              backward_weight_s=rng.uniform(0.1, 2) * MS,
+              param_bytes=rng.choice([0, rng.randrange(1, 4 * MB)]) if i else MB,
+              output_bytes=4096, saved_bytes=4096) for i in range(layers)]  # fmt: skip
+    edges = [Edge(src=f"op{i}", dst=f"op{j}", size_bytes=4096)
+             for i in range(layers) for j in (i + 1, i + 3) if j < layers]  # fmt: skip
+    return to_training(Graph(ops, edges), memory_bandwidth_bytes_per_s=6e9)
+
+
+def test_properties_by_rate_on_random_graphs():
+    """Under rates: collapsed ranks equal expanded ones, the dependency bound holds, every
+    collective starts after its gradients and every update after its collectives; and a
+    shared wire whose rates are all 1, fed one collective at a time (FIFO's credit), is the
+    FIFO wire."""
+    import random
+
+    from trainsched.comm import DdpBucketPolicy
+
+    rng = random.Random(11)
+    rates = two_ranks(compute_rate_with_comm=0.7, comm_rate_with_compute=0.5,
+                      collective_slots=2, collective_contention=0.6)
+    rates = replace(rates, devices_per_node=4)
+    neutral = replace(rates, device=replace(rates.device, compute_rate_with_comm=1.0,
+                                            comm_rate_with_compute=1.0))
+    plain = replace(neutral, device=replace(neutral.device, collective_slots=1))
+    for _ in range(8):
+        g = random_chain(rng, rng.randrange(2, 10))
+        n = rng.choice([2, 3, 4])
+        stragglers = rng.choice([None, {rng.randrange(n): rng.uniform(1.1, 3)}])
+        for policy in (FifoPolicy(), DdpBucketPolicy(first_bucket_bytes=MB, bucket_bytes=3 * MB),
+                       PriorityPolicy(partition_bytes=MB, credit_bytes=math.inf),
+                       FifoPolicy(cross_barrier=True)):
+            result = simulate_data_parallel(g, rates, ranks=n, policy=policy,
+                                            stragglers=stragglers)
+            expanded = simulate_data_parallel(g, rates, ranks=n, policy=policy,
+                                              stragglers=stragglers, expand=True)
+            assert close(result.step_time_s, expanded.step_time_s)
+            assert result.dependency_bound_s <= result.step_time_s * (1 + 1e-12)
+            for d in result.devices:
+                tasks = [t for t in result.tasks if t.device == d]
+                end = {t.name: t.end_s for t in tasks}
+                colls = [t for t in tasks if t.category == "comm"]
+                for t in colls:
+                    assert t.start_s >= max(end[m.replace(":grad", ":dW")]
+                                            for m in t.args["members"]) - 1e-15
+                for t in tasks:
+                    if t.category == "optimizer":
+                        grad = t.name.replace(":opt", ":grad")
+                        mine = [c.end_s for c in colls if grad in c.args["members"]]
+                        assert mine and t.start_s >= max(mine) - 1e-15
+        fifo = simulate_data_parallel(g, plain, ranks=n, policy="fifo", stragglers=stragglers)
+        shared = simulate_data_parallel(g, neutral, ranks=n, policy="fifo",
+                                        stragglers=stragglers)
+        assert close(shared.step_time_s, fifo.step_time_s)
