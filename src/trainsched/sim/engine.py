@@ -479,6 +479,7 @@ def run_tasks(tasks: TaskGraph, gates: Sequence[Gate] = ()) -> Replay:
             if t >= n:  # a released task's wake-up: it joins its queues now
                 t -= n
                 if not needs[t]:  # a coupled task released to start later: it starts now
+                    assert coupled is not None and coupled.on[t], t
                     stamp = _post(coupled.start(t, now), heap, end, coupled.entry, keyed,
                                   stamp, unit)
                     continue
