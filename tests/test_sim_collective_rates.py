@@ -177,7 +177,7 @@ def test_collective_fields_round_trip_through_toml_and_json(tmp_path):
         path = tmp_path / f"host{suffix}"
         path.write_text(text)
         assert resolve_cluster(str(path)) == cluster
-    assert "2 at once" in cluster.describe()
+    assert "2 collective(s) at once (contention 0.60)" in cluster.describe()
 
 
 def test_defaults_are_left_out_of_the_file():

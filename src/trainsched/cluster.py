@@ -443,10 +443,11 @@ class Cluster:
             + (f", pipeline host time {format_duration(dev.microbatch_overhead_s)} per action"
                f" and {format_duration(dev.message_host_s)} per message"
                if dev.microbatch_overhead_s or dev.message_host_s else ""),
-            *([f"  collectives {format_duration(dev.collective_overhead_s)} overhead each, "
-               f"compute at {dev.compute_rate_with_comm:.2f} of its rate while one runs, "
-               f"collectives at {dev.comm_rate_with_compute:.2f} while compute runs, "
-               f"{dev.collective_slots} at once (contention {dev.collective_contention:.2f})"]
+            *([f"  overlap     compute at {dev.compute_rate_with_comm:.2f} of its rate while "
+               f"a collective runs, collectives at {dev.comm_rate_with_compute:.2f} while "
+               f"compute runs; {dev.collective_slots} collective(s) at once (contention "
+               f"{dev.collective_contention:.2f}), "
+               f"{format_duration(dev.collective_overhead_s)} overhead each"]
               if dev.collective_overhead_s or dev.comm_by_rate else []),
             f"  peak        {flops}",
             f"  intra-node  {self.intra_node.describe()} (per device, per direction)",
