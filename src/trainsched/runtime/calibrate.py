@@ -416,8 +416,8 @@ def _interference(dist: Any, device: Any, sync: Any, world_size: int,
     while a second thread runs N back-to-back 4 MiB all-reduces of standalone time d (T1; the
     all-reduces take D1 there). Returns the share (T1 - T0) / (N d) and, by rate, compute's
     rate ``1 - (T1 - T0) / D1`` beside the all-reduces and theirs ``N d / D1`` beside compute
-    (both assume the all-reduces end before the loop: N is set so that N d is about 40% of T0,
-    the same on every rank)."""
+    (N is set so that N d is about 40% of T0, the same on every rank; all-reduces that outlast
+    the loop count the rest at full rate: D1 is then the overlap, T1)."""
     import threading
 
     import torch
@@ -463,7 +463,8 @@ def _interference(dist: Any, device: Any, sync: Any, world_size: int,
         comm = min(took[0], beside)  # the part of the loop the all-reduces overlapped
         shares.append((beside - alone) / (n_comm * d))
         compute_rates.append(1.0 - (beside - alone) / comm)
-        comm_rates.append(n_comm * d / took[0])
+        # the all-reduces' work n·d: at the rate r beside the loop, at 1 after it ended
+        comm_rates.append((n_comm * d - (took[0] - comm)) / comm)
     mean = torch.tensor([statistics.median(v) for v in (shares, compute_rates, comm_rates)],
                         dtype=torch.float64)
     dist.all_reduce(mean)
