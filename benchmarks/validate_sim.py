@@ -5,7 +5,11 @@ captured on the same machine:
 
 * **DDP**: ``torch.nn.parallel.DistributedDataParallel`` on gloo, 2 ranks, for several zoo
   models and bucket caps (DDP's default 25 MiB with its 1 MiB first bucket, and explicit
-  caps). Predicted by ``simulate_data_parallel`` with the matching ``DdpBucketPolicy``.
+  caps), plus the flat no-overlap baseline (no DDP: after backward every gradient is copied
+  into one buffer, all-reduced once and copied back). Predicted by ``simulate_data_parallel``
+  with the matching ``DdpBucketPolicy`` (flat: one bucket holding every gradient), under both
+  interference models the calibration fits: by rate (the calibrated cluster's default) and
+  take turns (γ); the table shows each configuration's error under each.
 * **Pipeline**: a model cut into 2 stages run by ``torch.distributed.pipelining``
   (``ScheduleGPipe``, ``Schedule1F1B``) at several micro-batch counts. Predicted by
   ``simulate_pipeline`` on ``build_schedule(...)`` with each stage captured at the micro-batch
@@ -48,8 +52,10 @@ DDP_MODELS = {
     "full": [("resnet50", 8, 32), ("mobilenet_v3_large", 8, 64)],
     "quick": [("small-cnn", 8, None), ("mlp", 64, None)],
 }
-# DDP bucket caps in MiB; None is DDP's default (25 MiB, first bucket 1 MiB)
-BUCKETS = [None, 5, 1]
+# DDP bucket caps in MiB; None is DDP's default (25 MiB, first bucket 1 MiB); "flat": no DDP,
+# one all-reduce of every gradient after backward
+BUCKETS = [None, 5, 1, "flat"]
+FLAT_BYTES = 1 << 40  # a bucket cap no model reaches: one bucket
 # the pipeline: a model, its global batch, image size, and where stage 1 starts
 PIPE_MODEL = {
     "full": ("resnet50", 16, 32, "layer4.1"),  # parameters split about 14.5M / 11M
@@ -166,6 +172,9 @@ def _ddp_worker(job: dict[str, Any]) -> dict[str, list[float]]:
     for cfg in job["configs"]:
         zoo = _zoo(cfg["model"], cfg["batch"], cfg["image"])
         cap = cfg["bucket_mib"]
+        if cap == "flat":
+            runs[cfg["name"]] = _flat_step(zoo)
+            continue
         ddp = DDP(zoo.model) if cap is None else DDP(zoo.model, bucket_cap_mb=cap)
         opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
 
@@ -177,6 +186,33 @@ def _ddp_worker(job: dict[str, Any]) -> dict[str, list[float]]:
 
         runs[cfg["name"]] = step
     return _interleave(runs, job)
+
+
+def _flat_step(zoo: Any) -> Any:
+    """The flat no-overlap baseline: backward, then every gradient copied into one buffer,
+    one all-reduce, the average copied back, an SGD step."""
+    import torch
+    import torch.distributed as dist
+
+    params = [p for p in zoo.model.parameters() if p.requires_grad]
+    opt = torch.optim.SGD(params, lr=1e-3)
+    dist.broadcast(torch.nn.utils.parameters_to_vector(params), 0)
+
+    def step() -> None:
+        out = zoo.model(*zoo.args, **zoo.kwargs)
+        out.float().sum().backward()
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        dist.all_reduce(flat)
+        flat /= dist.get_world_size()
+        offset = 0
+        for p in params:
+            n = p.grad.numel()
+            p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
+            offset += n
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
 
 
 def _pipeline_worker(job: dict[str, Any]) -> dict[str, list[float]]:
@@ -262,8 +298,11 @@ def predict_ddp(cfg: dict[str, Any], cluster: Any, graphs: dict[str, Any]) -> fl
         zoo = _zoo(cfg["model"], cfg["batch"], cfg["image"])
         graphs[key] = _captured(zoo.model, zoo.args, zoo.kwargs)
     cap = cfg["bucket_mib"]
-    policy = (DdpBucketPolicy() if cap is None
-              else DdpBucketPolicy(bucket_bytes=cap * MiB, first_bucket_bytes=cap * MiB))
+    if cap is None:
+        policy = DdpBucketPolicy()
+    else:
+        cap_bytes = FLAT_BYTES if cap == "flat" else cap * MiB
+        policy = DdpBucketPolicy(bucket_bytes=cap_bytes, first_bucket_bytes=cap_bytes)
     return simulate_data_parallel(graphs[key], cluster, ranks=2, policy=policy).step_time_s
 
 
@@ -309,31 +348,49 @@ def kendall_tau(a: list[float], b: list[float]) -> float:
     return float(kendalltau(a, b).statistic)
 
 
-def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    errors = [abs(r["error"]) for r in rows]
+def summarise(rows: list[dict[str, Any]], suffix: str = "") -> dict[str, Any]:
+    """Median and max |error| and Kendall's tau of ``rows`` (``suffix`` "_turns": of the
+    take-turns predictions)."""
+    rows = [r for r in rows if f"predicted{suffix}_s" in r]
+    if not rows:
+        return {"configs": 0}
+    errors = [abs(r[f"error{suffix}"]) for r in rows]
     return {"configs": len(rows), "median_abs_error": statistics.median(errors),
             "max_abs_error": max(errors),
             "kendall_tau": kendall_tau([r["measured_s"] for r in rows],
-                                       [r["predicted_s"] for r in rows])}
+                                       [r[f"predicted{suffix}_s"] for r in rows])}
 
 
-def _row(name: str, times: list[float], predicted: float) -> dict[str, Any]:
+def _row(name: str, times: list[float], predicted: float,
+         turns: float | None = None) -> dict[str, Any]:
     q = statistics.quantiles(times, n=4)
     measured = statistics.median(times)
-    return {"config": name, "measured_s": measured, "iqr_s": [q[0], q[2]], "steps": len(times),
-            "predicted_s": predicted, "error": (predicted - measured) / measured}
+    row = {"config": name, "measured_s": measured, "iqr_s": [q[0], q[2]], "steps": len(times),
+           "predicted_s": predicted, "error": (predicted - measured) / measured}
+    if turns is not None:
+        row |= {"predicted_turns_s": turns, "error_turns": (turns - measured) / measured}
+    return row
 
 
 def print_table(title: str, rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
     print(f"\n{title}")
-    print(f"{'config':<34} {'measured ms':>12} {'IQR ms':>15} {'predicted ms':>13} {'error':>8}")
+    turns = any("predicted_turns_s" in r for r in rows)
+    print(f"{'config':<38} {'measured ms':>12} {'IQR ms':>15} {'predicted ms':>13} {'error':>8}"
+          + (f" {'turns ms':>9} {'error':>8}" if turns else ""))
     for r in rows:
         lo, hi = r["iqr_s"]
-        print(f"{r['config']:<34} {r['measured_s'] * 1e3:>12.1f} "
-              f"{lo * 1e3:>7.1f}-{hi * 1e3:<7.1f} {r['predicted_s'] * 1e3:>13.1f} "
-              f"{r['error']:>+8.1%}")
+        line = (f"{r['config']:<38} {r['measured_s'] * 1e3:>12.1f} "
+                f"{lo * 1e3:>7.1f}-{hi * 1e3:<7.1f} {r['predicted_s'] * 1e3:>13.1f} "
+                f"{r['error']:>+8.1%}")
+        if "predicted_turns_s" in r:
+            line += f" {r['predicted_turns_s'] * 1e3:>9.1f} {r['error_turns']:>+8.1%}"
+        print(line)
     print(f"median |error| {summary['median_abs_error']:.1%}, max {summary['max_abs_error']:.1%}, "
           f"Kendall tau {summary['kendall_tau']:.2f} over {summary['configs']} configurations")
+    other = summarise(rows, "_turns")
+    if other["configs"]:
+        print(f"take turns (gamma): median |error| {other['median_abs_error']:.1%}, max "
+              f"{other['max_abs_error']:.1%}, Kendall tau {other['kendall_tau']:.2f}")
 
 
 def main() -> None:
@@ -343,6 +400,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps before each round")
     ap.add_argument("--out", default=str(HERE / "results" / "validate_sim.json"))
+    ap.add_argument("--ddp-only", action="store_true", help="skip the pipeline sweep")
     args = ap.parse_args()
     size = "quick" if args.quick else "full"
     steps = args.steps or (5 if args.quick else 15)
@@ -355,23 +413,46 @@ def main() -> None:
 
     torch.set_num_threads(1)
     began = time.perf_counter()
+    load_before = os.getloadavg()
+    print(f"load average {load_before[0]:.1f} {load_before[1]:.1f} {load_before[2]:.1f}")
     print("calibrating gloo (2 processes) ...", flush=True)
     cal = calibrate(world_size=2, repeats=10 if not args.quick else 5)
     print(cal.table())
     p2p_cluster = cal.to_cluster("calibrated-p2p")
     ar_cluster = dataclasses.replace(p2p_cluster, name="calibrated-allreduce",
                                      intra_node=cal.allreduce)
+    turns_cluster = dataclasses.replace(cal.to_cluster("calibrated-turns", comm_model="turns"),
+                                        intra_node=cal.allreduce)
 
-    ddp_configs = [{"name": f"{m} b{b}{f' {i}px' if i else ''} "
-                            f"{'default buckets' if c is None else f'{c} MiB buckets'}",
+    def label(cap: Any) -> str:
+        return ("default buckets" if cap is None else "flat, after backward" if cap == "flat"
+                else f"{cap} MiB buckets")
+
+    ddp_configs = [{"name": f"{m} b{b}{f' {i}px' if i else ''} {label(c)}",
                     "model": m, "batch": b, "image": i, "bucket_mib": c}
                    for m, b, i in DDP_MODELS[size] for c in BUCKETS]
     print(f"\nDDP sweep: {len(ddp_configs)} configurations, real runs ...", flush=True)
     ddp_times = run_pair({"kind": "ddp", "configs": ddp_configs, **common}, timeout_s=1800)
     graphs: dict[str, Any] = {}
     print("capturing and simulating ...", flush=True)
-    ddp_rows = [_row(c["name"], ddp_times[c["name"]], predict_ddp(c, ar_cluster, graphs))
+    ddp_rows = [_row(c["name"], ddp_times[c["name"]], predict_ddp(c, ar_cluster, graphs),
+                     predict_ddp(c, turns_cluster, graphs))
                 for c in ddp_configs]
+    if args.ddp_only:
+        summary = {"ddp": summarise(ddp_rows), "ddp_turns": summarise(ddp_rows, "_turns")}
+        for model, _, _ in DDP_MODELS[size]:
+            mine = [r for r in ddp_rows if r["config"].startswith(f"{model} ")]
+            summary[f"ddp {model}"] = summarise(mine)
+            summary[f"ddp {model} turns"] = summarise(mine, "_turns")
+        print_table("ddp sweep (2 gloo ranks)", ddp_rows, summary["ddp"])
+        write_results(args.out, {
+            "benchmark": "validate_sim", "size": size, "machine": cpu_model(),
+            "cores": os.cpu_count(), "python": platform.python_version(),
+            "torch": torch.__version__, "threads_per_rank": 1, **common,
+            "load_before": load_before, "load_after": os.getloadavg(),
+            "calibration": cal.to_dict(), "sweeps": {"ddp": ddp_rows}, "summary": summary,
+            "wall_s": time.perf_counter() - began})
+        return
 
     pipe_job = {"kind": "pipeline", "model": list(PIPE_MODEL[size]), **common}
     pipe_job["configs"] = [{"name": f"{PIPE_MODEL[size][0]} 2 stages {s} m={m}",
@@ -389,6 +470,11 @@ def main() -> None:
     sweeps = {"ddp": ddp_rows, "pipeline": pipe_rows}
     summaries = {k: summarise(v) for k, v in sweeps.items()}
     summaries["all"] = summarise(ddp_rows + pipe_rows)
+    summaries["ddp_turns"] = summarise(ddp_rows, "_turns")
+    for model, _, _ in DDP_MODELS[size]:
+        mine = [r for r in ddp_rows if r["config"].startswith(f"{model} ")]
+        summaries[f"ddp {model}"] = summarise(mine)
+        summaries[f"ddp {model} turns"] = summarise(mine, "_turns")
     for key, rows in sweeps.items():
         print_table(f"{key} sweep (2 gloo ranks)", rows, summaries[key])
     s = summaries["all"]
@@ -397,6 +483,7 @@ def main() -> None:
         "benchmark": "validate_sim", "size": size, "machine": cpu_model(),
         "cores": os.cpu_count(), "python": platform.python_version(),
         "torch": torch.__version__, "threads_per_rank": 1, **common,
+        "load_before": load_before, "load_after": os.getloadavg(),
         "calibration": cal.to_dict(), "sweeps": sweeps, "summary": summaries,
         "wall_s": time.perf_counter() - began})
 

@@ -44,9 +44,13 @@ def test_real_calibration_on_two_gloo_ranks():
     assert cluster.intra_node == cal.p2p
     # measured beside a matmul loop; on 2 ranks sharing this host's cores it is well above 0
     assert 0.0 <= cal.comm_compute_share <= 4.0
-    assert cluster.device.comm_compute_share == cal.comm_compute_share
+    assert 0.0 < cal.compute_rate_with_comm <= 1.0 and 0.0 < cal.comm_rate_with_compute <= 1.0
+    assert 0.0 <= cal.collective_contention <= 1.0 and cal.collective_slots == 2  # gloo
+    assert cluster.device.compute_rate_with_comm == cal.compute_rate_with_comm
+    turns = cal.to_cluster(comm_model="turns")
+    assert turns.device.comm_compute_share == cal.comm_compute_share
     assert data["comm_compute_share"] == cal.comm_compute_share
-    assert "compute lost to communication" in cal.table()
+    assert "compute lost to communication" in cal.table() and "by rate" in cal.table()
     assert cal.memory_bandwidth_bytes_per_s is not None
     assert 1e8 < cal.memory_bandwidth_bytes_per_s < 1e13
     assert cluster.device.memory_bandwidth_bytes_per_s == cal.memory_bandwidth_bytes_per_s

@@ -1,5 +1,6 @@
 """A calibrated cluster file carries every fitted quantity, and the simulator uses them: the
-all-reduce fit for collectives, γ for compute lost to communication, the copy bandwidth."""
+all-reduce fit for collectives, the interference of compute and communication (by rate, or γ
+when the file takes turns), the copy bandwidth."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import pytest
 
 from trainsched.cluster import Cluster, Link
+from trainsched.errors import TrainschedError
 from trainsched.sim.data_parallel import collective_s
 
 torch = pytest.importorskip("torch")
@@ -26,15 +28,28 @@ def _calibration() -> Calibration:
                        measured_at="2026-11-25T00:00:00Z", repeats=5, warmup=2, rows=rows,
                        p2p=P2P, allreduce=ALLREDUCE, p2p_errors=(0.0, 0.0),
                        allreduce_errors=(0.0, 0.0), comm_compute_share=0.7,
-                       memory_bandwidth_bytes_per_s=5e9)
+                       memory_bandwidth_bytes_per_s=5e9, compute_rate_with_comm=0.6,
+                       comm_rate_with_compute=0.3, collective_slots=2,
+                       collective_contention=0.9)
 
 
 def test_the_cluster_file_carries_every_fitted_quantity():
     cluster = Cluster.from_dict(json.loads(_calibration().to_cluster().to_json()))
     assert cluster.intra_node == P2P
     assert cluster.collectives == ALLREDUCE
-    assert cluster.device.comm_compute_share == 0.7
-    assert cluster.device.memory_bandwidth_bytes_per_s == 5e9
+    dev = cluster.device
+    assert (dev.compute_rate_with_comm, dev.comm_rate_with_compute, dev.collective_slots,
+            dev.collective_contention) == (0.6, 0.3, 2, 0.9)
+    assert dev.comm_compute_share == 0.0  # by rate, not take turns as well
+    assert dev.memory_bandwidth_bytes_per_s == 5e9
+
+
+def test_the_take_turns_file_carries_gamma_and_no_rates():
+    text = _calibration().to_cluster(comm_model="turns").to_json()
+    dev = Cluster.from_dict(json.loads(text)).device
+    assert dev.comm_compute_share == 0.7 and not dev.comm_by_rate
+    with pytest.raises(TrainschedError, match="comm_model must be one of rates, turns"):
+        _calibration().to_cluster(comm_model="both")
 
 
 def test_collectives_run_at_the_all_reduce_fit_not_the_point_to_point_line():

@@ -3,6 +3,7 @@ agreement with the simulator, partition spans and size checks."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
@@ -276,7 +277,8 @@ def test_same_dispatch_order_and_times_as_the_simulator(overlap):
     at the same times, with and without start-up overlap (the latency large enough here,
     0.5 ms per hop, that overlapping it changes the schedules)."""
     rng = random.Random(21)
-    cluster = Cluster(name="t", device=device_kind("V100"), devices_per_node=2, num_nodes=1,
+    plain = dataclasses.replace(device_kind("V100"), compute_rate_with_comm=1.0)  # FIFO wire
+    cluster = Cluster(name="t", device=plain, devices_per_node=2, num_nodes=1,
                       intra_node=Link(bandwidth_bytes_per_s=1e9,
                                       latency_s=500e-6 if overlap else 50e-6))
     startup = collective_startup_s(2, cluster) if overlap else 0.0

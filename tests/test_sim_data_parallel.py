@@ -9,7 +9,7 @@ import os
 import random
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
@@ -36,8 +36,14 @@ def close(actual: float, expected: float) -> bool:
     return math.isclose(actual, expected, rel_tol=1e-9, abs_tol=1e-15)
 
 
+def plain_v100():
+    """A V100 whose collectives run one at a time beside full-speed compute: the rules of the
+    wire by hand here (collectives by rate: tests/test_sim_collective_rates.py)."""
+    return replace(device_kind("V100"), compute_rate_with_comm=1.0)
+
+
 def make_cluster(per_node: int = 4, nodes: int = 1, servers: int = 0) -> Cluster:
-    return Cluster(name="test", device=device_kind("V100"), devices_per_node=per_node,
+    return Cluster(name="test", device=plain_v100(), devices_per_node=per_node,
                    num_nodes=nodes, intra_node=Link(bandwidth_bytes_per_s=1e9, latency_s=ALPHA),
                    inter_node=Link(bandwidth_bytes_per_s=2e9, latency_s=100e-6),
                    parameter_servers=servers,

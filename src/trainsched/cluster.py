@@ -54,6 +54,7 @@ __all__ = [
     "DTYPES",
     "FORMAT",
     "GPU_STREAM_FIT_S",
+    "INTERFERENCE_MODELS",
     "PRESETS",
     "STREAM_SLOWDOWN_DEFAULT",
     "Cluster",
@@ -70,6 +71,9 @@ __all__ = [
 FORMAT = "trainsched.cluster/1"
 DTYPES = ("fp32", "tf32", "fp16", "bf16")
 COMM_MODES = ("sequential", "parallel")
+#: How a calibrated host's compute and communication interfere (``DeviceSpec``): share by rate,
+#: or take turns (γ).
+INTERFERENCE_MODELS = ("rates", "turns")
 
 
 def _require(ok: bool, message: str) -> None:
@@ -108,6 +112,23 @@ class DeviceSpec:
     thread spends posting or collecting one point-to-point message (a send after ``F``/``I``,
     a receive before them) between stages on different devices. ``benchmarks/
     pipeline_real.py`` measures both on this host.
+
+    What collectives cost beyond their bytes over the link (``docs/cluster.md`` cites the
+    catalogue's values; all default to "nothing"):
+
+    - ``collective_overhead_s``: a fixed time per collective on the wire (the launch of the
+      communication kernel and the framework's per-bucket work), added to every collective;
+    - ``compute_rate_with_comm``: the rate (work per second, 1 = full speed) compute runs at
+      while a collective of its rank is in flight (NCCL kernels take SMs and memory
+      bandwidth; gloo threads take the host's cores);
+    - ``comm_rate_with_compute``: the rate a collective runs at while its rank computes;
+    - ``collective_slots``: how many collectives run at once (gloo: 2 worker threads; NCCL on
+      one stream: 1); with more than one, ``collective_contention`` ρ says how they share the
+      wire: k in flight each run at ``1 / (1 + ρ(k − 1))`` (1: processor sharing, 0: each as
+      fast as alone).
+
+    A rate below 1 or more than one slot makes the data-parallel simulator run collectives by
+    rate (``sim.coupling``) instead of one at a time at full speed.
     """
 
     kind: str
@@ -120,6 +141,11 @@ class DeviceSpec:
     stream_fit_s: float = 0.0
     microbatch_overhead_s: float = 0.0
     message_host_s: float = 0.0
+    collective_overhead_s: float = 0.0
+    compute_rate_with_comm: float = 1.0
+    comm_rate_with_compute: float = 1.0
+    collective_slots: int = 1
+    collective_contention: float = 1.0
 
     def __post_init__(self) -> None:
         where = f"device {self.kind!r}"
@@ -154,11 +180,40 @@ class DeviceSpec:
             _require(_finite(value) and value >= 0,
                      f"{where}: {name} must be a duration >= 0 s, got {value!r}")
             object.__setattr__(self, name, float(value))
+        _require(_finite(self.collective_overhead_s) and self.collective_overhead_s >= 0,
+                 f"{where}: collective_overhead_s must be a duration >= 0 s, got "
+                 f"{self.collective_overhead_s!r}")
+        for name in ("compute_rate_with_comm", "comm_rate_with_compute"):
+            value = getattr(self, name)
+            _require(_finite(value) and 0 < value <= 1,
+                     f"{where}: {name} must be a rate in (0, 1] (1: full speed; 0.8: 20% "
+                     f"slower while the other runs), got {value!r}")
+            object.__setattr__(self, name, float(value))
+        _require(is_int(self.collective_slots) and 1 <= self.collective_slots <= 64,
+                 f"{where}: collective_slots must be an integer in 1..64 (collectives in "
+                 f"flight at once), got {self.collective_slots!r}")
+        _require(_finite(self.collective_contention) and 0 <= self.collective_contention <= 1,
+                 f"{where}: collective_contention must be a number in [0, 1] (1: collectives "
+                 f"in flight share the wire's rate; 0: each runs as fast as alone), got "
+                 f"{self.collective_contention!r}")
+        _require(not (self.comm_compute_share and self.comm_by_rate),
+                 f"{where}: comm_compute_share (collectives take turns with compute) and the "
+                 f"collective rates (they share by rate) are two models of one effect; give "
+                 f"one: comm_compute_share 0, or compute_rate_with_comm, comm_rate_with_compute "
+                 f"and collective_slots 1")
+        object.__setattr__(self, "collective_overhead_s", float(self.collective_overhead_s))
+        object.__setattr__(self, "collective_contention", float(self.collective_contention))
         ordered = {d: float(flops[d]) for d in DTYPES if d in flops}
         object.__setattr__(self, "peak_flops_per_s", MappingProxyType(ordered))
         object.__setattr__(self, "memory_bandwidth_bytes_per_s", float(bandwidth))
         object.__setattr__(self, "launch_overhead_s", float(self.launch_overhead_s))
         object.__setattr__(self, "comm_compute_share", float(self.comm_compute_share))
+
+    @property
+    def comm_by_rate(self) -> bool:
+        """Whether collectives and compute share by rate (a rate below 1, or several slots)."""
+        return (self.compute_rate_with_comm < 1 or self.comm_rate_with_compute < 1
+                or self.collective_slots > 1)
 
     def peak_flops(self, dtype: str = "fp32") -> float:
         """Peak FLOP/s for ``dtype``, falling back to fp32 when the device lists no faster path."""
@@ -169,7 +224,10 @@ class DeviceSpec:
         return hash((self.kind, self.memory_bytes, tuple(self.peak_flops_per_s.items()),
                      self.memory_bandwidth_bytes_per_s, self.launch_overhead_s,
                      self.comm_compute_share, self.stream_slowdown, self.stream_fit_s,
-                     self.microbatch_overhead_s, self.message_host_s))
+                     self.microbatch_overhead_s, self.message_host_s,
+                     self.collective_overhead_s, self.compute_rate_with_comm,
+                     self.comm_rate_with_compute, self.collective_slots,
+                     self.collective_contention))
 
     def __reduce__(self) -> tuple[Any, ...]:
         # A mappingproxy cannot be pickled; rebuild from a plain dict instead.
@@ -207,7 +265,8 @@ class Cluster:
     instead of ``gpu`` for a cpu device kind). ``collectives``, when given, is the per-rank link
     collectives within a node run at (read through the ring formula) instead of ``intra_node``:
     a calibrated host's fit of its measured all-reduces, which a point-to-point fit
-    misjudges by tens of percent on gloo.
+    misjudges by tens of percent on gloo, or a preset's measured all-reduce bus bandwidth
+    (NVLink nodes: NCCL's ring reaches well below the links' peak).
     """
 
     name: str
@@ -332,6 +391,10 @@ class Cluster:
                 **({"microbatch_overhead": dev.microbatch_overhead_s}
                    if dev.microbatch_overhead_s else {}),
                 **({"message_host": dev.message_host_s} if dev.message_host_s else {}),
+                **({"collective_overhead": dev.collective_overhead_s}
+                   if dev.collective_overhead_s else {}),
+                **{key: getattr(dev, key) for key in _COLLECTIVE_KEYS
+                   if getattr(dev, key) != _COLLECTIVE_DEFAULTS[key]},
             },
             "intra_node": _link_dict(self.intra_node),
         }
@@ -380,6 +443,12 @@ class Cluster:
             + (f", pipeline host time {format_duration(dev.microbatch_overhead_s)} per action"
                f" and {format_duration(dev.message_host_s)} per message"
                if dev.microbatch_overhead_s or dev.message_host_s else ""),
+            *([f"  overlap     compute at {dev.compute_rate_with_comm:.2f} of its rate while "
+               f"a collective runs, collectives at {dev.comm_rate_with_compute:.2f} while "
+               f"compute runs; {dev.collective_slots} collective(s) at once (contention "
+               f"{dev.collective_contention:.2f}), "
+               f"{format_duration(dev.collective_overhead_s)} overhead each"]
+              if dev.collective_overhead_s or dev.comm_by_rate else []),
             f"  peak        {flops}",
             f"  intra-node  {self.intra_node.describe()} (per device, per direction)",
             *([f"  collectives {self.collectives.describe()} (per rank, ring formula; "
@@ -393,6 +462,13 @@ class Cluster:
         if self.description:
             lines.insert(1, f"  {self.description}")
         return "\n".join(lines)
+
+
+#: The file keys of the collective rates (``[device]`` table) and their defaults.
+_COLLECTIVE_DEFAULTS: Mapping[str, Any] = MappingProxyType({
+    "compute_rate_with_comm": 1.0, "comm_rate_with_compute": 1.0, "collective_slots": 1,
+    "collective_contention": 1.0})
+_COLLECTIVE_KEYS = tuple(_COLLECTIVE_DEFAULTS)
 
 
 def _link_dict(link: Link) -> dict[str, float]:
@@ -416,21 +492,29 @@ STREAM_SLOWDOWN_DEFAULT = 0.1
 GPU_STREAM_FIT_S = 100e-6
 
 
-def _gpu(kind: str, memory_gib: int, flops: dict[str, float], bandwidth: float) -> DeviceSpec:
+#: The rate compute keeps on a catalogue NVLink GPU (V100, A100, H100) while an NCCL collective
+#: runs beside it: about a fifth slower (``docs/cluster.md`` cites the measurements).
+GPU_COMPUTE_RATE_WITH_COMM = 0.8
+
+
+def _gpu(kind: str, memory_gib: int, flops: dict[str, float], bandwidth: float,
+         compute_rate_with_comm: float = 1.0) -> DeviceSpec:
     return DeviceSpec(kind=kind, memory_bytes=memory_gib * 2**30, peak_flops_per_s=flops,
                       memory_bandwidth_bytes_per_s=bandwidth, launch_overhead_s=5e-6,
-                      stream_fit_s=GPU_STREAM_FIT_S)
+                      stream_fit_s=GPU_STREAM_FIT_S,
+                      compute_rate_with_comm=compute_rate_with_comm)
 
 
 DEVICE_KINDS: Mapping[str, DeviceSpec] = MappingProxyType({
     d.kind: d for d in (
         _gpu("RTX2080-8GB", 8, {"fp32": 10.07e12, "fp16": 40.3e12}, 448e9),
-        _gpu("V100-16GB", 16, {"fp32": 15.7e12, "fp16": 125e12}, 900e9),
+        _gpu("V100-16GB", 16, {"fp32": 15.7e12, "fp16": 125e12}, 900e9,
+             GPU_COMPUTE_RATE_WITH_COMM),
         _gpu("K80-12GB", 12, {"fp32": 4.37e12}, 240e9),
         _gpu("A100-80GB", 80, {"fp32": 19.5e12, "tf32": 156e12, "fp16": 312e12,
-                               "bf16": 312e12}, 2.039e12),
+                               "bf16": 312e12}, 2.039e12, GPU_COMPUTE_RATE_WITH_COMM),
         _gpu("H100-80GB", 80, {"fp32": 67e12, "tf32": 494.7e12, "fp16": 989.4e12,
-                               "bf16": 989.4e12}, 3.35e12),
+                               "bf16": 989.4e12}, 3.35e12, GPU_COMPUTE_RATE_WITH_COMM),
         DeviceSpec(kind="cpu", memory_bytes=24 * 2**30, peak_flops_per_s={"fp32": 1e11},
                    memory_bandwidth_bytes_per_s=2e10, launch_overhead_s=2e-6),
     )
@@ -466,6 +550,11 @@ def _gbit(gbit_per_s: float, latency_s: float) -> Link:
 
 
 _NVLINK_V100 = Link(bandwidth_bytes_per_s=150e9, latency_s=10e-6)
+# What NCCL's ring all-reduce achieves on the whole node (nccl-tests "bus bandwidth", which is
+# the B of the ring formula): below the links' peak (docs/cluster.md cites the figures).
+_NCCL_V100 = Link(bandwidth_bytes_per_s=130e9, latency_s=10e-6)
+_NCCL_A100 = Link(bandwidth_bytes_per_s=200e9, latency_s=10e-6)
+_NCCL_H100 = Link(bandwidth_bytes_per_s=370e9, latency_s=10e-6)
 _ETH_10G = _gbit(10, 50e-6)
 _ETH_25G = _gbit(25, 50e-6)
 
@@ -485,12 +574,13 @@ class Preset:
 def _preset(name: str, description: str, source: str, *, kind: str, per_node: int,
             intra: Link, inter: Link, comm: str = "parallel", default_nodes: int = 1,
             aliases: tuple[str, ...] = (), servers_per_node: int = 0,
-            ps_link: Link | None = None) -> Preset:
+            ps_link: Link | None = None, collectives: Link | None = None) -> Preset:
     def build(num_nodes: int) -> Cluster:
         return Cluster(name=name, description=description, device=DEVICE_KINDS[kind],
                        devices_per_node=per_node, num_nodes=num_nodes, intra_node=intra,
                        inter_node=inter, comm=comm,
-                       parameter_servers=servers_per_node * num_nodes, ps_link=ps_link)
+                       parameter_servers=servers_per_node * num_nodes, ps_link=ps_link,
+                       collectives=collectives)
     return Preset(name=name, description=description, source=source, build=build,
                   default_nodes=default_nodes, aliases=aliases)
 
@@ -506,16 +596,19 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
             comm="sequential", aliases=("baechi-torch",)),
     _preset("p3.16xlarge", "AWS p3.16xlarge: 8× V100-16GB on NVLink, 25 Gbit/s between nodes",
             "AWS instance page; Out-Of-Order BackProp (EuroSys 2022) ran 10 and 25 Gbit/s",
-            kind="V100-16GB", per_node=8, intra=_NVLINK_V100, inter=_ETH_25G, aliases=("p3",)),
+            kind="V100-16GB", per_node=8, intra=_NVLINK_V100, inter=_ETH_25G, aliases=("p3",),
+            collectives=_NCCL_V100),
     _preset("p3.16xlarge-10g", "p3.16xlarge nodes on a 10 Gbit/s network",
             "Out-Of-Order BackProp (EuroSys 2022) data-parallel runs at 10 Gbit/s",
-            kind="V100-16GB", per_node=8, intra=_NVLINK_V100, inter=_ETH_10G),
+            kind="V100-16GB", per_node=8, intra=_NVLINK_V100, inter=_ETH_10G,
+            collectives=_NCCL_V100),
     _preset("v100-rdma-100g", "8× V100 per node on NVLink, 100 Gbit/s RDMA between nodes",
             "ByteScheduler (SOSP 2019) README: 100 Gb/s RoCE, 8 V100 per server",
-            kind="V100-16GB", per_node=8, intra=_NVLINK_V100, inter=_gbit(100, 5e-6)),
+            kind="V100-16GB", per_node=8, intra=_NVLINK_V100, inter=_gbit(100, 5e-6),
+            collectives=_NCCL_V100),
     _preset("v100-tcp-25g", "8× V100 per node on NVLink, 25 Gbit/s TCP between nodes",
             "ByteScheduler (SOSP 2019) paper: TCP runs", kind="V100-16GB", per_node=8,
-            intra=_NVLINK_V100, inter=_ETH_25G),
+            intra=_NVLINK_V100, inter=_ETH_25G, collectives=_NCCL_V100),
     _preset("k80-ps", "Sync-Switch: one K80 per worker, 10 Gbit/s, one parameter server per "
             "worker host", "Sync-Switch (ICDCS 2021) README and scripts (num-ps = num-worker, "
             "servers colocated with workers); 8 workers", kind="K80-12GB", per_node=1,
@@ -524,11 +617,13 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
     _preset("dgx-a100", "NVIDIA DGX A100: 8× A100-80GB on NVSwitch, 8× 200 Gbit/s HDR IB",
             "NVIDIA DGX A100 datasheet", kind="A100-80GB", per_node=8,
             intra=Link(bandwidth_bytes_per_s=300e9, latency_s=10e-6),
-            inter=Link(bandwidth_bytes_per_s=200e9, latency_s=5e-6), aliases=("dgxa100",)),
+            inter=Link(bandwidth_bytes_per_s=200e9, latency_s=5e-6), aliases=("dgxa100",),
+            collectives=_NCCL_A100),
     _preset("dgx-h100", "NVIDIA DGX H100: 8× H100-80GB on NVSwitch, 8× 400 Gbit/s NDR IB",
             "NVIDIA DGX H100 datasheet", kind="H100-80GB", per_node=8,
             intra=Link(bandwidth_bytes_per_s=450e9, latency_s=10e-6),
-            inter=Link(bandwidth_bytes_per_s=400e9, latency_s=5e-6), aliases=("dgxh100",)),
+            inter=Link(bandwidth_bytes_per_s=400e9, latency_s=5e-6), aliases=("dgxh100",),
+            collectives=_NCCL_H100),
     _preset("cpu", "this host: 2 cpu devices on a gloo-like loopback, for demos and checks",
             "order-of-magnitude loopback TCP figures", kind="cpu", per_node=2,
             intra=Link(bandwidth_bytes_per_s=1e9, latency_s=500e-6), inter=_ETH_10G,
@@ -652,6 +747,19 @@ def _slowdown(value: Any) -> float:
     return float(value)
 
 
+def _rate(value: Any) -> float:
+    _require(isinstance(value, int | float) and not isinstance(value, bool),
+             f"expected a number (the rate, 1 = full speed, while the other side runs), got "
+             f"{value!r}")
+    return float(value)
+
+
+def _fraction(value: Any) -> float:
+    _require(isinstance(value, int | float) and not isinstance(value, bool),
+             f"expected a number in [0, 1], got {value!r}")
+    return float(value)
+
+
 def _comm(value: Any) -> str:
     _require(value in COMM_MODES, f"expected 'sequential' or 'parallel', got {value!r}")
     return value
@@ -704,6 +812,8 @@ def _device(kind: str | None, values: dict[str, Any], where: str,
             stream_fit_s=pick("stream_fit", "stream_fit_s", 0.0),
             microbatch_overhead_s=pick("microbatch_overhead", "microbatch_overhead_s", 0.0),
             message_host_s=pick("message_host", "message_host_s", 0.0),
+            collective_overhead_s=pick("collective_overhead", "collective_overhead_s", 0.0),
+            **{key: pick(key, key, _COLLECTIVE_DEFAULTS[key]) for key in _COLLECTIVE_KEYS},
         )
     except TrainschedError as exc:
         raise TrainschedError(f"{where}: {exc}") from None
@@ -731,7 +841,8 @@ def _cluster_from_dict(data: Mapping[str, Any], source: str) -> Cluster:
 
     dev = table("device", ("kind", "count", "memory", "peak_flops", "memory_bandwidth",
                            "launch_overhead", "comm_compute_share", "stream_slowdown",
-                           "stream_fit", "microbatch_overhead", "message_host"))
+                           "stream_fit", "microbatch_overhead", "message_host",
+                           "collective_overhead", *_COLLECTIVE_KEYS))
     intra = table("intra_node", _LINK_KEYS)
     inter = table("inter_node", _LINK_KEYS, required=False)
     collectives = table("collectives", _LINK_KEYS, required=False)
@@ -747,6 +858,11 @@ def _cluster_from_dict(data: Mapping[str, Any], source: str) -> Cluster:
         "stream_fit": dev.get("stream_fit", parse_duration, None),
         "microbatch_overhead": dev.get("microbatch_overhead", parse_duration, None),
         "message_host": dev.get("message_host", parse_duration, None),
+        "collective_overhead": dev.get("collective_overhead", parse_duration, None),
+        "compute_rate_with_comm": dev.get("compute_rate_with_comm", _rate, None),
+        "comm_rate_with_compute": dev.get("comm_rate_with_compute", _rate, None),
+        "collective_slots": dev.get("collective_slots", _count, None),
+        "collective_contention": dev.get("collective_contention", _fraction, None),
     }
     device = _device(dev.get("kind", _string, None), values, f"{source}: [device]", str)
     try:

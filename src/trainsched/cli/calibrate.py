@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from trainsched.cli.common import Subcommands, add_json, check_output_dir, dump
+from trainsched.cluster import INTERFERENCE_MODELS
 
 NAME = "calibrate"
 
@@ -18,6 +19,10 @@ def add_parser(sub: Subcommands) -> None:
     p.add_argument("--backend", default="gloo", help="gloo or nccl")
     p.add_argument("--timeout", type=float, default=300, help="seconds before giving up")
     p.add_argument("--name", default="calibrated", help="name of the cluster written")
+    p.add_argument("--comm-model", choices=INTERFERENCE_MODELS, default="rates",
+                   help="how the written cluster charges compute and communication that run "
+                   "at once: 'rates' (each slows the other, collectives in flight share the "
+                   "wire) or 'turns' (a collective takes a measured share of compute)")
     p.add_argument("-o", "--output", default=None, help="write the cluster JSON here")
     add_json(p)
     p.set_defaults(func=run)
@@ -29,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     check_output_dir(args.output)
     result = calibrate(world_size=args.ranks, repeats=args.repeats, backend=args.backend,
                        timeout_s=args.timeout)
-    cluster = result.to_cluster(name=args.name)
+    cluster = result.to_cluster(name=args.name, comm_model=args.comm_model)
     if args.output:
         from trainsched.graph import atomic_write_text
 

@@ -29,7 +29,11 @@ order, ``specs/comm.md`` §6).
 
 **Transports.** The runtime's transport launches gloo collectives; :class:`FifoWire` is the
 simulated one: one collective at a time in dispatch order, each for its cost, its start-up
-latency optionally overlapping the transfer ahead of it. The simulator
+latency optionally overlapping the transfer ahead of it; :class:`SharedWire` is the simulated
+transport of a host or library that runs several collectives at once (gloo's worker threads):
+up to ``slots`` in flight, the rest waiting in dispatch order, their durations left to the
+simulator's rates (collectives in flight share the wire, compute and communication slow each
+other: :mod:`trainsched.sim.coupling`). The simulator
 (:mod:`trainsched.sim.data_parallel`) drives a :class:`Dispatcher` on a :class:`FifoWire` from
 inside the engine (an engine gate, :mod:`trainsched.sim.dispatch_gate`), so this module is the
 one place the dispatch rule is written. :func:`replay_fifo_wire` drives the same pair from a
@@ -60,6 +64,7 @@ from trainsched.errors import TrainschedError
 __all__ = [
     "Dispatcher",
     "FifoWire",
+    "SharedWire",
     "Transport",
     "WireRecord",
     "check_sizes",
@@ -328,6 +333,62 @@ class FifoWire:
         self.busy_s[index] = end - max(start, free_at)
         self.free_at = end
         self.last = index
+
+
+class SharedWire:
+    """A simulated :class:`Transport` that runs up to ``slots`` collectives at once; one
+    dispatched while all slots are taken waits, in dispatch order, for the next to finish.
+
+    It does not know how long a collective takes (rates decide that, and they change while it
+    runs): its driver sets :attr:`now`, reports each end with :meth:`finish` and collects the
+    collectives that started since the last call with :meth:`take_started`. Per collective it
+    records when it was dispatched and started and ``behind`` (the collective whose end let it
+    start, or -1 when it started on dispatch); :attr:`busy_s` is the time at least one
+    collective was in flight.
+    """
+
+    def __init__(self, slots: int) -> None:
+        if not (isinstance(slots, int) and slots >= 1):
+            raise TrainschedError(f"a shared wire needs slots >= 1, got {slots!r}")
+        self.slots = slots
+        self.now = 0.0
+        self.in_flight = 0
+        self.waiting: deque[int] = deque()
+        self.started: list[int] = []
+        self.dispatched_s: dict[int, float] = {}
+        self.start_s: dict[int, float] = {}
+        self.behind: dict[int, int] = {}
+        self.busy_s = 0.0
+        self._since = 0.0
+
+    def _start(self, index: int, behind: int) -> None:
+        if not self.in_flight:
+            self._since = self.now
+        self.in_flight += 1
+        self.start_s[index] = self.now
+        self.behind[index] = behind
+        self.started.append(index)
+
+    def issue(self, index: int) -> None:
+        self.dispatched_s[index] = self.now
+        if self.in_flight < self.slots:
+            self._start(index, -1)
+        else:
+            self.waiting.append(index)
+
+    def finish(self, index: int) -> None:
+        """Collective ``index`` ended at :attr:`now`: its slot goes to the next waiting."""
+        assert index in self.start_s, f"collective {index} finished but never started"
+        self.in_flight -= 1
+        if not self.in_flight:
+            self.busy_s += self.now - self._since
+        if self.waiting:
+            self._start(self.waiting.popleft(), index)
+
+    def take_started(self) -> list[int]:
+        """The collectives started since the last call, in start order."""
+        out, self.started = self.started, []
+        return out
 
 
 @dataclass(frozen=True)

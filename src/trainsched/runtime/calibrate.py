@@ -12,6 +12,16 @@ float32 all-reduce across all ranks for each message size, and fits α–β link
 The relative error of each fitted line at every measured size is kept, because one α–β line over
 4 B–64 MiB on gloo can be off by a large factor in the middle (simulator spec §1.2).
 
+How communication and compute interfere is measured two ways, for the simulator's two models
+(:class:`~trainsched.cluster.DeviceSpec`): a matmul loop timed alone (T0) and while a second
+thread runs back-to-back 4 MiB all-reduces (T1, the all-reduces taking D1 there against D0
+alone) gives γ = (T1 − T0) / D0 (take turns: seconds of compute lost per second of
+communication) and, by rate, compute at ``1 − (T1 − T0) / D1`` while a collective is in flight
+and collectives at ``D0 / D1`` while compute runs; two 4 MiB all-reduces issued at once
+(taking T2 against d alone) give the contention ``T2 / d − 1`` of the gloo group's worker
+threads (:data:`GLOO_THREADS` collectives in flight at once). :meth:`Calibration.to_cluster`
+writes one model or the other.
+
 The parent process never imports torch unless ``backend="nccl"`` (to check for CUDA); workers
 do. A rank that dies makes the whole run fail at once with :class:`TrainschedError`; the run as a
 whole is bounded by ``timeout_s``.
@@ -34,12 +44,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from trainsched.cluster import Cluster, Link, cluster_preset
+from trainsched.cluster import INTERFERENCE_MODELS, Cluster, Link, cluster_preset
 from trainsched.errors import TrainschedError
 from trainsched.runtime.launch import WorkerFailure, free_port, run_workers, status_text
 from trainsched.units import is_int
 
 MiB = 2**20
+GLOO_THREADS = 2  # a gloo process group's worker threads: collectives it runs at once
 DEFAULT_SIZES: tuple[int, ...] = tuple(4**k for k in range(1, 14))  # 4 B .. 64 MiB
 BACKENDS = ("gloo", "nccl")
 
@@ -74,6 +85,10 @@ class Calibration:
     allreduce_errors: tuple[float, ...]
     comm_compute_share: float = 0.0  # seconds of compute lost per second of all-reduce
     memory_bandwidth_bytes_per_s: float | None = None  # read + write of a 64 MiB copy
+    compute_rate_with_comm: float = 1.0  # compute's rate while an all-reduce is in flight
+    comm_rate_with_compute: float = 1.0  # an all-reduce's rate while compute runs
+    collective_slots: int = 1  # collectives in flight at once
+    collective_contention: float = 1.0  # how collectives in flight together share the wire
 
     def p2p_predict(self, size_bytes: float) -> float:
         return self.p2p.latency_s + size_bytes / self.p2p.bandwidth_bytes_per_s
@@ -102,6 +117,10 @@ class Calibration:
             "allreduce": _link_dict(self.allreduce),
             "comm_compute_share": self.comm_compute_share,
             "memory_bandwidth_bytes_per_s": self.memory_bandwidth_bytes_per_s,
+            "compute_rate_with_comm": self.compute_rate_with_comm,
+            "comm_rate_with_compute": self.comm_rate_with_compute,
+            "collective_slots": self.collective_slots,
+            "collective_contention": self.collective_contention,
         }
 
     def to_json(self) -> str:
@@ -116,16 +135,27 @@ class Calibration:
                          f"{row.allreduce_s * 1e3:>9.3f} ms {ae:>+8.0%}")
         lines.append(f"compute lost to communication: {self.comm_compute_share:.2f} s per s of "
                      "all-reduce")
+        lines.append(f"by rate: compute at {self.compute_rate_with_comm:.2f} beside an "
+                     f"all-reduce, all-reduce at {self.comm_rate_with_compute:.2f} beside "
+                     f"compute; {self.collective_slots} at once, contention "
+                     f"{self.collective_contention:.2f}")
         if self.memory_bandwidth_bytes_per_s:
             lines.append(f"memory bandwidth (64 MiB copy, read + write, every rank at once): "
                          f"{self.memory_bandwidth_bytes_per_s / 1e9:.1f} GB/s")
         return "\n".join(lines)
 
-    def to_cluster(self, name: str = "calibrated") -> Cluster:
+    def to_cluster(self, name: str = "calibrated", *, comm_model: str = "rates") -> Cluster:
         """The ``cpu`` preset with ``world_size`` devices, the fitted p2p link intra-node, the
-        all-reduce fit as the link collectives run at, the measured compute lost to
-        communication (γ) and the measured copy bandwidth: everything the library's own
-        predictions use, so that a cluster file predicts what the calibration does."""
+        all-reduce fit as the link collectives run at, the measured interference of compute
+        and communication and the measured copy bandwidth: everything the library's own
+        predictions use, so that a cluster file predicts what the calibration does.
+
+        ``comm_model`` says which interference model the file carries: ``"rates"`` (compute
+        and collectives slow each other while both run, several collectives in flight share
+        the wire) or ``"turns"`` (γ: a collective takes γ times its duration from compute)."""
+        if comm_model not in INTERFERENCE_MODELS:
+            raise TrainschedError(f"comm_model must be one of "
+                                  f"{', '.join(INTERFERENCE_MODELS)}, got {comm_model!r}")
         base = cluster_preset("cpu")
         sizes = [r.size_bytes for r in self.rows]
         description = (
@@ -135,8 +165,14 @@ class Calibration:
             f"p2p and all-reduce alpha-beta lines fitted to all sizes (log errors, robust "
             f"loss), worst fit error {self.max_abs_error:.0%}; inter-node link from the cpu "
             f"preset")
+        interference: dict[str, Any] = {"comm_compute_share": self.comm_compute_share}
+        if comm_model == "rates":
+            interference = {"compute_rate_with_comm": self.compute_rate_with_comm,
+                            "comm_rate_with_compute": self.comm_rate_with_compute,
+                            "collective_slots": self.collective_slots,
+                            "collective_contention": self.collective_contention}
         device = dataclasses.replace(
-            base.device, comm_compute_share=self.comm_compute_share,
+            base.device, **interference,
             memory_bandwidth_bytes_per_s=(self.memory_bandwidth_bytes_per_s
                                           or base.device.memory_bandwidth_bytes_per_s))
         return Cluster(name=name, description=description, device=device,
@@ -280,14 +316,24 @@ def calibrate(*, world_size: int = 2, sizes_bytes: Sequence[int] | None = None, 
     p2p, allreduce = fit(rows, world_size)
     host = {**_host_info(backend), **data.get("host", {})}
     share = min(max(float(data.get("comm_compute_share", 0.0)), 0.0), 4.0)
+    rates = data.get("rates", {})
     memory = data.get("memory_bandwidth")
     cal = Calibration(backend=backend, world_size=world_size, host=host, measured_at=measured_at,
                       repeats=repeats, warmup=warmup, rows=rows, p2p=p2p, allreduce=allreduce,
                       p2p_errors=(), allreduce_errors=(), comm_compute_share=share,
-                      memory_bandwidth_bytes_per_s=float(memory) if memory else None)
+                      memory_bandwidth_bytes_per_s=float(memory) if memory else None,
+                      compute_rate_with_comm=_clamp(rates.get("compute", 1.0), 0.05, 1.0),
+                      comm_rate_with_compute=_clamp(rates.get("comm", 1.0), 0.01, 1.0),
+                      collective_slots=GLOO_THREADS if backend == "gloo" else 1,
+                      collective_contention=_clamp(rates.get("contention", 1.0), 0.0, 1.0))
     return dataclasses.replace(cal, p2p_errors=_errors(cal.p2p_predict, rows, "p2p_s"),
                                allreduce_errors=_errors(cal.allreduce_predict, rows,
                                                         "allreduce_s"))
+
+
+def _clamp(value: Any, low: float, high: float) -> float:
+    value = float(value)
+    return min(max(value, low), high) if math.isfinite(value) else high
 
 
 # --- the workers ------------------------------------------------------------------------------
@@ -347,7 +393,8 @@ def _worker_main() -> None:  # pragma: no cover - runs in the spawned processes
                 reduces.append(time.perf_counter() - t0)
         if rank == 0:
             rows.append([size, statistics.median(round_trips) / 2, statistics.median(reduces)])
-    share = _interference(dist, device, sync, n)
+    share, rates = _interference(dist, device, sync, n)
+    rates["contention"] = _contention(dist, device, sync, n)
     memory = _copy_bandwidth(dist, device, sync, n)
     dist.barrier()
     if rank == 0:
@@ -357,18 +404,20 @@ def _worker_main() -> None:  # pragma: no cover - runs in the spawned processes
         tmp = cfg["result"] + ".tmp"
         with open(tmp, "w") as fh:
             json.dump({"rows": rows, "host": host, "comm_compute_share": share,
-                       "memory_bandwidth": memory}, fh)
+                       "rates": rates, "memory_bandwidth": memory}, fh)
         os.replace(tmp, cfg["result"])
     dist.destroy_process_group()
 
 
 def _interference(dist: Any, device: Any, sync: Any, world_size: int,
-                  rounds: int = 3) -> float:  # pragma: no cover - runs in the workers
-    """Seconds of compute lost per second of all-reduce when both run at once (the mean over
-    ranks of the median over ``rounds``): a fixed matmul loop is timed alone (T0) and while a
-    second thread runs N back-to-back 4 MiB all-reduces of standalone time d (T1); the share
-    is (T1 - T0) / (N d). N is set so that N d is about 40% of T0 and is the same on every
-    rank."""
+                  rounds: int = 3) -> tuple[float, dict[str, float]]:  # pragma: no cover
+    """How compute and all-reduces interfere when both run at once (each figure the mean
+    over ranks of the median over ``rounds``): a fixed matmul loop is timed alone (T0) and
+    while a second thread runs N back-to-back 4 MiB all-reduces of standalone time d (T1; the
+    all-reduces take D1 there). Returns the share (T1 - T0) / (N d) and, by rate, compute's
+    rate ``1 - (T1 - T0) / D1`` beside the all-reduces and theirs ``N d / D1`` beside compute
+    (N is set so that N d is about 40% of T0, the same on every rank; all-reduces that outlast
+    the loop count the rest at full rate: D1 is then the overlap, T1)."""
     import threading
 
     import torch
@@ -400,17 +449,53 @@ def _interference(dist: Any, device: Any, sync: Any, world_size: int,
     count = torch.tensor([max(1, round(0.4 * 0.15 / max(d, 1e-6)))], dtype=torch.int64)
     dist.all_reduce(count, op=dist.ReduceOp.MAX)
     n_comm = int(count)
-    shares = []
+    shares, compute_rates, comm_rates = [], [], []
     for _ in range(rounds):
         dist.barrier()
         alone = matmuls(k)
         dist.barrier()
-        thread = threading.Thread(target=allreduces, args=(n_comm,), daemon=True)
+        took: list[float] = []
+        thread = threading.Thread(target=lambda out=took: out.append(allreduces(n_comm)),
+                                  daemon=True)
         thread.start()
         beside = matmuls(k)
         thread.join()
+        comm = min(took[0], beside)  # the part of the loop the all-reduces overlapped
         shares.append((beside - alone) / (n_comm * d))
-    mean = torch.tensor([statistics.median(shares)], dtype=torch.float64)
+        compute_rates.append(1.0 - (beside - alone) / comm)
+        # the all-reduces' work n·d: at the rate r beside the loop, at 1 after it ended
+        comm_rates.append((n_comm * d - (took[0] - comm)) / comm)
+    mean = torch.tensor([statistics.median(v) for v in (shares, compute_rates, comm_rates)],
+                        dtype=torch.float64)
+    dist.all_reduce(mean)
+    share, compute, comm_rate = (float(x) / world_size for x in mean)
+    return share, {"compute": compute, "comm": comm_rate}
+
+
+def _contention(dist: Any, device: Any, sync: Any, world_size: int,
+                rounds: int = 5) -> float:  # pragma: no cover - runs in the workers
+    """``T2 / d - 1`` (the mean over ranks of the medians): two 4 MiB all-reduces issued at
+    once take T2, one alone d. 1: the two share the wire (no faster than in a row); 0: they
+    run side by side as fast as one."""
+    import torch
+
+    a = torch.ones(1 << 20, dtype=torch.float32, device=device)
+    b = torch.ones(1 << 20, dtype=torch.float32, device=device)
+
+    def timed(tensors: list[Any]) -> float:
+        dist.barrier()
+        sync()
+        t0 = time.perf_counter()
+        works = [dist.all_reduce(x, async_op=True) for x in tensors]
+        for w in works:
+            w.wait()
+        sync()
+        return time.perf_counter() - t0
+
+    timed([a, b])
+    one = statistics.median([timed([a]) for _ in range(rounds)])
+    two = statistics.median([timed([a, b]) for _ in range(rounds)])
+    mean = torch.tensor([two / one - 1.0], dtype=torch.float64)
     dist.all_reduce(mean)
     return float(mean) / world_size
 

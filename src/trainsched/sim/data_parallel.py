@@ -33,12 +33,26 @@ replays it:
   steps. Without ``cross_barrier`` the period equals the one-step time.
 
 **Wire.** A collective's cost is a start-up (``collective_startup_s``: the latency terms) plus
-its bytes over the bandwidth. The wire runs transfers one at a time in dispatch order. With
+its bytes over the bandwidth, plus the device's ``collective_overhead_s`` (launch and
+framework work per collective). The wire runs transfers one at a time in dispatch order. With
 ``startup_overlap`` a collective dispatched while others are in flight starts its start-up
 under the transfer ahead of it (it begins that long before the one ahead ends); without it,
 or with one collective in flight at a time, every collective starts when the one ahead ends.
 A strict-credit policy with ``backfill`` dispatches the most urgent collective that fits when
 the head of the queue does not (``comm.take_dispatchable``).
+
+**By rate.** A device whose collectives and compute share it by rate
+(``DeviceSpec.comm_by_rate``: a rate below 1, or several collective slots) replaces the FIFO
+wire with a shared one (:class:`~trainsched.comm.dispatch.SharedWire`): up to
+``collective_slots`` collectives in flight at once, and each representative's compute tasks
+(ops, bucket copies, host tasks) and collective tasks form one coupling group
+(:mod:`trainsched.sim.coupling`): compute runs at ``compute_rate_with_comm`` while one of its
+collectives is in flight, a collective at ``comm_rate_with_compute`` while its rank computes,
+and k collectives in flight at ``1 / (1 + collective_contention·(k − 1))`` each. The cost
+above is then a collective's work at full rate. ``startup_overlap`` belongs to the FIFO wire
+and is refused here (several slots overlap start-ups by themselves). A collective stretched
+differently on two representatives (a straggler computes longer) frees its slot when it
+ended on both.
 
 **Symmetry.** Ranks identical in device, costs, schedule and straggler state form a class
 (:func:`rank_classes`); only one representative per class is simulated (the lowest rank), the
@@ -93,6 +107,7 @@ from trainsched.costs import (
 )
 from trainsched.errors import TrainschedError
 from trainsched.graph import Graph
+from trainsched.sim.coupling import couple_devices
 from trainsched.sim.dispatch_gate import DispatchGate
 from trainsched.sim.engine import run_tasks
 from trainsched.sim.executors import (
@@ -310,6 +325,15 @@ def simulate_data_parallel(graph: Graph, cluster: Cluster, *, ranks: int,
     if algorithm not in ALGORITHMS:
         raise TrainschedError(f"unknown collective algorithm {algorithm!r}; expected one of "
                               f"{', '.join(ALGORITHMS)}")
+    by_rate = cluster.device.comm_by_rate
+    if startup_overlap and by_rate:
+        raise TrainschedError(
+            f"startup_overlap is a rule of the FIFO wire, but cluster {cluster.name!r} runs "
+            f"collectives by rate (device {cluster.device.kind}: compute_rate_with_comm "
+            f"{cluster.device.compute_rate_with_comm:g}, comm_rate_with_compute "
+            f"{cluster.device.comm_rate_with_compute:g}, collective_slots "
+            f"{cluster.device.collective_slots}); drop startup_overlap (--startup-overlap) or "
+            f"set those to 1 in the cluster file")
     if isinstance(policy, str):
         policy = comm_policy(policy)
     check_policy(policy)
@@ -331,9 +355,13 @@ def simulate_data_parallel(graph: Graph, cluster: Cluster, *, ranks: int,
             alpha = collective_startup_s(ranks, cluster, algorithm)
             lowered.startups = [min(alpha, low.tasks.duration_s[row[0]])
                                 for row in lowered.parts]  # fmt: skip
+        slots = None
+        if by_rate and plan:
+            slots = cluster.device.collective_slots
+            couple_devices(low.tasks, cluster.device, len(reps))
         gate = DispatchGate(low.tasks, policy, parts=lowered.parts, sizes=lowered.sizes,
                             priorities=lowered.priorities, steals=lowered.steals,
-                            startups=lowered.startups)
+                            startups=lowered.startups, slots=slots)
         replay = run_tasks(low.tasks, (gate,))
         for c, row in enumerate(lowered.parts):
             for t in row:
@@ -435,7 +463,9 @@ def _lower(low: _Lowering, graph: Graph, order: Sequence[str], plan: Sequence[An
     share = low.cluster.device.comm_compute_share if low.cluster is not None else 0.0
     copies = bool(getattr(policy, "bucket_copies", False))
     copy_bw = low.cluster.device.memory_bandwidth_bytes_per_s if low.cluster is not None else 0
-    durations = [collective_s(coll.size_bytes, ranks, low.cluster, algorithm) for coll in plan]
+    overhead = low.cluster.device.collective_overhead_s if low.cluster is not None else 0.0
+    durations = [collective_s(coll.size_bytes, ranks, low.cluster, algorithm) + overhead
+                 for coll in plan]  # fmt: skip
     n_ops, n_coll = len(ops), len(plan)
     previous: list[int] = []  # per representative: the base task index of the step before
 

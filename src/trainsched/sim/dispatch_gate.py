@@ -18,6 +18,12 @@ transport :class:`~trainsched.comm.dispatch.FifoWire`, so the rule ready → que
   then and its host tasks to queue on their streams from then.
 - **Done.** When a collective's tasks end the gate reports it done, which frees its credit.
 
+**Shared wire.** With ``slots`` the transport is :class:`~trainsched.comm.dispatch.SharedWire`
+instead: up to ``slots`` collectives in flight at once, each released to run at once when it
+starts, its end left to the engine (the collectives' tasks are coupled to the compute by the
+executor, :mod:`trainsched.sim.coupling`, so their durations stretch under load). A collective
+waiting for a slot starts when one of those in flight ends on every representative.
+
 The dispatcher's plan spans all steps: collective c of step s is plan position ``s·C + c``,
 queued by ``(step, priority)`` on a priority queue, so a step's collectives queue before the
 next step's and ordered issue runs on across steps. Each has one "gradient": its input on every
@@ -33,7 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from trainsched.comm.dispatch import Dispatcher, FifoWire
+from trainsched.comm.dispatch import Dispatcher, FifoWire, SharedWire
 from trainsched.comm.policy import Collective, CommPolicy
 from trainsched.sim.engine import Release, TaskGraph
 
@@ -47,15 +53,16 @@ class DispatchGate:
     channel), ``sizes[c]`` its bytes, ``priorities[c]`` its ``(step, priority)`` queue key,
     ``steals[c]`` its host tasks (one per representative; empty list: none) and
     ``startups[c]`` the start-up of its duration that may overlap the collective ahead of it
-    (``None``: no overlap). After the replay ``issued_s``, ``dispatched_s`` say when each
-    collective was queued and handed to the wire."""
+    (``None``: no overlap); ``slots`` (``None``: a FIFO wire) runs them on a shared wire of
+    that many slots (module docstring, *Shared wire*). After the replay ``issued_s`` and
+    ``dispatched_s`` say when each collective was queued and handed to the wire."""
 
     name = "the collective dispatcher (waiting to be issued or dispatched)"
 
     def __init__(self, tasks: TaskGraph, policy: CommPolicy, *, parts: Sequence[Sequence[int]],
                  sizes: Sequence[int], priorities: Sequence[tuple[int, int]],
                  steals: Sequence[Sequence[int]],
-                 startups: Sequence[float] | None = None) -> None:
+                 startups: Sequence[float] | None = None, slots: int | None = None) -> None:
         self.parts = parts
         self.steals = steals
         self.held = [t for row in parts for t in row] + [t for row in steals for t in row]
@@ -70,10 +77,13 @@ class DispatchGate:
                 for c, row in enumerate(parts)]  # fmt: skip
         self.inputs = [c.members[0] for c in plan]
         cost = [tasks.duration_s[row[0]] for row in parts]
+        assert slots is None or startups is None, "start-up overlap needs the FIFO wire"
+        self.shared = SharedWire(slots) if slots is not None else None
         self.wire = FifoWire(cost.__getitem__, startups.__getitem__ if startups else None)
+        transport = self.shared if self.shared is not None else self.wire
         self.dispatcher = Dispatcher(plan, queue=policy.queue, credit_bytes=policy.credit_bytes,
                                      credit_mode=policy.credit_mode,
-                                     ordered_issue=policy.ordered_issue, transport=self.wire,
+                                     ordered_issue=policy.ordered_issue, transport=transport,
                                      backfill=bool(getattr(policy, "backfill", False)))
         count = len(parts)
         self.unready = [len(row) for row in parts]  # tasks not yet ready, per collective
@@ -101,6 +111,9 @@ class DispatchGate:
         c = self.part_of[task]
         self.running[c] -= 1
         if not self.running[c]:
+            if self.shared is not None:
+                self.shared.now = now
+                self.shared.finish(c)
             self.dispatcher.done(c)
             self.ended_last = c
             self.due = True
@@ -109,6 +122,8 @@ class DispatchGate:
         if not self.due:
             return []
         self.due = False
+        if self.shared is not None:
+            return self._flush_shared(now)
         wire = self.wire
         wire.now = now
         out: list[Release] = []
@@ -132,5 +147,27 @@ class DispatchGate:
                                 by is not None))
         return out
 
+    def _flush_shared(self, now: float) -> list[Release]:
+        wire = self.shared
+        assert wire is not None
+        wire.now = now
+        for c in self.dispatcher.pump():
+            self.dispatched_s[c] = now
+        out: list[Release] = []
+        for c in wire.take_started():
+            if wire.behind[c] >= 0:  # waited for a slot: the collective that freed it
+                by: Sequence[int] | None = self.parts[wire.behind[c]]
+            elif now > self.issued_s[c]:  # held back by the credit: freed by the one that ended
+                by = self.parts[self.ended_last]
+            else:
+                by = None
+            for row in (self.parts[c], self.steals[c] if self.steals else ()):
+                for k, t in enumerate(row):
+                    out.append((t, now, by[k] if by is not None else self.issuer[c],
+                                by is not None))
+        return out
+
     def busy_s(self) -> Mapping[int, float]:
+        if self.shared is not None:
+            return dict.fromkeys(self.resources, self.shared.busy_s)
         return self.busy

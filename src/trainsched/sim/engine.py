@@ -38,6 +38,16 @@ rule above is unchanged (start = max(ready, resource free)): only when a running
 moves; ties, queues and the stuck-run error behave as without pairs, and a replay without
 pairs costs what it did. ``busy_s`` of a paired stream is the time its tasks held it.
 
+**Couplings.** Tasks may be *coupled* (:meth:`TaskGraph.couple`) into a group of
+:class:`~trainsched.sim.coupling.Coupling` with two sides (a device's compute and its
+collectives): while both sides run, each side's tasks run at a reduced rate, and several
+second-side tasks running at once share their rate (:mod:`trainsched.sim.coupling` holds the
+rule and the state). As for stream pairs, a coupled task's duration is its work at rate 1;
+each start or end in a group re-posts the ends of the group's running tasks whose rate
+changed, and a stale end is dropped when popped. Only when a running coupled task ends moves;
+a replay without couplings costs what it did (one ``is None`` test per start without a
+resource and per popped event).
+
 **Gates.** An executor whose tasks follow a rule the queues cannot express (the data-parallel
 collectives: issue at a rendezvous, a queue, a byte credit, a wire) attaches a :class:`Gate`.
 The gate *holds* some tasks: when one becomes ready the engine tells the gate
@@ -63,9 +73,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from trainsched.errors import TrainschedError
+from trainsched.sim.coupling import Coupling, CouplingState
 
-__all__ = ["POLICIES", "Gate", "Release", "Replay", "Resource", "StreamPair", "TaskGraph",
-           "longest_path_s", "run_tasks"]
+__all__ = ["POLICIES", "Coupling", "Gate", "Release", "Replay", "Resource", "StreamPair",
+           "TaskGraph", "longest_path_s", "run_tasks"]
 
 POLICIES = ("fifo", "priority")
 _SHOWN_BLOCKED = 10  # blocked tasks named in a stuck-simulation error
@@ -129,6 +140,8 @@ class TaskGraph:
         self.device: list[int] = []
         self.args: list[Mapping[str, Any]] = []
         self.pairs: list[StreamPair] = []
+        self.couplings: list[Coupling] = []
+        self.coupled: dict[int, tuple[int, int]] = {}  # task -> (coupling group, side)
 
     def __len__(self) -> int:
         return len(self.duration_s)
@@ -181,6 +194,18 @@ class TaskGraph:
                                   f"{slowdown!r} and {fit_s!r}")
         self.pairs.append(StreamPair(first=first, second=second, slowdown=float(slowdown),
                                      fit_s=float(fit_s)))
+
+    def add_coupling(self, coupling: Coupling) -> int:
+        """A new coupling group (module docstring, *Couplings*); returns its index."""
+        assert isinstance(coupling, Coupling), coupling
+        self.couplings.append(coupling)
+        return len(self.couplings) - 1
+
+    def couple(self, task: int, group: int, side: int) -> None:
+        """Put ``task`` on ``side`` (0: first, 1: second) of coupling ``group``."""
+        assert 0 <= group < len(self.couplings) and side in (0, 1), (group, side)
+        assert task not in self.coupled, f"task {self.label[task]!r} is coupled twice"
+        self.coupled[task] = (group, side)
 
     def add_dependency(self, before: int, after: int) -> None:
         """``after`` may start only once ``before`` has ended."""
@@ -281,7 +306,11 @@ def run_tasks(tasks: TaskGraph, gates: Sequence[Gate] = ()) -> Replay:
     mask = (1 << task_bits) - 1
     unit = 1 << task_bits  # adding it to an entry adds 1 to its seq
     paired = _Pairs(tasks) if tasks.pairs else None
-    seq_bits = (ids + sum(map(len, needs)) + 1 + (2 * n if paired else 0)).bit_length()
+    coupled = None
+    if tasks.coupled:
+        coupled = CouplingState(tasks, {t for t in range(n) if paired.on[t]} if paired else None)
+    seq_bits = (ids + sum(map(len, needs)) + 1 + (2 * n if paired else 0)
+                + (coupled.max_posts() if coupled else 0)).bit_length()
     # prio · 2 ** (seq_bits + task_bits) + t, built in C rather than a Python loop.
     keyed = list(map(operator.add, map(operator.mul, prio, itertools.repeat(unit << seq_bits)),
                      range(n)))
@@ -315,6 +344,9 @@ def run_tasks(tasks: TaskGraph, gates: Sequence[Gate] = ()) -> Replay:
                 if not is_dirty[x]:
                     is_dirty[x] = True
                     dirty.append(x)
+        elif coupled is not None and coupled.on[t]:
+            started[t] = True
+            stamp = _post(coupled.start(t, 0.0), heap, end, coupled.entry, keyed, stamp, unit)
         else:
             started[t] = True
             end[t] = dur[t]
@@ -334,7 +366,16 @@ def run_tasks(tasks: TaskGraph, gates: Sequence[Gate] = ()) -> Replay:
                         via[t] = by_resource
                         ready[t] = at
                         rs = needs[t]
-                        if not rs:  # runs from ``at``
+                        if not rs and coupled is not None and coupled.on[t]:
+                            started[t] = True
+                            start[t] = at
+                            if at > now:  # its rate is settled when it starts: wake it then
+                                push(heap, (at, keyed[t] + n + stamp))
+                            else:
+                                stamp = _post(coupled.start(t, at), heap, end, coupled.entry,
+                                              keyed, stamp, unit)
+                            stamp += unit
+                        elif not rs:  # runs from ``at``
                             started[t] = True
                             start[t] = at
                             end[t] = d = at + dur[t]
@@ -397,6 +438,10 @@ def run_tasks(tasks: TaskGraph, gates: Sequence[Gate] = ()) -> Replay:
                             via[t] = True
                     started[t] = True
                     start[t] = now
+                    if coupled is not None and coupled.on[t]:
+                        stamp = _post(coupled.start(t, now), heap, end, coupled.entry, keyed,
+                                      stamp, unit)
+                        continue
                     if paired is not None and paired.partner[r] >= 0:
                         for u, at in paired.start(t, r, now):
                             end[u] = at
@@ -422,10 +467,22 @@ def run_tasks(tasks: TaskGraph, gates: Sequence[Gate] = ()) -> Replay:
                 paired.entry[u] = e = keyed[u] + stamp
                 push(heap, (at, e))
                 stamp += unit
+        if coupled is not None and (t & mask) < n and coupled.on[t & mask]:
+            e, t = t, t & mask
+            if e != coupled.entry[t]:  # an end re-posted since: this one is stale
+                continue
+            for x in needs[t]:
+                busy[x] += (now - start[t]) - dur[t]  # held longer than its work alone
+            stamp = _post(coupled.end(t, now), heap, end, coupled.entry, keyed, stamp, unit)
         t &= mask
         if gated:
             if t >= n:  # a released task's wake-up: it joins its queues now
                 t -= n
+                if not needs[t]:  # a coupled task released to start later: it starts now
+                    assert coupled is not None and coupled.on[t], t
+                    stamp = _post(coupled.start(t, now), heap, end, coupled.entry, keyed,
+                                  stamp, unit)
+                    continue
                 for x in needs[t]:
                     push(queues[x], (keyed[t] if by_key[x] else t) + stamp)
                     stamp += unit
@@ -462,6 +519,11 @@ def run_tasks(tasks: TaskGraph, gates: Sequence[Gate] = ()) -> Replay:
                         if avail[x] and not is_dirty[x]:
                             is_dirty[x] = True
                             dirty.append(x)
+                elif coupled is not None and coupled.on[s]:
+                    started[s] = True
+                    start[s] = now
+                    stamp = _post(coupled.start(s, now), heap, end, coupled.entry, keyed, stamp,
+                                  unit)
                 else:
                     started[s] = True
                     start[s] = now
@@ -484,6 +546,17 @@ def run_tasks(tasks: TaskGraph, gates: Sequence[Gate] = ()) -> Replay:
         makespan_s=max(end, default=0.0),
         events=done,
     )
+
+
+def _post(posts: list[tuple[int, float]], heap: list[tuple[float, int]], end: list[float],
+          entry: list[int], keyed: list[int], stamp: int, unit: int) -> int:
+    """Post the (task, end) pairs of a coupling change; return the next stamp."""
+    for u, at in posts:
+        end[u] = at
+        entry[u] = e = keyed[u] + stamp
+        heapq.heappush(heap, (at, e))
+        stamp += unit
+    return stamp
 
 
 class _Pairs:
