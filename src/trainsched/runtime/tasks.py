@@ -241,7 +241,8 @@ class ZooTask:
     def _build(self) -> Any:
         from trainsched.capture.zoo import build
 
-        return build(self.model, batch_size=1, image_size=self.image_size,
+        one = None if ".py:" in self.model else 1  # a model file sizes its own batch
+        return build(self.model, batch_size=one, image_size=self.image_size,
                      seq_len=self.seq_len, seed=self.seed)
 
     def student(self) -> Any:
@@ -280,6 +281,10 @@ class ZooTask:
             raise TrainschedError(f"{self.model} scores {out.shape[-1]} classes; the task "
                                   f"uses {self.classes}: give classes <= {out.shape[-1]}")
         return example
+
+    def check(self) -> None:
+        """Refuse a model the sync runtime cannot train (builds and runs it once; torch)."""
+        self._example()
 
     def data(self) -> TaskData:
         """The training and held-out sets, the same in every process for the same fields."""

@@ -275,17 +275,19 @@ def _check_online(policy: object, every: object, *, ranks: int, checkpoints: boo
 
 def _failure_text(workdir: Path, failed: Sequence[Any], ranks: int, deadline_s: float) -> str:
     """One line naming every failed rank: crashed ones first (the likely cause), then the
-    errors the others reported."""
-    crashed, reported = [], []
+    errors the others reported, each error once with the ranks that reported it."""
+    crashed: list[str] = []
+    reported: dict[str, list[str]] = {}
     for e in failed:
         who = f"rank {e.rank}" + (" (server)" if e.rank >= ranks else "")
         error = workdir / f"rank{e.rank}.error"
         if error.exists():
-            reported.append(f"{who}: {error.read_text().strip()}")
+            reported.setdefault(error.read_text().strip(), []).append(who)
         elif e.status is None:
             crashed.append(f"{who} did not finish within the {deadline_s:g} s deadline")
         else:
             lines = [ln for ln in tail(e.log).splitlines() if ln.strip()]
             last = lines[-1].strip() if lines else "no output"
             crashed.append(f"{who} exited with status {status_text(e.status)} ({last})")
-    return "sync run failed: " + "; ".join(crashed + reported)
+    said = [f"{', '.join(who)}: {text}" for text, who in reported.items()]
+    return "sync run failed: " + "; ".join(crashed + said)
