@@ -121,4 +121,4 @@ def test_a_zoo_cnn_switches_through_every_protocol_on_sharded_servers():
     assert result.total_samples == 496
     # the learning rate follows each protocol's effective batch (b of N·b: halved)
     assert [p.lr for p in result.phases] == [0.1, 0.05, 0.05, 0.05, 0.1, 0.1]
-    assert result.final_loss < 0.9 * result.curve[0].loss
+    assert result.final_loss < 0.95 * result.curve[0].loss  # ln 10 = 2.30 untrained
