@@ -43,8 +43,8 @@ from trainsched.errors import TrainschedError
 from trainsched.registry import Registry
 from trainsched.units import is_int
 
-__all__ = ["TASKS", "TASK_TYPES", "Task", "TaskData", "TeacherStudent", "ZooTask", "task_for",
-           "task_from_json"]
+__all__ = ["TASKS", "TASK_TYPES", "Task", "TaskData", "TeacherStudent", "ZooTask",
+           "stream_indices", "task_for", "task_from_json"]
 
 
 @dataclass(frozen=True)
