@@ -122,3 +122,15 @@ def test_a_zoo_cnn_switches_through_every_protocol_on_sharded_servers():
     # the learning rate follows each protocol's effective batch (b of N·b: halved)
     assert [p.lr for p in result.phases] == [0.1, 0.05, 0.05, 0.05, 0.1, 0.1]
     assert result.final_loss < 0.95 * result.curve[0].loss  # ln 10 = 2.30 untrained
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_zoo_language_model_learns_the_chain_through_a_switch():
+    task = ZooTask(model="tiny-gpt2", seq_len=8, train_samples=256, test_samples=32)
+    # no momentum: with momentum 0.9 the stale ASP updates can undo what BSP learned
+    result = run_sync(task, [(Bsp(), 768), (Asp(), 768)], ranks=N, batch_per_rank=B, lr=0.5,
+                      timeout_s=60, deadline_s=360)
+    assert [(p.samples, p.updates) for p in result.phases] == [(768, 48), (768, 96)]
+    # untrained: about ln 1000 = 6.9 per token; knowing the chain's 10 tokens: ln 10 = 2.3
+    assert result.curve[0].loss > 6.0 and result.final_loss < 4.0
