@@ -172,8 +172,8 @@ def run(plan: Plan, model: str | None = None, *, steps: int = 10, warmup: int = 
     common = {**sizes, "optimizer": optimizer, "lr": lr, "timeout_s": timeout_s}
     if isinstance(plan, DataParallelPlan) and plan.sync != "bsp":
         if timeline_dir is not None:
-            raise TrainschedError("the sync runtime records no per-step timeline; run the "
-                                  "plan without a timeline directory")
+            raise TrainschedError("the sync runtime records no per-step timeline; drop the "
+                                  "timeline directory (train --trace-dir)")
         return _run_sync_plan(plan, name, steps=warmup + steps, **common)
     if isinstance(plan, PipelinePlan):
         from trainsched.runtime.pipeline import run_pipeline
