@@ -15,7 +15,10 @@ from trainsched.cli import main
 
 
 @pytest.mark.parametrize(("argv", "words"), [
-    (["mlp", "--sync", "asp"], "--sync trains a built-in task (teacher-student)"),
+    (["nosuch", "--sync", "asp"], "unknown model 'nosuch'"),
+    (["mlp", "--sync", "asp", "--image-size", "32"], "--image-size does not apply to model 'mlp'"),
+    (["teacher-student", "--sync", "asp", "--seq-len", "8"],
+     "--seq-len applies to zoo models; the built-in task teacher-student makes its own inputs"),
     (["teacher-student", "--straggler", "1:3x"], "--straggler applies only with --sync"),
     (["teacher-student", "--sync", "asp", "--comm-policy", "ddp"],
      "--comm-policy does not apply with --sync"),
@@ -89,6 +92,68 @@ def test_a_short_policy_and_a_delayed_link_reach_run_sync_and_the_report(monkeyp
 
 
 pytest.importorskip("torch")
+
+
+TWO_INPUTS = """
+import torch
+from torch import nn
+
+
+class Two(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 3)
+
+    def forward(self, x, y):
+        return self.a(x) + self.a(y)
+
+
+def two():
+    return Two(), (torch.randn(2, 4), torch.randn(2, 4))
+"""
+
+
+def test_a_model_the_sync_runtime_cannot_feed_is_refused_before_any_rank_starts(tmp_path,
+                                                                               capsys):
+    path = tmp_path / "two.py"
+    path.write_text(TWO_INPUTS)
+    assert main(["train", f"{path}:two", "--sync", "asp"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert f"the sync runtime feeds a model one input tensor; {path}:two takes 2 inputs" in err
+
+
+@pytest.mark.parametrize(("argv", "fields"), [
+    (["small-cnn"], {"model": "small-cnn", "image_size": None, "seq_len": None}),
+    (["tiny-gpt2", "--seq-len", "16"], {"model": "tiny-gpt2", "image_size": None,
+                                        "seq_len": 16}),
+])
+def test_a_zoo_model_reaches_run_sync_as_its_task(monkeypatch, argv, fields):
+    import trainsched.runtime.sync as sync_runtime
+
+    seen = {}
+
+    def fake(task, phases, **kw):
+        seen["task"] = task
+        raise RuntimeError("recorded")
+
+    monkeypatch.setattr(sync_runtime, "run_sync", fake)
+    with pytest.raises(RuntimeError, match="recorded"):
+        main(["train", *argv, "--sync", "asp", "--samples", "64"])
+    assert seen["task"].to_json() == {"task": "zoo", "classes": 10, "noise": 2.0,
+                                      "train_samples": 2048, "test_samples": 512, "seed": 0,
+                                      **fields}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_train_a_zoo_model_under_a_hybrid_policy(capsys):
+    assert main(["train", "mlp", "--sync", "bsp:0.5,asp:0.5", "--samples", "512", "--ranks",
+                 "2", "--batch-size", "8", "--lr", "0.1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("mlp on synthetic data (10 classes or tokens, noise 2, seed 0): 2 "
+                          "workers x batch 8, policy bsp:0.5,asp:0.5, 512 samples")
+    assert "switch bsp -> asp at 256 samples" in out
 
 
 @pytest.mark.timeout(300)

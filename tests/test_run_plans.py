@@ -174,17 +174,41 @@ def test_an_out_of_order_plan_runs_reverse_first_k_with_its_k(monkeypatch):
     assert [s.backprop_k for s in seen] == [2]
 
 
-def test_a_plan_with_another_sync_policy_is_refused_not_run_as_bsp():
+def _sync_plan(sync: str, backprop: str = "inorder", k: int = 0) -> DataParallelPlan:
     from trainsched.comm.policy import comm_policy
-    from trainsched.errors import TrainschedError
     from trainsched.plan import ModelRef
+
+    return DataParallelPlan(model=ModelRef(name="mlp", fingerprint="f", forward_ops=3,
+                                           batch_size=8), ranks=2, comm="bytescheduler",
+                            policy=comm_policy("bytescheduler"), sync=sync, backprop=backprop,
+                            k=k)
+
+
+@pytest.mark.timeout(300)
+def test_a_plan_with_a_hybrid_sync_policy_runs_its_phases_on_the_sync_runtime():
     from trainsched.runtime import run, runnable
 
-    plan = DataParallelPlan(model=ModelRef(name="mlp", fingerprint="f", forward_ops=3,
-                                           batch_size=8), ranks=2, comm="ddp",
-                            policy=comm_policy("ddp"), sync="bsp:0.5,asp:0.5")
-    assert "trains zoo models in BSP only" in runnable(plan)
-    with pytest.raises(TrainschedError, match=r"sync policy 'bsp:0\.5,asp:0\.5'"):
+    plan = _sync_plan("bsp:0.5,asp:0.5")
+    assert runnable(plan) is None
+    result = run(plan, steps=30, warmup=2, lr=0.1)
+    # (2 + 30) steps x 2 ranks x batch 8 = 512 samples, half under each protocol: BSP steps of
+    # 16 samples, ASP updates of 8
+    sync = result.sync
+    assert [(p.protocol, p.samples, p.updates) for p in sync.phases] == [
+        ("bsp", 256, 16), ("asp", 256, 32)]
+    assert [(s.from_protocol, s.to_protocol, s.samples) for s in sync.switches] == [
+        ("bsp", "asp", 256)]
+    assert (result.ranks, result.samples_per_step, len(result.step_times_s)) == (2, 16, 2)
+    assert sync.final_loss < 0.9 * sync.curve[0].loss  # ln 10 = 2.30 untrained
+
+
+def test_a_sync_plan_with_out_of_order_backprop_is_refused_not_run_in_order():
+    from trainsched.errors import TrainschedError
+    from trainsched.runtime import run, runnable
+
+    plan = _sync_plan("bsp:0.5,asp:0.5", backprop="ooo", k=1)
+    assert "the sync runtime runs backprop in order" in runnable(plan)
+    with pytest.raises(TrainschedError, match=r"backprop 'ooo' with sync policy"):
         run(plan, steps=1, warmup=0)
 
 
@@ -203,3 +227,25 @@ def test_a_single_device_plan_runs_its_dw_slots_and_says_there_is_no_second_stre
     wrong = SinglePlan(model=ref, slots=("inline", "overlap_backward", "overlap_forward(0)"))
     with pytest.raises(TrainschedError, match="3 dW slots for a model with 4 split layers"):
         run(wrong, steps=1, warmup=0)
+
+
+def test_a_sync_plan_runs_with_its_parameter_server_count(monkeypatch):
+    import trainsched.runtime.sync as sync_runtime
+    from trainsched.comm.policy import comm_policy
+    from trainsched.plan import ModelRef
+    from trainsched.runtime import run
+
+    seen = {}
+
+    def fake_run_sync(task, phases, **kwargs):
+        seen.update(kwargs, phases=phases)
+        raise RuntimeError("recorded")
+
+    monkeypatch.setattr(sync_runtime, "run_sync", fake_run_sync)
+    plan = DataParallelPlan(model=ModelRef(name="mlp", fingerprint="f", forward_ops=3,
+                                           batch_size=8), ranks=2, comm="ddp",
+                            policy=comm_policy("ddp"), sync="bsp:0.5,asp:0.5", servers=2,
+                            server_placement="colocated")
+    with pytest.raises(RuntimeError, match="recorded"):
+        run(plan, steps=3, warmup=1)
+    assert seen["servers"] == 2

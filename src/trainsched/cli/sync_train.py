@@ -1,14 +1,17 @@
 """``trainsched train TASK --sync POLICY``: the sync runtime from the command line.
 
 The flags ``--sync``, ``--straggler``, ``--samples`` and ``--momentum`` (added to ``train`` by
-:func:`add_sync_args`) train one of the built-in tasks (``teacher-student``) on N workers (plus
-a server rank for the ASP, SSP and k-of-N phases) through the policy's phases, switched in
-process, and print each phase, each switch's cost and the held-out loss and accuracy. A
-policy's straggler part (``bsp;straggler(relax)``, ``bsp;straggler(exclude)``) watches the BSP
-phases (:mod:`trainsched.runtime.sync.online`); the report then lists the detector's events
-and the episodes. The sync runtime trains the built-in tasks only, so a zoo model with
-``--sync`` is refused in one line. ``--servers S`` shards the parameter server over S ranks;
-``--deterministic`` makes the server phases repeat bit for bit (pushes in round robin).
+:func:`add_sync_args`) train a built-in task (``teacher-student``) or a zoo model on data
+generated in code (:class:`~trainsched.runtime.tasks.ZooTask`, at ``--image-size`` and
+``--seq-len``) on N workers (plus a server rank for the ASP, SSP and k-of-N phases) through
+the policy's phases, switched in process, and print each phase, each switch's cost and the
+held-out loss and accuracy. A zoo model is built and run once here first, so one the sync
+runtime cannot train (an input it cannot feed, an output that is not scores) is refused in one
+line before any rank starts. A policy's straggler part (``bsp;straggler(relax)``,
+``bsp;straggler(exclude)``) watches the BSP phases (:mod:`trainsched.runtime.sync.online`);
+the report then lists the detector's events and the episodes. ``--servers S`` shards the
+parameter server over S ranks; ``--deterministic`` makes the server phases repeat bit for bit
+(pushes in round robin).
 
 Under ``torchrun --nproc-per-node N+S`` (N without a server phase) this process is one rank:
 workers first, then the servers; ``--ranks`` defaults to the job's world size less the
@@ -32,10 +35,11 @@ SYNC_FLAGS = ("straggler", "samples", "momentum", "servers", "deterministic")
 
 def add_sync_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sync", default=None, metavar="POLICY",
-                   help="train a built-in task (teacher-student) under this sync policy: bsp, "
-                   "asp, ssp:S, k-of-n:K, local:H, or phases such as bsp:0.125,asp:0.875 or "
+                   help="train on the sync runtime under this sync policy: bsp, asp, ssp:S, "
+                   "k-of-n:K, local:H, or phases such as bsp:0.125,asp:0.875 or "
                    "bsp:0.5,ssp(s=4):0.5 (a parameter in parentheses among several phases; "
-                   "docs/sync.md)")
+                   "docs/sync.md); the model is a built-in task (teacher-student) or a zoo "
+                   "model on data generated in code")
     p.add_argument("--straggler", action="append", default=None, metavar="RANK:DELAY[:FROM-TO]",
                    help="--sync: slow a worker by a delay (1:50ms) or a factor (1:3x), or "
                    "hold every message it sends (1:20ms@link), optionally in steps FROM to "
@@ -54,15 +58,14 @@ def add_sync_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_sync_cli(args: argparse.Namespace) -> int:
-    """Train ``args.model`` (a built-in task) under ``args.sync``; print or dump the result."""
+    """Train ``args.model`` (a built-in task or a zoo model) under ``args.sync``; print or dump
+    the result."""
     from trainsched.runtime.launch import torchrun_rank
     from trainsched.runtime.sync import needs_server, phase_quantum, policy_phases, run_sync
-    from trainsched.runtime.tasks import TASKS
+    from trainsched.runtime.tasks import ZooTask, task_for
     from trainsched.sync import format_policy, parse_policy, parse_stragglers
 
-    if args.model not in TASKS:
-        raise TrainschedError(f"--sync trains a built-in task ({', '.join(TASKS)}); the sync "
-                              f"runtime does not train {args.model!r}: give one of them")
+    task = task_for(args.model, image_size=args.image_size, seq_len=args.seq_len)
     policy = parse_policy(args.sync)
     stragglers = parse_stragglers(args.straggler or ())
     servers = 1 if args.servers is None else args.servers
@@ -86,7 +89,8 @@ def run_sync_cli(args: argparse.Namespace) -> int:
                 f"the phases' common update size is {quantum} samples")
     total = wanted - wanted % quantum
     phases = policy_phases(policy, total, ranks=ranks, batch_per_rank=batch)
-    task = TASKS[args.model]()
+    if isinstance(task, ZooTask):
+        task.check()  # builds and runs the model once: refused here, not on every rank
     result = run_sync(task, phases, ranks=ranks, batch_per_rank=batch, lr=args.lr,
                       momentum=args.momentum or 0.0, stragglers=stragglers,
                       straggler_policy=policy.straggler,

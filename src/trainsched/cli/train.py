@@ -210,8 +210,9 @@ NOT_WITH_SYNC = ("plan", "comm_policy", "backprop", "k", "calibration", "partiti
 
 
 def _check_sync_flags(args: argparse.Namespace) -> None:
-    """``--sync`` trains a built-in task on the sync runtime: the scheduled data-parallel
-    runtime's flags do not apply to it, nor its own flags without it."""
+    """``--sync`` trains a built-in task or a zoo model on the sync runtime: the scheduled
+    data-parallel runtime's flags do not apply to it, nor its own flags without it; a zoo
+    model's input sizes apply as without ``--sync``."""
     if args.sync is None:
         given = [f for f in SYNC_FLAGS if getattr(args, f) is not None]
         if given:
@@ -220,10 +221,21 @@ def _check_sync_flags(args: argparse.Namespace) -> None:
     given = [f for f in NOT_WITH_SYNC if getattr(args, f) not in (None, False)]
     if given:
         raise TrainschedError(f"--{given[0].replace('_', '-')} does not apply with --sync (the "
-                              f"sync runtime trains a built-in task under the policy); drop it")
+                              f"sync runtime trains the model under the policy, its BSP "
+                              f"phases with one flat all-reduce); drop it")
     if args.optimizer not in ("sgd", "adam"):
         raise TrainschedError(f"--optimizer {args.optimizer}: the sync runtime trains with sgd "
                               f"(add --momentum for momentum) or adam")
+    from trainsched.runtime.tasks import TASKS
+
+    if args.model.strip().lower() not in TASKS:  # a zoo model: its input sizes
+        table, facts = size_rules_and_facts(args.model)
+        check_applicable(args, table, facts)
+        return
+    sizes = [f for f in ("image_size", "seq_len") if getattr(args, f) is not None]
+    if sizes:
+        raise TrainschedError(f"--{sizes[0].replace('_', '-')} applies to zoo models; the "
+                              f"built-in task {args.model} makes its own inputs: drop it")
 
 
 def warn_oversubscribed(nproc: int) -> None:
@@ -358,6 +370,10 @@ def _run_plan(args: argparse.Namespace) -> int:
     print(dump(doc) if args.json else plan_run_report(args.plan, plan, result, prediction,
                                                       warmup=args.warmup,
                                                       timeline=args.trace_dir))
+    if result.sync is not None and not args.json:  # a sync plan: its phases and switches
+        from trainsched.cli.sync_train import sync_report
+
+        print(sync_report(result.sync, plan.sync))
     return 0
 
 

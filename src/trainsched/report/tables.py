@@ -353,7 +353,10 @@ def plan_run_report(path: str, plan: Any, result: Any, prediction: Any, *, warmu
              f"{'s' if result.ranks > 1 else ''}, {result.samples_per_step} samples per step)",
              f"  measured   median {format_duration(result.median_s)}  p10 "
              f"{format_duration(result.p10_s)}  p90 {format_duration(result.p90_s)}  "
-             f"({len(result.step_times_s)} steps after {warmup} warm-up)"]
+             + (f"({len(result.step_times_s)} steps after {warmup} warm-up)"
+                if getattr(result, "sync", None) is None else
+                f"(worker 0's mean time per batch of each of {len(result.step_times_s)} sync "
+                f"phases)")]
     if prediction is None:
         lines.append("  predicted  - (the plan file holds no prediction)")
     else:

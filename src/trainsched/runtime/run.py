@@ -10,7 +10,12 @@ The plan that the simulator scored is the plan that runs, on this host's process
   :class:`~trainsched.runtime.data_parallel.ScheduledDataParallel` with the plan's policy
   object and collective order;
 - pipeline: one worker per schedule rank runs the plan's actions
-  (:func:`trainsched.runtime.pipeline.run_pipeline`).
+  (:func:`trainsched.runtime.pipeline.run_pipeline`);
+- data parallel with a sync policy other than BSP (``bsp:0.5,asp:0.5``, ``ssp(s=4)``,
+  ``bsp;straggler(relax)``): the sync runtime (:func:`trainsched.runtime.sync.run_sync`) trains
+  the model on data generated in code (:class:`~trainsched.runtime.tasks.ZooTask`) with the
+  plan's ranks, batch and policy, switching protocols in process; its BSP phases average the
+  gradients with one flat all-reduce (the plan's comm policy is not applied there).
 
 The model is rebuilt from the zoo by the name and input sizes the plan records (or the ones
 given). Every run reports the step times after the warm-up (median, p10, p90) as
@@ -40,7 +45,10 @@ TRAINING_SUFFIXES = ("dX", "dW", "opt")  # the training transform's op names: fo
 @dataclass(frozen=True, kw_only=True)
 class RunResult:
     """What running a plan measured: the step times after the warm-up (seconds), the samples
-    one step processes, and the ranks that ran it."""
+    one step processes, and the ranks that ran it. A sync plan's run (module docstring) gives
+    worker 0's mean time per batch in each phase as its step times, and the whole
+    :class:`~trainsched.runtime.sync.SyncRunResult` (phases, switches, held-out curve) as
+    ``sync``."""
 
     kind: str
     model: str
@@ -48,6 +56,7 @@ class RunResult:
     samples_per_step: int
     step_times_s: tuple[float, ...]
     peak_memory_bytes: int | None = None
+    sync: Any = None
 
     @property
     def median_s(self) -> float:
@@ -70,7 +79,8 @@ class RunResult:
                 "samples_per_step": self.samples_per_step, "median_s": self.median_s,
                 "p10_s": self.p10_s, "p90_s": self.p90_s, "samples_per_s": self.samples_per_s,
                 "peak_memory_bytes": self.peak_memory_bytes,
-                "step_times_s": list(self.step_times_s)}
+                "step_times_s": list(self.step_times_s),
+                **({"sync": self.sync.to_json()} if self.sync is not None else {})}
 
 
 def runnable(plan: Plan, model: str | None = None) -> str | None:
@@ -100,10 +110,9 @@ def _not_run_yet(plan: Plan) -> str | None:
     order without overlap, and :func:`run` says so)."""
     if isinstance(plan, DataParallelPlan) and plan.backprop not in ("inorder", "ooo"):
         return f"backprop {plan.backprop!r} is simulated only: the runtime does not run it"
-    if isinstance(plan, DataParallelPlan) and plan.sync != "bsp":
-        return (f"sync policy {plan.sync!r}: the data-parallel runtime trains zoo models in "
-                f"BSP only; other policies run on the sync runtime's built-in tasks "
-                f"(trainsched train teacher-student --sync {plan.sync})")
+    if isinstance(plan, DataParallelPlan) and plan.sync != "bsp" and plan.backprop != "inorder":
+        return (f"backprop {plan.backprop!r} with sync policy {plan.sync!r}: the sync runtime "
+                f"runs backprop in order; make the plan with in-order backprop")
     return None
 
 
@@ -142,7 +151,12 @@ def run(plan: Plan, model: str | None = None, *, steps: int = 10, warmup: int = 
     ``timeline_dir``: write ``steps.trace.json`` there (the measured steps, back to back, in
     the simulator's trace layout), and for a plan on ``ScheduledDataParallel`` also each
     rank's timeline of its first 3 timed steps (``rank<r>.trace.json``: compute, updates,
-    queued and running collectives)."""
+    queued and running collectives).
+
+    A data-parallel plan whose sync policy is not BSP trains ``warmup + steps`` steps' worth
+    of samples (``ranks x batch`` each, rounded up to the phases' common update size) on the
+    sync runtime, cut into the policy's phases; ``optimizer`` ``momentum`` is SGD with
+    momentum 0.9 there, and no timeline is written."""
     from trainsched.runtime.launch import torchrun_rank
     from trainsched.runtime.train import Segment, run_segments, run_segments_here
 
@@ -157,6 +171,11 @@ def run(plan: Plan, model: str | None = None, *, steps: int = 10, warmup: int = 
     sizes = {"batch_size": batch_size or ref.batch_size,
              "image_size": image_size or ref.image_size, "seq_len": seq_len or ref.seq_len}
     common = {**sizes, "optimizer": optimizer, "lr": lr, "timeout_s": timeout_s}
+    if isinstance(plan, DataParallelPlan) and plan.sync != "bsp":
+        if timeline_dir is not None:
+            raise TrainschedError("the sync runtime records no per-step timeline; drop the "
+                                  "timeline directory (train --trace-dir)")
+        return _run_sync_plan(plan, name, steps=warmup + steps, **common)
     if isinstance(plan, PipelinePlan):
         from trainsched.runtime.pipeline import run_pipeline
 
@@ -213,6 +232,48 @@ def run(plan: Plan, model: str | None = None, *, steps: int = 10, warmup: int = 
     return _traced(RunResult(kind=plan.kind, model=result.model, ranks=ranks,
                              samples_per_step=ranks * result.batch_size,
                              step_times_s=tuple(result.first.step_times_s)), timeline_dir)
+
+
+def _run_sync_plan(plan: DataParallelPlan, name: str, *, steps: int,
+                   batch_size: int | None, image_size: int | None, seq_len: int | None,
+                   optimizer: str, lr: float, timeout_s: float) -> RunResult | None:
+    """A data-parallel plan with a sync policy other than BSP, on the sync runtime: the model
+    on its :class:`~trainsched.runtime.tasks.ZooTask`, ``steps`` BSP-sized steps of
+    ``ranks x batch`` samples (rounded up to the phases' common update size) cut into the
+    policy's phases."""
+    import sys
+
+    from trainsched.runtime.optim import check_optimizer
+    from trainsched.runtime.sync import phase_quantum, policy_phases, run_sync
+    from trainsched.runtime.tasks import ZooTask
+    from trainsched.sync import parse_policy
+
+    if batch_size is None:
+        raise TrainschedError(f"the plan records no batch size, and the sync runtime needs "
+                              f"one to cut the policy {plan.sync!r} into phases; give "
+                              f"batch_size (--batch-size)")
+    check_optimizer(optimizer)
+    policy = parse_policy(plan.sync)
+    ranks = plan.ranks
+    quantum = phase_quantum(policy.protocols, ranks, batch_size)
+    total = -(-steps * ranks * batch_size // quantum) * quantum
+    phases = policy_phases(policy, total, ranks=ranks, batch_per_rank=batch_size)
+    print(f"trainsched: note: sync policy {plan.sync}: the sync runtime trains {name} on "
+          f"synthetic data for {total} samples; its BSP phases average gradients with one flat "
+          f"all-reduce, not comm policy {plan.comm}", file=sys.stderr, flush=True)
+    task = ZooTask(model=name, image_size=image_size, seq_len=seq_len)
+    result = run_sync(task, phases, ranks=ranks, batch_per_rank=batch_size, lr=lr,
+                      momentum=0.9 if optimizer == "momentum" else 0.0,
+                      optimizer="adam" if optimizer == "adam" else "sgd",
+                      straggler_policy=policy.straggler, timeout_s=min(timeout_s, 120.0),
+                      deadline_s=timeout_s,
+                      servers=plan.servers if plan.sync_policy.uses_servers else 1)
+    if result is None:  # a rank of a torchrun job other than worker 0
+        return None
+    step_times = tuple(p.step_s for p in result.phases if p.step_s is not None)
+    return RunResult(kind=plan.kind, model=name, ranks=ranks,
+                     samples_per_step=ranks * batch_size, step_times_s=step_times,
+                     sync=result)
 
 
 def _traced(result: RunResult, timeline_dir: str | None) -> RunResult:

@@ -31,7 +31,7 @@ from trainsched.runtime.sync.config import (
     plan_segments,
 )
 from trainsched.runtime.sync.results import SyncRunResult
-from trainsched.runtime.tasks import TeacherStudent
+from trainsched.runtime.tasks import Task, TeacherStudent, ZooTask
 from trainsched.sync.faults import Straggler
 from trainsched.sync.protocols import SyncProtocol, format_protocol
 from trainsched.sync.straggler import StragglerPolicy, format_straggler_policy
@@ -85,7 +85,7 @@ def _check_resume(path: Path, fingerprint: dict[str, Any]) -> None:
                               f"{fingerprint[first]!r} here); resume with the same settings")
 
 
-def run_sync(task: TeacherStudent, phases: Sequence[tuple[SyncProtocol | str, int]], *,
+def run_sync(task: Task, phases: Sequence[tuple[SyncProtocol | str, int]], *,
              ranks: int, batch_per_rank: int, lr: float, momentum: float = 0.0,
              weight_decay: float = 0.0, nesterov: bool = False, lr_schedule: str = "constant",
              model: str | None = None,
@@ -98,6 +98,9 @@ def run_sync(task: TeacherStudent, phases: Sequence[tuple[SyncProtocol | str, in
              observe_every_steps: int = 2, servers: int = 1,
              optimizer: str = "sgd") -> SyncRunResult | None:
     """Train ``task`` on ``ranks`` workers of ``batch_per_rank`` samples each, phase by phase.
+    ``task``: the built-in :class:`~trainsched.runtime.tasks.TeacherStudent`, or a zoo model on
+    data generated in code (:class:`~trainsched.runtime.tasks.ZooTask`; a model it cannot train
+    fails on every rank with the reason, reported once).
 
     ``phases``: ``(protocol, samples)`` pairs (a protocol value or its text, ``"ssp(s=2)"``),
     each a whole number of the protocol's updates; the run applies their sum. ``lr`` is the
@@ -135,8 +138,9 @@ def run_sync(task: TeacherStudent, phases: Sequence[tuple[SyncProtocol | str, in
     """
     if not is_int(servers) or servers < 1:
         raise TrainschedError(f"servers must be a whole number >= 1, got {servers!r}")
-    if not isinstance(task, TeacherStudent):
-        raise TrainschedError(f"task must be a built-in task (TeacherStudent), got {task!r}")
+    if not isinstance(task, (TeacherStudent, ZooTask)):
+        raise TrainschedError(f"task must be a built-in task (TeacherStudent) or a zoo model's "
+                              f"(ZooTask), got {task!r}")
     for what, value in (("ranks", ranks), ("batch_per_rank", batch_per_rank)):
         if not is_int(value) or value < 1:
             raise TrainschedError(f"{what} must be a whole number >= 1, got {value!r}")
@@ -271,17 +275,19 @@ def _check_online(policy: object, every: object, *, ranks: int, checkpoints: boo
 
 def _failure_text(workdir: Path, failed: Sequence[Any], ranks: int, deadline_s: float) -> str:
     """One line naming every failed rank: crashed ones first (the likely cause), then the
-    errors the others reported."""
-    crashed, reported = [], []
+    errors the others reported, each error once with the ranks that reported it."""
+    crashed: list[str] = []
+    reported: dict[str, list[str]] = {}
     for e in failed:
         who = f"rank {e.rank}" + (" (server)" if e.rank >= ranks else "")
         error = workdir / f"rank{e.rank}.error"
         if error.exists():
-            reported.append(f"{who}: {error.read_text().strip()}")
+            reported.setdefault(error.read_text().strip(), []).append(who)
         elif e.status is None:
             crashed.append(f"{who} did not finish within the {deadline_s:g} s deadline")
         else:
             lines = [ln for ln in tail(e.log).splitlines() if ln.strip()]
             last = lines[-1].strip() if lines else "no output"
             crashed.append(f"{who} exited with status {status_text(e.status)} ({last})")
-    return "sync run failed: " + "; ".join(crashed + reported)
+    said = [f"{', '.join(who)}: {text}" for text, who in reported.items()]
+    return "sync run failed: " + "; ".join(crashed + said)

@@ -93,9 +93,7 @@ def _build_model(cfg: dict[str, Any], task: Any) -> Any:
 def _evaluate(model: Any, task: Any, data: Any) -> tuple[float, float]:
     model.eval()
     with torch.no_grad():
-        out = model(data.x_test)
-        loss = float(task.loss(out, data.y_test))
-        accuracy = float((out.argmax(dim=1) == data.y_test).float().mean())
+        loss, accuracy = task.evaluate(model, data)
     model.train()
     return loss, accuracy
 

@@ -37,7 +37,7 @@ import torch.distributed as dist
 from trainsched.runtime.sync.config import Segment, update_samples
 from trainsched.runtime.sync.state import Replica
 from trainsched.runtime.sync.wire import APPLIED, GO, PULL, PUSH, STATUS, VERSION, Link, guard
-from trainsched.runtime.tasks import TaskData, TeacherStudent
+from trainsched.runtime.tasks import Task, TaskData
 from trainsched.sync.faults import Straggler, link_delay_s
 
 __all__ = ["SENT", "Worker"]
@@ -51,7 +51,7 @@ class Worker:
     """One worker: ``rank`` of ``workers``, batches of ``batch`` samples from ``task``."""
 
     def __init__(self, *, rank: int, workers: int, batch: int, replica: Replica,
-                 task: TeacherStudent, data: TaskData, group: Any, link: Link | None,
+                 task: Task, data: TaskData, group: Any, link: Link | None,
                  stragglers: Sequence[Straggler], die_at_batch: int | None,
                  on_progress: Callable[[int], None]) -> None:
         self.rank, self.workers, self.batch = rank, workers, batch
@@ -83,7 +83,8 @@ class Worker:
         model.train()
         for p in self.replica.params:
             p.grad = None
-        loss = self.task.loss(model(self.data.x_train[index]), self.data.y_train[index])
+        loss = self.task.loss(self.task.forward(model, self.data.x_train[index]),
+                              self.data.y_train[index])
         loss.backward()
         self.replica.grads_into(self.replica.grad)
         elapsed = time.perf_counter() - start
