@@ -16,6 +16,11 @@ tensors: no torch compute runs), turned into a training graph with Adam, and cut
   layer more, counted from the second GPU; the embedding with the first layer, the masked-LM
   head with the last), for the schedules with one stage per rank.
 
+``push-window`` is the push the published code runs: a sliding window (micro-batch ``N + k``'s
+forward on stage ``v`` waits for the ``W`` of micro-batch ``k + v`` there, each stage running a
+micro-batch's ``I`` then its ``W``), which with ``N = p`` is 1F1B with split backwards; the
+registered ``fast-forward-push`` runs groups of ``N``, fill and drain each.
+
 Schedules with two stages per rank (``modulo``, ``zbv``, the interleaved ones) are cut by
 compute into 2N stages. Every registered schedule is simulated on the stages' per-micro-batch
 costs (the Zero Bubble greedy planned with each boundary's transfer time and the V100's memory
@@ -48,7 +53,11 @@ from trainsched.sim import simulate_pipeline
 
 GiB = 1 << 30
 PUBLISHED = (1.41, 1.99)   # Out-Of-Order BackProp (EuroSys 2022), pipeline, over GPipe
-OURS = ("fast-forward", "fast-forward-push", "modulo")   # the paper's schedules
+OURS = ("fast-forward", "fast-forward-push", "modulo", "push-window")   # the paper's schedules
+# The published push is a sliding window, not groups: micro-batch N + k's forward on stage v
+# waits for the W of micro-batch k + v there, and each stage runs a micro-batch's I then its W.
+# With N = p that is 1F1B with its backwards split, I then W: this row.
+WINDOW = "push-window"
 
 
 @dataclass(frozen=True)
@@ -162,19 +171,20 @@ def simulate_setup(graph: Graph, setup: Setup) -> list[dict[str, Any]]:
     rows = []
     for cut in ("compute", "paper"):
         gpipe_s = None
-        for name in SCHEDULES:
-            count = schedule_stage_count(name, p)
+        for name in [*SCHEDULES, WINDOW]:
+            count = p if name == WINDOW else schedule_stage_count(name, p)
             if cut == "paper" and count != p:
                 continue
             stages = stages_for(cut, count)
             options: dict[str, Any] = {}
-            if SCHEDULES.tags(name).get("costs"):
+            if name != WINDOW and SCHEDULES.tags(name).get("costs"):
                 options["memory_limit_bytes"] = [max(0, limit - r)
                                                  for r in stages.resident_bytes]
                 options["p2p_s"] = [p2p_s(stages.activation_bytes[s], cluster.link(s, s + 1))
                                     for s in range(p - 1)]
             began = time.perf_counter()
-            schedule = build_schedule(name, p, m, stages=stages, **options)
+            schedule = build_schedule("1f1b", p, m, split_backward=True) if name == WINDOW \
+                else build_schedule(name, p, m, stages=stages, **options)
             result = simulate_pipeline(stages, schedule, cluster)
             work = m * math.fsum(stages.forward_s + stages.backward_input_s
                                  + stages.backward_weight_s)
@@ -205,8 +215,9 @@ def main() -> None:
     began, load_before = time.perf_counter(), os.getloadavg()
     graphs: dict[tuple[int, int], Graph] = {}
     rows: list[dict[str, Any]] = []
-    names = list(SCHEDULES)
-    short = {n: n.replace("fast-forward", "ff").replace("interleaved", "il") for n in names}
+    names = [*SCHEDULES, WINDOW]
+    short = {n: n.replace("fast-forward", "ff").replace("interleaved", "il")
+             .replace("zb-greedy", "greedy").replace("push-window", "push-win") for n in names}
     print(f"{'model':<8}{'GPUs':>5}{'m':>4} {'cut':<8}{'GPipe ms':>9}"
           + "".join(f"{short[n]:>9}" for n in names[1:]) + f"{'bound':>8}")
     for setup in setups:
