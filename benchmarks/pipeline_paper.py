@@ -3,7 +3,7 @@
 The published pipeline runs pretrain BERT models of BERT-large width (hidden 1024, 16 heads,
 feed-forward 4096, sequence 128) with 12, 24, 36 and 48 encoder layers on p3.16xlarge nodes
 (8 V100-16GB on NVLink, 25 Gbit/s between nodes), and report 1.41-1.99x over GPipe run by the
-same code. Setups (layers, GPUs, batch, micro-batches) are those of the published run scripts:
+same code. Setups (layers, GPUs, batch, micro-batches) are the published runs':
 BERT-12 on 8 GPUs, batch 480 in 40 micro-batches; BERT-24 on 16, 320 in 16 (and, to stay in the
 30-40 range the paper states, in 32); BERT-36 on 24, 384 in 32; BERT-48 on 32, 320 in 32.
 
@@ -12,11 +12,11 @@ no download) and captured at the micro-batch size with roofline costs for a V100
 tensors: no torch compute runs), turned into a training graph with Adam, and cut two ways:
 
 - ``compute``: stages balanced by compute (forward + dX + dW), as trainsched plans them;
-- ``paper``: whole encoder layers as the published code spreads them (``L mod N`` GPUs take one
+- ``paper``: whole encoder layers as the published runs spread them (``L mod N`` GPUs take one
   layer more, counted from the second GPU; the embedding with the first layer, the masked-LM
   head with the last), for the schedules with one stage per rank.
 
-``push-window`` is the push the published code runs: a sliding window (micro-batch ``N + k``'s
+``push-window`` is the push the published runs used: a sliding window (micro-batch ``N + k``'s
 forward on stage ``v`` waits for the ``W`` of micro-batch ``k + v`` there, each stage running a
 micro-batch's ``I`` then its ``W``), which with ``N = p`` is 1F1B with split backwards; the
 registered ``fast-forward-push`` runs groups of ``N``, fill and drain each.
@@ -74,11 +74,11 @@ class Setup:
 
 
 SETUPS = (
-    Setup(12, 8, 480, 40, "run script: 8 GPUs, batch 480, 40 micro-batches"),
-    Setup(24, 16, 320, 16, "run script: 16 GPUs, batch 320, 16 micro-batches"),
+    Setup(12, 8, 480, 40, "published: 8 GPUs, batch 480, 40 micro-batches"),
+    Setup(24, 16, 320, 16, "published: 16 GPUs, batch 320, 16 micro-batches"),
     Setup(24, 16, 320, 32, "the paper's 30-40 micro-batches at the script's batch"),
-    Setup(36, 24, 384, 32, "run script: 24 GPUs, batch 384, 32 micro-batches"),
-    Setup(48, 32, 320, 32, "run script: 32 GPUs, batch 320, 32 micro-batches"),
+    Setup(36, 24, 384, 32, "published: 24 GPUs, batch 384, 32 micro-batches"),
+    Setup(48, 32, 320, 32, "published: 32 GPUs, batch 320, 32 micro-batches"),
 )
 
 
