@@ -116,10 +116,26 @@ def test_input_gradient_frees_what_only_it_needed():
     after_input = meter.bytes
     first.backward_weight(0)
     # Stage 0 is one encoder layer (d = 32, feed-forward 64) on 4 x 8 = 32 tokens. After I it
-    # holds only what W needs, per token: the inputs of in_proj, out_proj, linear1 (32 each),
-    # linear2 (64) and the two norms (32 each), 224 floats; and the output gradients of
-    # in_proj (96), out_proj (32), linear1 (64), linear2 and the norms (32 each), 288 floats.
-    assert after_input == 32 * (224 + 288) * 4
+    # holds only what the deferred W needs, per token: the inputs of in_proj, out_proj,
+    # linear1 (32 each) and linear2 (64), 160 floats; and the output gradients of in_proj
+    # (96), out_proj (32), linear1 (64) and linear2 (32), 224 floats. The norms' weight
+    # gradients ran in I: their inputs and output gradients are not kept.
+    assert after_input == 32 * (160 + 224) * 4
     # the inputs W keeps are less than the forward saved: q, k, v and the rest are gone
-    assert after_forward > 32 * 224 * 4
+    assert after_forward > 32 * 160 * 4
     assert meter.bytes == 0
+
+
+def test_input_gradient_runs_the_norms_weight_gradients_and_no_linears():
+    model, _x, stages, micro = _encoder_stages(1)
+    first = stages[0]
+    sent = first.forward(0, list(micro[0][0]))
+    first.backward_input(0, [torch.ones_like(t) for t in sent])
+    layer = model[0]
+    for p in (layer.norm1.weight, layer.norm1.bias, layer.norm2.weight, layer.norm2.bias):
+        assert p.grad is not None and p.grad.abs().sum() > 0
+    for p in (layer.linear1.weight, layer.linear2.weight, layer.self_attn.in_proj_weight,
+              layer.self_attn.out_proj.weight):
+        assert p.grad is None
+    first.backward_weight(0)
+    assert layer.linear1.weight.grad is not None

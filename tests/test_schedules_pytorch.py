@@ -135,3 +135,57 @@ def test_multi_stage_csv_round_trips_through_pytorchs_runtime(pipelining, tmp_pa
                                 stage_to_rank=ours.stage_to_rank)
     lowered.validate()
     assert all(lowered.compute_actions(r) == ours.compute_actions(r) for r in range(4))
+
+
+# --- DualPipeV: PyTorch's fused OVERLAP_F_B slots expanded into their forward and backward -----
+
+
+def torch_rows_expanded(cls, p: int, m: int, stages: list[int], total: int) -> list[str]:
+    """As :func:`torch_rows`, with each ``OVERLAP_F_B`` slot written as its parts in order."""
+    order = cls(stand_ins(p, stages, total), m).pipeline_order
+    out = []
+    for _, actions in sorted(order.items()):
+        flat = []
+        for a in actions:
+            if a is None:
+                continue
+            parts = a.sub_actions if a.computation_type.value == "OVERLAP_F_B" else (a,)
+            flat += [str(b) for b in parts if b.computation_type.value in ("F", "I", "W", "B")]
+        out.append(" ".join(flat))
+    return out
+
+
+@pytest.mark.parametrize(("p", "m"), [(4, 8), (2, 4), (3, 6), (4, 11), (2, 9)])
+def test_dualpipev_order_is_pytorchs_with_overlaps_expanded(pipelining, p, m):
+    from trainsched.backprop.dualpipe import dualpipev
+
+    theirs = torch_rows_expanded(pipelining.ScheduleDualPipeV, p, m, [0, 2 * p - 1], 2 * p)
+    assert rows(dualpipev(p, m)) == theirs
+
+
+def test_dualpipev_has_overlapped_pairs_and_split_backwards():
+    from trainsched.backprop.dualpipe import dualpipev
+
+    kinds = {a.kind for r in range(4) for a in dualpipev(4, 8).compute_actions(r)}
+    assert kinds == {"F", "B", "I", "W"}
+
+
+def test_dualpipev_expanded_replays_at_the_shortest_step():
+    from trainsched.backprop.dualpipe import dualpipev
+
+    # p = 4, m = 8, T_F = T_I = T_W = 1 (T_B = 2), no communication: each rank runs 2 stages x
+    # 8 micro-batches x 3 units = 48, and rank 3 cannot start before t = 3, so 51 is the
+    # shortest step (bubble 1/17). Written as separate actions, a pair's forward need not wait
+    # for its backward's gradient, and the order reaches it. The spec's 0.111 (a 54-unit step)
+    # is for fused slots, each waiting for both parts' inputs, which this format cannot write.
+    result = simulate_pipeline(UNIT, dualpipev(4, 8))
+    assert result.step_time_s == 51.0
+    assert result.bubble_fraction == pytest.approx(3 / 51, rel=1e-12)
+
+
+def test_dualpipev_needs_two_micro_batches_per_rank():
+    from trainsched.backprop.dualpipe import dualpipev
+    from trainsched.errors import TrainschedError
+
+    with pytest.raises(TrainschedError, match="at least as many micro-batches as stages: 8"):
+        dualpipev(4, 7)

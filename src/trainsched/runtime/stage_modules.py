@@ -33,6 +33,8 @@ or in one process (``run_local``).
   the sum of ``gy``; the sums of ``gy · x̂`` and ``gy``), so ``I`` runs autograd without
   keeping the graph and everything else the forward saved is freed at ``I``, as the memory
   model says. Any other weight node (a convolution, batch norm) keeps the graph until ``W``.
+  A ``layer_norm``'s weight gradient is not deferred: ``I`` runs its formula at once and keeps
+  nothing for it (a norm's backward is one op in the training graph; its ``dW`` takes no time).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from torch import fx, nn
 
 from trainsched.errors import TrainschedError
 from trainsched.runtime.exported import ExportedProgram, export_program, flatten_inputs
-from trainsched.runtime.weight_grads import accumulate_grads, weight_formula
+from trainsched.runtime.weight_grads import accumulate_grads, deferred, weight_formula
 
 if TYPE_CHECKING:
     from trainsched.runtime.saved_memory import SavedTensorMeter
@@ -334,6 +336,9 @@ class PipelineStage:
                     for n, fqns in cut.weight_nodes.items()}
         # W by formula for every weight node, or by the kept graph for all of them
         self._formulas = formulas if all(formulas.values()) else None
+        # weight nodes whose formula I runs at once (norms), when W goes by formula
+        self._eager = [] if self._formulas is None else \
+            [n for n in self._formulas if not deferred(program.nodes[n])]
 
     @property
     def model(self) -> nn.Module:
@@ -430,7 +435,8 @@ class PipelineStage:
         wanted = [*saved.leaves, *weight, *shared]
         by_formula = self._formulas is not None
         if by_formula and self.meter is not None:   # kept for W after the graph is freed
-            saved.held += self.meter.hold(saved.weight_inputs.values())
+            saved.held += self.meter.hold(x for n, x in saved.weight_inputs.items()
+                                          if n not in self._eager)
         got: Sequence[Any] = [None] * len(wanted)
         if outputs and wanted:
             got = torch.autograd.grad(outputs, wanted, grad_outputs,
@@ -440,12 +446,18 @@ class PipelineStage:
         for node in self._cut.weight_nodes:
             captured[node] = list(got[at:at + len(saved.weights[node])])
             at += len(saved.weights[node])
-        saved.weight_grads = captured
-        if by_formula:   # W needs none of the graph: let it go now
+        if by_formula:   # W needs none of the graph: let it go now; norms' W runs now
             saved.pairs, saved.weights = [], {}
             del outputs, weight
+            assert self._formulas is not None
+            for node in self._eager:
+                gy = captured.pop(node)
+                if gy and gy[0] is not None:
+                    self._formulas[node](saved.weight_inputs[node], gy[0])
+                del saved.weight_inputs[node]
+        saved.weight_grads = captured
         if self.meter is not None:
-            saved.held += self.meter.hold(got[n:n + w])
+            saved.held += self.meter.hold(g for gs in captured.values() for g in gs)
         accumulate_grads(shared, got[n + w:])
         return self._input_grads(saved.leaves, got[:n])
 
@@ -456,10 +468,9 @@ class PipelineStage:
             raise TrainschedError(f"stage {self.index} runs W of micro-batch {microbatch} "
                                   "before its I")
         if self._formulas is not None:
-            for node, formula in self._formulas.items():
-                gy = saved.weight_grads[node]
+            for node, gy in saved.weight_grads.items():
                 if gy and gy[0] is not None:
-                    formula(saved.weight_inputs[node], gy[0])
+                    self._formulas[node](saved.weight_inputs[node], gy[0])
             return
         for node, fqns in self._cut.weight_nodes.items():
             pairs = [(t, g) for t, g in zip(saved.weights[node], saved.weight_grads[node],

@@ -6,7 +6,9 @@ dimensions; ``layer_norm`` gives ``dγ = Σ gy · x̂`` and ``dβ = Σ gy``, wit
 normalised again (cheap, elementwise). When every weight node of a stage has such a formula,
 :class:`~trainsched.runtime.stage_modules.PipelineStage` lets ``I`` run autograd without keeping
 the graph, so everything the forward saved for the input gradient alone is freed at ``I``, and
-``W`` keeps only ``x`` and ``gy``: the memory model of the pipeline simulator.
+``W`` keeps only ``x`` and ``gy``: the memory model of the pipeline simulator. A norm's weight
+gradient is not deferred (:func:`deferred`): it is tiny to compute, and keeping its ``x`` and
+``gy`` until ``W`` would cost as much memory as a linear's, so ``I`` runs its formula at once.
 :func:`weight_formula` returns the function for a node, or ``None`` (a convolution, batch norm,
 a weight reached through other nodes), and the stage then keeps the graph until ``W``.
 """
@@ -21,7 +23,7 @@ from torch import fx, nn
 
 from trainsched.runtime.exported import ExportedProgram
 
-__all__ = ["accumulate_grads", "weight_formula"]
+__all__ = ["accumulate_grads", "deferred", "weight_formula"]
 
 
 def weight_formula(program: ExportedProgram, model: nn.Module, node: fx.Node,
@@ -65,6 +67,13 @@ def weight_formula(program: ExportedProgram, model: nn.Module, node: fx.Node,
             accumulate_grads(params, [(gy * xhat).sum(lead), gy.sum(lead)])
         return layer_norm
     return None
+
+
+def deferred(node: fx.Node) -> bool:
+    """Whether ``W`` of weight node ``node`` waits for the ``W`` action: not for a norm, whose
+    weight gradient (elementwise products and sums) runs in ``I``, so that ``I`` frees its input
+    and output gradient at once (a norm stays one backward, as the training graph has it)."""
+    return node.target is not torch.ops.aten.layer_norm.default
 
 
 def accumulate_grads(params: Sequence[torch.Tensor], grads: Sequence[Any]) -> None:
