@@ -163,6 +163,7 @@ class DispatchLoop:
         self._wire.new_plan()
         self.core, self.layout = core, layout
         self._order.compile(table, layout)
+        core.follow = self._order.follow  # a plan in plan order on every rank follows no one
         self._updates.build(layout)
 
     def _switch(self, step: int, policy: CommPolicy) -> None:
