@@ -630,6 +630,26 @@ def job_buckets(cfg: dict) -> dict:
         mine = train_sdp(rank, policy, opt, steps=steps, inspect=inspect)
         out["vs_ddp"][opt] = max_diff(mine, train_ddp(rank, opt, steps=steps))
         out["inspect"][opt] = inspect
+    # A bucket's parameters are stepped by one optimizer: the per-parameter optimizers still
+    # hold the whole state (momentum buffers equal DDP's optimizer's).
+    cls, kwargs = OPTIMIZERS["momentum"]
+    m = net()
+    sdp = ScheduledDataParallel(m, policy, optimizer=cls, optimizer_kwargs=kwargs, timeout_s=60)
+    for s in range(steps):
+        loss_of(sdp(batch(s, rank))).backward()
+    sdp.drain()
+    mine = [sdp.optimizers[k].state[p]["momentum_buffer"] for k, p in enumerate(m.parameters())]
+    out["groups"] = len(sdp._dispatch._updates.groups)  # test instrumentation
+    sdp.close()
+    ref = net()
+    ddp = nn.parallel.DistributedDataParallel(ref)
+    opt = cls(ref.parameters(), **kwargs)
+    for s in range(steps):
+        opt.zero_grad()
+        loss_of(ddp(batch(s, rank))).backward()
+        opt.step()
+    out["momentum_vs_ddp"] = max_diff(mine, [opt.state[p]["momentum_buffer"]
+                                             for p in ref.parameters()])
     return out
 
 

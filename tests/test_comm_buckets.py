@@ -1,7 +1,7 @@
 """DDP's buckets crossing the barrier (``buckets``, :class:`ReadyBucketPolicy`): its buckets
 worked out by hand, its dispatch order (the plan's, on every rank, whatever the ready times),
-the simulator and ``auto`` considering it, and on real gloo ranks the parameters DDP reaches
-with no per-collective store traffic."""
+the simulator and ``auto`` considering it, and on real gloo ranks the parameters and momentum
+DDP reaches, with no per-collective store traffic and one optimizer step per bucket."""
 
 from __future__ import annotations
 
@@ -152,3 +152,8 @@ def test_on_gloo_it_equals_ddp_in_bucket_order_without_store_traffic(tmp_path):
             assert plan == [f"bucket{i}" for i in range(len(plan))] and len(plan) > 1
             assert all(step == plan for step in issued), (rank, opt, issued)
             assert seen["decision_keys"] == [], (rank, opt)   # rank 0 published nothing
+        # Every bucket of two or more parameters is stepped by one optimizer (>= 2 of the 3
+        # or 4 buckets, whichever of fc2's two gradients is ready first), and the parameters'
+        # own optimizers still hold the momentum DDP's optimizer holds.
+        assert r["groups"] >= 2
+        assert r["momentum_vs_ddp"] <= 1e-6, (rank, r["momentum_vs_ddp"])
