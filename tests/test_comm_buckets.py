@@ -132,6 +132,27 @@ def test_simulated_buckets_by_hand():
     assert not any(t.category == "comm-copy" for t in result.tasks)
 
 
+def data_plan(comm: str, **kw):
+    from trainsched.plan import DataParallelPlan, ModelRef
+
+    return DataParallelPlan(model=ModelRef(name="mlp", fingerprint="f", forward_ops=3,
+                                           batch_size=8), ranks=2, comm=comm,
+                            policy=comm_policy(comm), **kw)
+
+
+def test_a_buckets_plan_runs_on_the_scheduler_and_a_ddp_plan_on_stock_ddp():
+    from trainsched.runtime.run import data_parallel_segment
+
+    buckets = data_parallel_segment(data_plan("buckets"), label="auto", steps=4, warmup=1)
+    assert (buckets.kind, buckets.label, buckets.steps, buckets.warmup) == ("sdp", "auto", 4, 1)
+    assert buckets.policy_class == "trainsched.comm.policy:ReadyBucketPolicy"
+    assert buckets.policy_object() == ReadyBucketPolicy()
+    ddp = data_parallel_segment(data_plan("ddp"), label="x", steps=4, warmup=1)
+    assert (ddp.kind, ddp.bucket_mb) == ("ddp", 25.0)
+    with pytest.raises(TrainschedError, match="cannot run this plan: sync policy"):
+        data_parallel_segment(data_plan("buckets", sync="asp"), label="x", steps=1, warmup=0)
+
+
 # --- real gloo ranks -------------------------------------------------------------------------
 
 pytest.importorskip("torch")
