@@ -26,9 +26,7 @@ import argparse
 import datetime
 import platform
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 from _common import DDP_LABEL, cpu_model, print_rounds, run_rounds, write_results
@@ -56,8 +54,8 @@ def host_cluster(calibration: str | None) -> Any:
     return calibrate(world_size=RANKS, repeats=5).to_cluster()
 
 
-def choose(name: str, spec: dict[str, Any], calibration: str) -> Any:
-    """What ``train NAME --comm-policy auto --calibration FILE`` chooses."""
+def choose(name: str, spec: dict[str, Any], calibration: Any) -> Any:
+    """What ``train NAME --comm-policy auto`` chooses on the cluster ``calibration``."""
     from trainsched.compare import Options, choose_comm
     from trainsched.runtime.host import host_model
 
@@ -81,11 +79,8 @@ def main() -> int:
     unknown = [n for n in names if n not in MODELS]
     if unknown:
         parser.error(f"unknown model {unknown[0]!r}; known: {', '.join(MODELS)}")
-    calibration = args.calibration
-    if calibration is None:  # calibrate once, as a file: every model then reads the same one
-        path = Path(tempfile.mkdtemp(prefix="comm_auto_")) / "host.json"
-        path.write_text(host_cluster(None).to_json())
-        calibration = str(path)
+    # calibrated once (as train --comm-policy auto calibrates, in memory) for every model
+    calibration = host_cluster(args.calibration)
     results: dict[str, Any] = {
         "benchmark": "comm_auto",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from trainsched.cluster import Cluster
 from trainsched.errors import TrainschedError
 
 __all__ = ["host_model"]
@@ -19,12 +20,13 @@ __all__ = ["host_model"]
 
 def host_model(model: str, *, ranks: int, batch_size: int | None = None,
                image_size: int | None = None, seq_len: int | None = None,
-               optimizer: str = "sgd", calibration: str | None = None,
+               optimizer: str = "sgd", calibration: str | Cluster | None = None,
                progress: Callable[..., Any] | None = None,
                before_calibrating: Callable[[], None] | None = None) -> tuple[Any, Any]:
     """The training graph of zoo model ``model`` (costs measured on this host, ``optimizer``'s
-    update ops) and the host's cluster: the cluster file ``calibration`` (it must have at
-    least ``ranks`` devices), else this host's gloo calibrated now on ``ranks`` ranks
+    update ops) and the host's cluster: ``calibration`` (a cluster file, or a cluster already
+    calibrated; it must have at least ``ranks`` devices), else this host's gloo calibrated
+    now on ``ranks`` ranks
     (``before_calibrating`` is called first, to say so). ``progress`` is the capture's
     progress callback. Returns ``(graph, cluster)``; the graph's ``meta["batch_size"]`` is the
     batch it was captured at."""
@@ -34,11 +36,13 @@ def host_model(model: str, *, ranks: int, batch_size: int | None = None,
 
     zoo = build(model, batch_size=batch_size, seq_len=seq_len, image_size=image_size)
     if calibration is not None:
-        cluster = resolve_cluster(calibration)
+        cluster = (calibration if isinstance(calibration, Cluster)
+                   else resolve_cluster(calibration))
         if cluster.num_devices < ranks:
-            raise TrainschedError(f"--calibration {calibration} has {cluster.num_devices} "
-                                  f"devices; --ranks {ranks} needs as many: calibrate with "
-                                  f"--ranks {ranks}")
+            what = (f"--calibration {calibration}" if isinstance(calibration, str)
+                    else f"the calibration {cluster.name!r}")
+            raise TrainschedError(f"{what} has {cluster.num_devices} devices; --ranks {ranks} "
+                                  f"needs as many: calibrate with --ranks {ranks}")
     else:
         from trainsched.runtime.calibrate import calibrate
 
