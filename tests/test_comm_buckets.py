@@ -125,11 +125,33 @@ def test_simulated_buckets_by_hand():
     from trainsched.sim import simulate_data_parallel
 
     g = three_layers(2_000_000, 600_000, 600_000)
-    result = simulate_data_parallel(g, make_cluster(), ranks=2, policy=ReadyBucketPolicy())
+    result = simulate_data_parallel(g, make_cluster(), ranks=2,
+                                    policy=ReadyBucketPolicy(bucket_copies=False))
     spans_close(result, {"bucket0": (7, 8.3), "bucket1": (8.3, 10.4), "L1:opt": (8.3, 8.6),
                          "L2:opt": (8.6, 8.9), "L0:opt": (10.4, 11.4)})
     assert close(result.step_time_s, 11.4 * MS)
     assert not any(t.category == "comm-copy" for t in result.tasks)
+
+
+def test_packing_and_dividing_a_bucket_are_charged_as_ddps_copies():
+    """By default each bucket costs two passes over its bytes on the compute stream (the
+    runtime packs it, and divides it after the all-reduce): for bucket0, 2 x 1.2 MB (read
+    and write) at the V100's memory bandwidth, each way; as many as DDP's copy in and back."""
+    from test_sim_data_parallel import make_cluster, three_layers
+    from trainsched.sim import simulate_data_parallel
+
+    g = three_layers(2_000_000, 600_000, 600_000)
+    cluster = make_cluster()
+    copies = {}
+    for policy in (ReadyBucketPolicy(), DdpBucketPolicy()):
+        result = simulate_data_parallel(g, cluster, ranks=2, policy=policy)
+        copies[type(policy).__name__] = sorted(
+            (t.name, round(t.end_s - t.start_s, 15)) for t in result.tasks
+            if t.category == "comm-copy" and t.device == "gpu0")
+    per_pass = 2 * 1_200_000 / cluster.device.memory_bandwidth_bytes_per_s
+    assert copies["ReadyBucketPolicy"] == copies["DdpBucketPolicy"]
+    assert ("bucket0 copy-in", round(per_pass, 15)) in copies["ReadyBucketPolicy"]
+    assert len(copies["ReadyBucketPolicy"]) == 4          # in and back, for each bucket
 
 
 def data_plan(comm: str, **kw):

@@ -332,14 +332,16 @@ class ReadyBucketPolicy:
     barrier (``cross_barrier``): each parameter is updated as soon as its bucket is reduced,
     and a layer's next forward waits only for its own update. Its dispatch order is the plan
     order on every rank whatever the ready times (:func:`dispatches_in_plan_order`), so the
-    runtime needs no agreement on the order per step. A bucket is packed into one flat
-    buffer and its members take their slices of it back without a copy, so no bucket copies
-    are charged (as for ByteScheduler's fused groups).
+    runtime needs no agreement on the order per step. ``bucket_copies``: the runtime packs
+    each bucket into one flat buffer and divides it by the world size after its all-reduce,
+    two passes over its bytes on the rank's compute, which the simulator charges as it
+    charges DDP's copy in and back (its members then take their slices without a copy).
     """
 
     bucket_bytes: int = 25 * MiB
     first_bucket_bytes: int = 1 * MiB
     cross_barrier: bool = True
+    bucket_copies: bool = True
     queue: ClassVar[str] = "fifo"
     credit_bytes: ClassVar[float | None] = math.inf
     credit_mode: ClassVar[str] = "strict"
@@ -348,9 +350,10 @@ class ReadyBucketPolicy:
     def __post_init__(self) -> None:
         _check_bytes("buckets policy", "bucket_bytes", self.bucket_bytes)
         _check_bytes("buckets policy", "first_bucket_bytes", self.first_bucket_bytes)
-        if not isinstance(self.cross_barrier, bool):
-            raise TrainschedError(f"buckets policy: cross_barrier must be True or False, got "
-                                  f"{self.cross_barrier!r}")
+        for field in ("cross_barrier", "bucket_copies"):
+            if not isinstance(getattr(self, field), bool):
+                raise TrainschedError(f"buckets policy: {field} must be True or False, got "
+                                      f"{getattr(self, field)!r}")
 
     def plan(self, gradients: Sequence[Gradient]) -> tuple[Collective, ...]:
         ordered = sorted(gradients, key=lambda g: g.ready_index)
