@@ -245,6 +245,4 @@ class DispatchLoop:
                 recorder.comm.append(Span(track="update", phase="UPDATE", label=label,
                                           start_s=start - recorder.t0,
                                           end_s=end - recorder.t0, step=step, args=args))
-        for k in params:
-            if self._updates.finish(k):
-                self._progress.updated(k)
+        self._progress.updated([k for k in params if self._updates.finish(k)])
