@@ -1,6 +1,7 @@
 """What the scheduled runtime costs where communication is light: 2 gloo ranks on this machine,
 stock DDP against the scheduler's pass-through, FIFO, priority and ByteScheduler (fused small
-gradients) with the leader's and the static collective order.
+gradients) with the leader's and the static collective order, and DDP's own buckets crossing
+the barrier (``buckets``: ready-order buckets of 25 MiB, no per-collective order traffic).
 
 byteps #339 and #370 (``specs/comm.md`` §11) reported a scheduler that was slower than the
 framework's own all-reduce on communication-light models, even with partitioning and credit
@@ -28,9 +29,10 @@ import platform
 import sys
 import time
 
-from _common import cpu_model, write_results
-from comm_real import summarise_rounds
-from trainsched.runtime.train import Segment, run_segments
+from _common import DDP_LABEL, cpu_model, print_rounds, run_rounds, write_results
+from trainsched.comm.policy import ReadyBucketPolicy
+from trainsched.runtime.run import policy_segment
+from trainsched.runtime.train import Segment
 
 MiB = 1 << 20
 MODELS = {"mlp": {"batch_size": 64, "image_size": None, "steps": 20, "repeats": 5},
@@ -40,7 +42,7 @@ MODELS = {"mlp": {"batch_size": 64, "image_size": None, "steps": 20, "repeats": 
 def configurations(steps: int, warmup: int) -> list[Segment]:
     common = {"steps": steps, "warmup": warmup}
     sched = {"kind": "sdp", "partition_bytes": 4 * MiB, "credit_bytes": 16 * MiB, **common}
-    return [Segment(label="ddp-25MB", kind="ddp", **common),
+    return [Segment(label=DDP_LABEL, kind="ddp", **common),
             Segment(label="pass-through (enabled=False)", kind="sdp", enabled=False, **common),
             Segment(label="fifo", kind="sdp", policy="fifo", cross_barrier=False, **common),
             Segment(label="priority 4/16MiB", policy="priority", **sched),
@@ -49,7 +51,8 @@ def configurations(steps: int, warmup: int) -> list[Segment]:
                     order="static", **sched),
             Segment(label="bytescheduler 32/64MiB, fusion 32MiB", kind="sdp",
                     policy="bytescheduler", partition_bytes=32 * MiB, credit_bytes=64 * MiB,
-                    fusion_bytes=32 * MiB, **common)]
+                    fusion_bytes=32 * MiB, **common),
+            policy_segment(ReadyBucketPolicy(), label="buckets 1/25MiB, ready order", **common)]
 
 
 def main() -> int:
@@ -70,21 +73,12 @@ def main() -> int:
         if args.quick:
             spec.update(steps=3, repeats=1)
         configs = configurations(spec["steps"], args.warmup)
-        job = run_segments(name, [c for _ in range(spec["repeats"]) for c in configs], nproc=2,
-                           batch_size=spec["batch_size"], image_size=spec["image_size"],
-                           optimizer="sgd", lr=0.01, timeout_s=3600)
-        host = job.host
-        rows, summary = summarise_rounds(job.segments)
+        rows, summary, host = run_rounds(name, configs, repeats=spec["repeats"],
+                                         batch_size=spec["batch_size"],
+                                         image_size=spec["image_size"])
         size = f" {spec['image_size']}x{spec['image_size']}" if spec["image_size"] else ""
-        print(f"{name}{size}, batch {spec['batch_size']} per rank, 2 gloo ranks; medians of "
-              f"{spec['repeats']} rounds x {spec['steps']} steps")
-        print(f"{'configuration':<40} {'median ms':>10} {'p10':>8} {'p90':>8} {'paired':>7}  "
-              f"round medians (ms)")
-        for label, s in summary.items():
-            rounds = " ".join(f"{1e3 * m:.1f}" for m in s["round_medians_s"])
-            print(f"{label:<40} {1e3 * s['median_s']:>10.2f} {1e3 * s['p10_s']:>8.2f} "
-                  f"{1e3 * s['p90_s']:>8.2f} {s['paired_ddp_ratio']:>6.2f}x  {rounds}")
-        print()
+        print_rounds(f"{name}{size}, batch {spec['batch_size']} per rank, 2 gloo ranks; medians "
+                     f"of {spec['repeats']} rounds x {spec['steps']} steps", summary)
         results["models"][name] = {"settings": {**spec, "warmup": args.warmup, "nproc": 2,
                                                 "optimizer": "sgd"},
                                    "summary": summary, "raw": rows}

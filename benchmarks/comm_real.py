@@ -39,14 +39,12 @@ import argparse
 import datetime
 import json
 import platform
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
-from _common import cpu_model, write_results
+from _common import cpu_model, summarise_rounds, write_results
 from trainsched.runtime.train import Segment, run_segments
 
 MiB = 1 << 20
@@ -105,35 +103,6 @@ def anatomy(trace_path: Path) -> dict[str, float]:
     comm = [(e["ts"], e["ts"] + e["dur"]) for e in events if e["args"]["phase"] == "COMM"]
     out["comm_busy_s"] = union_s(comm) / 1e6 / len(steps)
     return out
-
-
-def summarise(label: str, rounds: list[list[float]]) -> dict[str, Any]:
-    medians = [statistics.median(r) for r in rounds]
-    pooled = sorted(t for r in rounds for t in r)
-
-    def q(x: float) -> float:
-        return pooled[min(len(pooled) - 1, round(x * (len(pooled) - 1)))]
-
-    return {"label": label, "median_s": statistics.median(medians),
-            "round_medians_s": medians, "p10_s": q(0.1), "p90_s": q(0.9),
-            "steps": len(pooled)}
-
-
-def summarise_rounds(segments: Any, base: str = "ddp-25MB") -> tuple[
-        dict[str, list[list[float]]], dict[str, dict[str, Any]]]:
-    """Timed segments (one per configuration and round) by label: their step times per round
-    and :func:`summarise`'s summary, with each configuration's ``paired_ddp_ratio``: the median
-    over rounds of ``base``'s round median over this configuration's in the same round
-    (minutes apart at most, so a drift between rounds cancels)."""
-    rows: dict[str, list[list[float]]] = {}
-    for seg in segments:
-        rows.setdefault(seg.label, []).append(list(seg.step_times_s))
-    summary = {label: summarise(label, rounds) for label, rounds in rows.items()}
-    for s in summary.values():
-        s["paired_ddp_ratio"] = statistics.median(
-            b / m for b, m in zip(summary[base]["round_medians_s"], s["round_medians_s"],
-                                  strict=False))
-    return rows, summary
 
 
 def main() -> int:

@@ -6,10 +6,12 @@ captured on the same machine:
 * **DDP**: ``torch.nn.parallel.DistributedDataParallel`` on gloo, 2 ranks, for several zoo
   models and bucket caps (DDP's default 25 MiB with its 1 MiB first bucket, and explicit
   caps), plus the flat no-overlap baseline (no DDP: after backward every gradient is copied
-  into one buffer, all-reduced once and copied back). Predicted by ``simulate_data_parallel``
-  with the matching ``DdpBucketPolicy`` (flat: one bucket holding every gradient), under both
-  interference models the calibration fits: by rate (the calibrated cluster's default) and
-  take turns (γ); the table shows each configuration's error under each.
+  into one buffer, all-reduced once and copied back), and further models swept over the batch
+  per rank at the default buckets (a transformer encoder, the zoo MLP, VGG-16 and the small
+  CNN; ``DDP_BATCH_SWEEPS``). Predicted by ``simulate_data_parallel`` with the matching
+  ``DdpBucketPolicy`` (flat: one bucket holding every gradient), under both interference models
+  the calibration fits: by rate (the calibrated cluster's default) and take turns (γ); the
+  table shows each configuration's error under each.
 * **Pipeline**: a model cut into 2 stages run by ``torch.distributed.pipelining``
   (``ScheduleGPipe``, ``Schedule1F1B``) at several micro-batch counts. Predicted by
   ``simulate_pipeline`` on ``build_schedule(...)`` with each stage captured at the micro-batch
@@ -23,8 +25,11 @@ Measurement: configurations of a sweep are interleaved (A B C A B C ...), ``--ro
 ``--steps`` timed steps after ``--warmup`` untimed ones; the measured step time of a
 configuration is the median over all its timed steps (IQR reported). Error is
 ``(predicted - measured) / measured``; ranking agreement is Kendall's tau-b over each sweep.
+Both are reported per sweep, pooled, and per model (every configuration of one model: its
+bucket caps and batch sizes, or its pipeline schedules), so that a model the simulator gets
+wrong shows even where the pooled figure looks fine.
 
-    python benchmarks/validate_sim.py            # full run, about 10 minutes on 2 cores
+    python benchmarks/validate_sim.py            # full run, about 20 minutes on 2 cores
     python benchmarks/validate_sim.py --quick    # smoke run: small models, few steps
 """
 
@@ -63,6 +68,18 @@ PIPE_MODEL = {
 }
 MICROBATCHES = {"full": [2, 4, 8], "quick": [2, 4]}
 SCHEDULES = ["gpipe", "1f1b"]
+# Further DDP models and sweeps over the batch per rank, at DDP's default buckets, so that the
+# error is not measured on the configurations the model was tuned on alone:
+# (label, zoo model or file.py:function, batches per rank, image size)
+ENCODER = str(HERE / "_encoder.py")
+DDP_BATCH_SWEEPS = {
+    "full": [("encoder 4x256", f"{ENCODER}:validation_encoder", [2, 4, 8, 16], None),
+             ("mlp", "mlp", [16, 64, 256], None),
+             ("vgg16", "vgg16", [2, 4], 32),
+             ("small-cnn", "small-cnn", [8, 32], None)],
+    "quick": [("encoder 2x64", f"{ENCODER}:tiny_encoder", [2, 4], None),
+              ("mlp", "mlp", [16, 256], None)],
+}
 
 
 # --------------------------------------------------------------------------- models and stages
@@ -293,7 +310,7 @@ def predict_ddp(cfg: dict[str, Any], cluster: Any, graphs: dict[str, Any]) -> fl
     from trainsched.comm import DdpBucketPolicy
     from trainsched.sim import simulate_data_parallel
 
-    key = cfg["model"]
+    key = f"{cfg['model']} b{cfg['batch']} {cfg['image']}"  # one graph per model and batch
     if key not in graphs:
         zoo = _zoo(cfg["model"], cfg["batch"], cfg["image"])
         graphs[key] = _captured(zoo.model, zoo.args, zoo.kwargs)
@@ -338,6 +355,20 @@ def predict_pipeline(job: dict[str, Any], cfg: dict[str, Any], cluster: Any,
     return simulate_pipeline(stages, schedule, cluster).step_time_s
 
 
+def batch_sweep_configs(size: str, taken: set[str]) -> list[dict[str, Any]]:
+    """The DDP configurations of :data:`DDP_BATCH_SWEEPS` (default buckets), named as the
+    bucket sweep names its own and grouped by their label; a name in ``taken`` is left out
+    (that configuration is in the bucket sweep already)."""
+    out = []
+    for label, model, batches, image in DDP_BATCH_SWEEPS[size]:
+        for b in batches:
+            name = f"{label} b{b}{f' {image}px' if image else ''} default buckets"
+            if name not in taken:
+                out.append({"name": name, "model": model, "batch": b, "image": image,
+                            "bucket_mib": None, "group": label})
+    return out
+
+
 # --------------------------------------------------------------------------- report
 
 def kendall_tau(a: list[float], b: list[float]) -> float:
@@ -370,6 +401,31 @@ def _row(name: str, times: list[float], predicted: float,
     if turns is not None:
         row |= {"predicted_turns_s": turns, "error_turns": (turns - measured) / measured}
     return row
+
+
+def per_model(sweeps: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """:func:`summarise` per model (each row's ``model``: its group, with `` pipeline`` for
+    the pipeline sweep's), models in the order they first appear."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for rows in sweeps.values():
+        for r in rows:
+            groups.setdefault(r["model"], []).append(r)
+    out = {}
+    for model, rows in groups.items():
+        out[model] = summarise(rows)
+        turns = summarise(rows, "_turns")
+        if turns["configs"]:
+            out[f"{model} (take turns)"] = turns
+    return out
+
+
+def print_per_model(summaries: dict[str, dict[str, Any]]) -> None:
+    print("\nper model (2 gloo ranks)")
+    print(f"{'model':<24} {'configs':>7} {'median |error|':>15} {'max |error|':>12} "
+          f"{'Kendall tau':>12}")
+    for model, s in summaries.items():
+        print(f"{model:<24} {s['configs']:>7} {s['median_abs_error']:>15.1%} "
+              f"{s['max_abs_error']:>12.1%} {s['kendall_tau']:>12.2f}")
 
 
 def print_table(title: str, rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
@@ -431,6 +487,7 @@ def main() -> None:
     ddp_configs = [{"name": f"{m} b{b}{f' {i}px' if i else ''} {label(c)}",
                     "model": m, "batch": b, "image": i, "bucket_mib": c}
                    for m, b, i in DDP_MODELS[size] for c in BUCKETS]
+    ddp_configs += batch_sweep_configs(size, {c["name"] for c in ddp_configs})
     print(f"\nDDP sweep: {len(ddp_configs)} configurations, real runs ...", flush=True)
     ddp_times = run_pair({"kind": "ddp", "configs": ddp_configs, **common}, timeout_s=1800)
     graphs: dict[str, Any] = {}
@@ -438,13 +495,13 @@ def main() -> None:
     ddp_rows = [_row(c["name"], ddp_times[c["name"]], predict_ddp(c, ar_cluster, graphs),
                      predict_ddp(c, turns_cluster, graphs))
                 for c in ddp_configs]
+    for row, c in zip(ddp_rows, ddp_configs, strict=True):
+        row["model"] = c.get("group", c["model"])
     if args.ddp_only:
-        summary = {"ddp": summarise(ddp_rows), "ddp_turns": summarise(ddp_rows, "_turns")}
-        for model, _, _ in DDP_MODELS[size]:
-            mine = [r for r in ddp_rows if r["config"].startswith(f"{model} ")]
-            summary[f"ddp {model}"] = summarise(mine)
-            summary[f"ddp {model} turns"] = summarise(mine, "_turns")
+        summary = {"ddp": summarise(ddp_rows), "ddp_turns": summarise(ddp_rows, "_turns"),
+                   "per_model": per_model({"ddp": ddp_rows})}
         print_table("ddp sweep (2 gloo ranks)", ddp_rows, summary["ddp"])
+        print_per_model(summary["per_model"])
         write_results(args.out, {
             "benchmark": "validate_sim", "size": size, "machine": cpu_model(),
             "cores": os.cpu_count(), "python": platform.python_version(),
@@ -466,17 +523,17 @@ def main() -> None:
     pipe_rows = [_row(c["name"], pipe_times[c["name"]],
                       predict_pipeline(pipe_job, c, p2p_cluster, stage_graphs))
                  for c in pipe_job["configs"]]
+    for row in pipe_rows:
+        row["model"] = f"{PIPE_MODEL[size][0]} pipeline"
 
     sweeps = {"ddp": ddp_rows, "pipeline": pipe_rows}
     summaries = {k: summarise(v) for k, v in sweeps.items()}
     summaries["all"] = summarise(ddp_rows + pipe_rows)
     summaries["ddp_turns"] = summarise(ddp_rows, "_turns")
-    for model, _, _ in DDP_MODELS[size]:
-        mine = [r for r in ddp_rows if r["config"].startswith(f"{model} ")]
-        summaries[f"ddp {model}"] = summarise(mine)
-        summaries[f"ddp {model} turns"] = summarise(mine, "_turns")
+    summaries["per_model"] = per_model(sweeps)
     for key, rows in sweeps.items():
         print_table(f"{key} sweep (2 gloo ranks)", rows, summaries[key])
+    print_per_model(summaries["per_model"])
     s = summaries["all"]
     print(f"\nall: median |error| {s['median_abs_error']:.1%}, max {s['max_abs_error']:.1%}")
     write_results(args.out, {

@@ -23,7 +23,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainsched.comm import ByteSchedulerPolicy, DdpBucketPolicy, FifoPolicy, PriorityPolicy
+from trainsched.comm import (
+    ByteSchedulerPolicy,
+    DdpBucketPolicy,
+    FifoPolicy,
+    PriorityPolicy,
+    ReadyBucketPolicy,
+)
 from trainsched.comm.tune import OnlineTuner
 from trainsched.errors import TrainschedError
 from trainsched.runtime.data_parallel import ScheduledDataParallel
@@ -611,6 +617,42 @@ def job_disabled(cfg: dict) -> dict:
     return out
 
 
+def job_buckets(cfg: dict) -> dict:
+    """DDP's buckets crossing the barrier (``ReadyBucketPolicy``) for ``steps`` steps per
+    optimizer: parameters against DDP's, each step's issue sequence, the leader's decision
+    keys left in the store and the threads alive while training."""
+    rank = cfg["rank"]
+    steps = cfg.get("steps", 5)
+    policy = ReadyBucketPolicy(first_bucket_bytes=KiB, bucket_bytes=8 * KiB)
+    out: dict = {"vs_ddp": {}, "inspect": {}}
+    for opt in OPTIMIZERS:
+        inspect: dict = {}
+        mine = train_sdp(rank, policy, opt, steps=steps, inspect=inspect)
+        out["vs_ddp"][opt] = max_diff(mine, train_ddp(rank, opt, steps=steps))
+        out["inspect"][opt] = inspect
+    # A bucket's parameters are stepped by one optimizer: the per-parameter optimizers still
+    # hold the whole state (momentum buffers equal DDP's optimizer's).
+    cls, kwargs = OPTIMIZERS["momentum"]
+    m = net()
+    sdp = ScheduledDataParallel(m, policy, optimizer=cls, optimizer_kwargs=kwargs, timeout_s=60)
+    for s in range(steps):
+        loss_of(sdp(batch(s, rank))).backward()
+    sdp.drain()
+    mine = [sdp.optimizers[k].state[p]["momentum_buffer"] for k, p in enumerate(m.parameters())]
+    out["groups"] = len(sdp._dispatch._updates.groups)  # test instrumentation
+    sdp.close()
+    ref = net()
+    ddp = nn.parallel.DistributedDataParallel(ref)
+    opt = cls(ref.parameters(), **kwargs)
+    for s in range(steps):
+        opt.zero_grad()
+        loss_of(ddp(batch(s, rank))).backward()
+        opt.step()
+    out["momentum_vs_ddp"] = max_diff(mine, [opt.state[p]["momentum_buffer"]
+                                             for p in ref.parameters()])
+    return out
+
+
 def job_main(cfg: dict) -> dict:
     """The default suite's one job: equality, then the fuzz and the order hazard, then
     switching sizes mid-run."""
@@ -618,7 +660,8 @@ def job_main(cfg: dict) -> dict:
 
 
 JOBS = {"main": job_main, "equality": job_equality, "fuzz": job_fuzz, "fault": job_fault,
-        "retune": job_retune, "static": job_static, "disabled": job_disabled}
+        "retune": job_retune, "static": job_static, "disabled": job_disabled,
+        "buckets": job_buckets}
 
 
 def main() -> None:

@@ -17,7 +17,8 @@ def test_quick_light_run_times_every_configuration_against_ddp(tmp_path):
     assert list(summary) == ["ddp-25MB", "pass-through (enabled=False)", "fifo",
                              "priority 4/16MiB", "bytescheduler 4/16MiB",
                              "bytescheduler 4/16MiB, static order",
-                             "bytescheduler 32/64MiB, fusion 32MiB"]
+                             "bytescheduler 32/64MiB, fusion 32MiB",
+                             "buckets 1/25MiB, ready order"]
     assert summary["ddp-25MB"]["paired_ddp_ratio"] == 1.0
     for s in summary.values():
         assert len(s["round_medians_s"]) == 1 and s["median_s"] > 0
@@ -37,3 +38,22 @@ def test_quick_real_run_tunes_and_times_every_configuration(tmp_path):
     assert data["online_tuning"]["trials"] and "online tuning" in proc.stdout
     for s in summary.values():
         assert s["median_s"] > 0 and s["paired_ddp_ratio"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_quick_auto_run_times_the_plan_auto_picks_against_ddp(tmp_path):
+    from trainsched.cluster import cluster_preset
+    from trainsched.compare import pick_comm
+
+    calibration = tmp_path / "cpu.json"
+    calibration.write_text(cluster_preset("cpu").to_json())
+    proc, data = run_benchmark("comm_auto.py", "--quick", "--calibration", str(calibration),
+                               out=tmp_path / "a.json")
+    mlp = data["models"]["mlp"]
+    chosen = mlp["auto"]["strategy"]
+    assert chosen == pick_comm(mlp["auto"]["predicted_s"])[0]
+    assert list(mlp["summary"]) == ["ddp-25MB", f"auto: {chosen}"]
+    ddp, auto = (mlp["summary"][k]["median_s"] for k in mlp["summary"])
+    assert mlp["paired_auto_over_ddp"] == pytest.approx(ddp / auto)
+    assert f"mlp: auto picked {chosen}" in proc.stdout

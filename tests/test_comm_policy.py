@@ -166,12 +166,13 @@ def test_credit_rule():
 
 
 def test_registry_and_lookup():
-    assert list(COMM_POLICIES) == ["fifo", "ddp", "priority", "bytescheduler", "tictac", "p3"]
+    assert list(COMM_POLICIES) == ["fifo", "ddp", "priority", "bytescheduler", "buckets",
+                                   "tictac", "p3"]
     assert comm_policy("ddp") == DdpBucketPolicy()
     assert comm_policy(" FIFO ") == FifoPolicy()
     assert comm_policy("ddp", bucket_bytes=MiB).bucket_bytes == MiB
     with pytest.raises(TrainschedError, match="unknown comm policy 'horovod'; known policies: "
-                                              "fifo, ddp, priority, bytescheduler, "
+                                              "fifo, ddp, priority, bytescheduler, buckets, "
                                               "tictac, p3"):
         comm_policy("horovod")
     with pytest.raises(TrainschedError, match="comm policy 'fifo'"):

@@ -379,35 +379,24 @@ def _run_plan(args: argparse.Namespace) -> int:
 
 def _host_model(args: argparse.Namespace) -> tuple[Any, Any]:
     """The training graph of ``args.model`` with costs measured on this host (one thread per
-    rank) and the host's cluster: ``--calibration``, else calibrated now on ``--ranks``."""
+    rank) and the host's cluster: ``--calibration``, else calibrated now on ``--ranks``
+    (:func:`trainsched.runtime.host.host_model`)."""
     import sys
 
-    from trainsched.capture import build, capture
-    from trainsched.cluster import resolve_cluster
-    from trainsched.graph import to_training
     from trainsched.report.progress import ProgressBar
+    from trainsched.runtime.host import host_model
 
-    zoo = build(args.model, batch_size=args.batch_size, seq_len=args.seq_len,
-                image_size=args.image_size)
-    if args.calibration is not None:
-        cluster = resolve_cluster(args.calibration)
-        if cluster.num_devices < args.ranks:
-            raise TrainschedError(f"--calibration {args.calibration} has {cluster.num_devices} "
-                                  f"devices; --ranks {args.ranks} needs as many: calibrate with "
-                                  f"--ranks {args.ranks}")
-    else:
-        from trainsched.runtime.calibrate import calibrate
-
+    def announce() -> None:
         if not args.json:
             print(f"calibrating this host's gloo on {args.ranks} ranks (save it with "
                   f"trainsched calibrate -o FILE, reuse it with --calibration FILE)",
                   file=sys.stderr, flush=True)
-        cluster = calibrate(world_size=args.ranks, repeats=5).to_cluster()
-    with ProgressBar(f"capturing {zoo.name}", enabled=not args.json) as bar:
-        graph = capture(zoo.model, zoo.args, example_kwargs=zoo.kwargs, costs="measured",
-                        device="cpu", name=zoo.name, meta={"batch_size": zoo.batch_size},
-                        progress=bar.update)
-    return to_training(graph, optimizer=args.optimizer), cluster
+
+    with ProgressBar(f"capturing {args.model}", enabled=not args.json) as bar:
+        return host_model(args.model, ranks=args.ranks, batch_size=args.batch_size,
+                          image_size=args.image_size, seq_len=args.seq_len,
+                          optimizer=args.optimizer, calibration=args.calibration,
+                          progress=bar.update, before_calibrating=announce)
 
 
 def _backprop_k(args: argparse.Namespace, partition: int, credit: float) -> int:

@@ -26,7 +26,8 @@ The model every policy is run under (``specs/comm.md`` §3, the dispatch loop):
    which DDP returns only once every bucket is reduced) every optimizer op waits for all of them.
 
 Policies here: :class:`FifoPolicy` (one collective per gradient, in ready order),
-:class:`DdpBucketPolicy` (PyTorch DDP's buckets) and :class:`PriorityPolicy` (layer priority,
+:class:`DdpBucketPolicy` (PyTorch DDP's buckets), :class:`ReadyBucketPolicy` (the same buckets
+crossing the barrier, on the scheduled runtime), :class:`PriorityPolicy` (layer priority,
 optional partitions and credit: TicTac with whole tensors, P3 with partitions) and
 :class:`ByteSchedulerPolicy` (priority, partitions, fusion of small tensors, overdraft credit,
 crossing the barrier; its partition and credit are tuned by :mod:`trainsched.comm.tune`), all
@@ -62,9 +63,12 @@ __all__ = [
     "FifoPolicy",
     "Gradient",
     "PriorityPolicy",
+    "ReadyBucketPolicy",
     "check_plan",
     "check_policy",
     "comm_policy",
+    "ddp_buckets",
+    "dispatches_in_plan_order",
     "graph_gradients",
     "may_dispatch",
     "produces_gradient",
@@ -290,21 +294,82 @@ class DdpBucketPolicy:
             ordered = sorted(gradients, key=lambda g: g.ready_index)
         else:
             ordered = sorted(gradients, key=lambda g: (-g.layer_index, g.ready_index))
-        buckets: list[list[Gradient]] = []
-        current: list[Gradient] = []
-        size = 0
-        for g in ordered:
-            current.append(g)
-            size += g.size_bytes
-            if size >= (self.first_bucket_bytes if not buckets else self.bucket_bytes):
-                buckets.append(current)
-                current, size = [], 0
-        if current:
+        return ddp_buckets(ordered, self.first_bucket_bytes, self.bucket_bytes)
+
+
+def ddp_buckets(ordered: Sequence[Gradient], first_bucket_bytes: int,
+                bucket_bytes: int) -> tuple[Collective, ...]:
+    """DDP's bucket assignment of ``ordered`` (gradients in the order they are packed):
+    each gradient joins the open bucket, which closes once it holds ``>=`` its limit
+    (``first_bucket_bytes`` for the first bucket, ``bucket_bytes`` after); buckets are named
+    ``bucket0``, ``bucket1``, ... and carry their most urgent member's layer as priority."""
+    buckets: list[list[Gradient]] = []
+    current: list[Gradient] = []
+    size = 0
+    for g in ordered:
+        current.append(g)
+        size += g.size_bytes
+        if size >= (first_bucket_bytes if not buckets else bucket_bytes):
             buckets.append(current)
-        return tuple(Collective(name=f"bucket{i}", members=tuple(g.name for g in bucket),
-                                size_bytes=sum(g.size_bytes for g in bucket),
-                                priority=min(g.layer_index for g in bucket))
-                     for i, bucket in enumerate(buckets))  # fmt: skip
+            current, size = [], 0
+    if current:
+        buckets.append(current)
+    return tuple(Collective(name=f"bucket{i}", members=tuple(g.name for g in bucket),
+                            size_bytes=sum(g.size_bytes for g in bucket),
+                            priority=min(g.layer_index for g in bucket))
+                 for i, bucket in enumerate(buckets))  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReadyBucketPolicy:
+    """DDP's buckets on the scheduled runtime: the cheap schedule where communication is light.
+
+    The plan is :class:`DdpBucketPolicy`'s with ``order="ready"``: gradients packed into
+    buckets in the order they become ready (first bucket ``first_bucket_bytes``, then
+    ``bucket_bytes``, DDP's 1 MiB and 25 MiB), each bucket issued once its gradients are
+    ready and the bucket before it was issued (``ordered_issue``), and handed to the wire at
+    once (unlimited credit), as DDP launches its buckets. What it adds to DDP is crossing the
+    barrier (``cross_barrier``): each parameter is updated as soon as its bucket is reduced,
+    and a layer's next forward waits only for its own update. Its dispatch order is the plan
+    order on every rank whatever the ready times (:func:`dispatches_in_plan_order`), so the
+    runtime needs no agreement on the order per step. ``bucket_copies``: the runtime packs
+    each bucket into one flat buffer and divides it by the world size after its all-reduce,
+    two passes over its bytes on the rank's compute, which the simulator charges as it
+    charges DDP's copy in and back (its members then take their slices without a copy).
+    """
+
+    bucket_bytes: int = 25 * MiB
+    first_bucket_bytes: int = 1 * MiB
+    cross_barrier: bool = True
+    bucket_copies: bool = True
+    queue: ClassVar[str] = "fifo"
+    credit_bytes: ClassVar[float | None] = math.inf
+    credit_mode: ClassVar[str] = "strict"
+    ordered_issue: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        _check_bytes("buckets policy", "bucket_bytes", self.bucket_bytes)
+        _check_bytes("buckets policy", "first_bucket_bytes", self.first_bucket_bytes)
+        for field in ("cross_barrier", "bucket_copies"):
+            if not isinstance(getattr(self, field), bool):
+                raise TrainschedError(f"buckets policy: {field} must be True or False, got "
+                                      f"{getattr(self, field)!r}")
+
+    def plan(self, gradients: Sequence[Gradient]) -> tuple[Collective, ...]:
+        ordered = sorted(gradients, key=lambda g: g.ready_index)
+        return ddp_buckets(ordered, self.first_bucket_bytes, self.bucket_bytes)
+
+
+def dispatches_in_plan_order(policy: CommPolicy, plan: Sequence[Collective]) -> bool:
+    """Whether ``policy`` hands ``plan``'s collectives to the wire in plan order on every
+    rank, whatever the ready times: a plan of at most one collective, or issue in plan order
+    (``ordered_issue``) into a FIFO queue without backfill (a FIFO queue keeps issue order,
+    and ordered issue makes issue order the plan order). Then ranks need not agree on the
+    order at run time."""
+    if len(plan) <= 1:
+        return True
+    return (policy.ordered_issue and policy.queue == "fifo"
+            and not getattr(policy, "backfill", False))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -437,6 +502,7 @@ COMM_POLICIES.register("fifo", FifoPolicy, compare=True)
 COMM_POLICIES.register("ddp", DdpBucketPolicy, compare=True)
 COMM_POLICIES.register("priority", PriorityPolicy)
 COMM_POLICIES.register("bytescheduler", ByteSchedulerPolicy, compare=True, tuned=True)
+COMM_POLICIES.register("buckets", ReadyBucketPolicy, compare=True)
 COMM_POLICIES.register("tictac", functools.partial(
     PriorityPolicy, partition_bytes=None, credit_bytes=None, cross_barrier=True))
 COMM_POLICIES.register("p3", functools.partial(

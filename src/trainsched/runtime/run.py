@@ -36,7 +36,8 @@ from trainsched.errors import TrainschedError
 from trainsched.plan import DataParallelPlan, PipelinePlan, PlacedPlan, Plan, SinglePlan
 from trainsched.runtime.launch import quantile
 
-__all__ = ["RunResult", "policy_segment", "run", "runnable", "write_steps_trace"]
+__all__ = ["RunResult", "data_parallel_segment", "policy_segment", "run", "runnable",
+           "write_steps_trace"]
 
 MiB = 1 << 20
 TRAINING_SUFFIXES = ("dX", "dW", "opt")  # the training transform's op names: forward op + ":dX"
@@ -137,6 +138,18 @@ def policy_segment(policy: Any, *, label: str, order: str = "leader", steps: int
                    backprop_k=backprop_k)
 
 
+def data_parallel_segment(plan: DataParallelPlan, *, label: str, steps: int,
+                          warmup: int) -> Any:
+    """The segment :func:`run` times for a data-parallel ``plan`` (its policy, collective
+    order and out-of-order backprop), labelled ``label``: a benchmark that interleaves it
+    with other segments in one job times exactly what :func:`run` would."""
+    pending = _not_run_yet(plan)
+    if pending is not None:
+        raise TrainschedError(f"cannot run this plan: {pending}")
+    return policy_segment(plan.policy, label=label, order=plan.order, steps=steps,
+                          warmup=warmup, backprop_k=plan.k if plan.backprop == "ooo" else 0)
+
+
 def run(plan: Plan, model: str | None = None, *, steps: int = 10, warmup: int = 2,
         batch_size: int | None = None, image_size: int | None = None,
         seq_len: int | None = None, optimizer: str = "sgd", lr: float = 0.01,
@@ -208,9 +221,7 @@ def run(plan: Plan, model: str | None = None, *, steps: int = 10, warmup: int = 
                           else [n for n in order if n in forward])
         ranks = 1
     elif isinstance(plan, DataParallelPlan):
-        segment = policy_segment(plan.policy, label=plan.comm, order=plan.order, steps=steps,
-                                 warmup=warmup,
-                                 backprop_k=plan.k if plan.backprop == "ooo" else 0)
+        segment = data_parallel_segment(plan, label=plan.comm, steps=steps, warmup=warmup)
         if segment.kind == "sdp" and timeline_dir is not None:
             segment = dataclasses.replace(segment, timeline_dir=str(timeline_dir))
         ranks = plan.ranks

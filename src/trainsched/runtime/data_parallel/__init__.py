@@ -40,12 +40,14 @@ layer's update as soon as its gradients are reduced.
 
 - **Switching sizes mid-run** (``specs/comm.md`` §7). :meth:`ScheduledDataParallel.retune`
   on rank 0 changes the policy (partition, credit, ...) from a later step on every rank: at the
-  first gradient of each step rank 0 publishes the store key ``cfg/<s+1>``, the policy of the
-  next step (empty: unchanged), and every other rank reads ``cfg/<s>`` at the first gradient of
-  step s. Rank 0 wrote that key before it issued any collective of step s-1, and a rank cannot
-  start step s before all of step s-1's collectives completed, so the read never waits. At the
-  switch every rank finishes the last step's updates, folds the per-partition optimizer state
-  back into whole parameters and rebuilds its collectives, so all ranks change at one step.
+  first gradient of each step rank 0 publishes the policy of the next step s+1 (empty:
+  unchanged) as the store key ``cfg/<(s+1) mod 2>``, and every other rank reads
+  ``cfg/<s mod 2>`` at the first gradient of step s. Rank 0 wrote that key before it issued
+  any collective of step s-1, and a rank cannot start step s before all of step s-1's
+  collectives completed, so the read never waits (nor is the key overwritten before every rank
+  read it: :mod:`.retune`). At the switch every rank finishes the last step's updates, folds
+  the per-partition optimizer state back into whole parameters and rebuilds its collectives,
+  so all ranks change at one step.
   An :class:`~trainsched.comm.tune.OnlineTuner` (``tuner=``) drives this from rank 0's step
   times: Bayesian search of partition and credit within one job.
 

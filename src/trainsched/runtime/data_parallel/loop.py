@@ -163,6 +163,7 @@ class DispatchLoop:
         self._wire.new_plan()
         self.core, self.layout = core, layout
         self._order.compile(table, layout)
+        core.follow = self._order.follow  # a plan in plan order on every rank follows no one
         self._updates.build(layout)
 
     def _switch(self, step: int, policy: CommPolicy) -> None:
@@ -227,22 +228,21 @@ class DispatchLoop:
                             step_reduced=core.finished)
 
     def _update(self, unit: Unit) -> None:
-        """Step the optimizer of ``unit``; the parameter's last unit releases its gate."""
-        k = unit.param
-        grad = self._progress.grads[k]
-        assert grad is not None and self.layout is not None
+        """Step the optimizer of ``unit``; a parameter's last unit releases its gate."""
+        assert self.layout is not None
+        params = self._updates.params_of(unit)
         start = clock()
-        self._updates.step(unit, grad)
+        self._updates.step(unit, self._progress.grads)
         end = clock()
         step = self._cursor.step
         recorder = self._recorder
         if recorder.in_window(step):
-            label = self._updates.trainable.labels[k]
-            args = {"layer": label, "param": self.layout.param_names[k]}
-            if unit.collective >= 0:
-                args["task"] = self.layout.names[unit.collective]
-            recorder.comm.append(Span(track="update", phase="UPDATE", label=label,
-                                      start_s=start - recorder.t0, end_s=end - recorder.t0,
-                                      step=step, args=args))
-        if self._updates.finish(k):
-            self._progress.updated(k)
+            for k in params:  # one span per parameter: the timeline's layers stay per layer
+                label = self._updates.trainable.labels[k]
+                args = {"layer": label, "param": self.layout.param_names[k]}
+                if unit.collective >= 0:
+                    args["task"] = self.layout.names[unit.collective]
+                recorder.comm.append(Span(track="update", phase="UPDATE", label=label,
+                                          start_s=start - recorder.t0,
+                                          end_s=end - recorder.t0, step=step, args=args))
+        self._progress.updated([k for k in params if self._updates.finish(k)])

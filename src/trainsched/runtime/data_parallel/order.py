@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from trainsched.comm.dispatch import Dispatcher, replay_fifo_wire
-from trainsched.comm.policy import CommPolicy, Gradient
+from trainsched.comm.policy import CommPolicy, Gradient, dispatches_in_plan_order
 from trainsched.errors import TrainschedError
 from trainsched.runtime.data_parallel.events import Decision, Failed, Inbox, TaskTable
 from trainsched.runtime.data_parallel.group import Peers
@@ -105,10 +105,17 @@ class StaticOrder(_Unordered):
 
 class LeaderOrder(_Unordered):
     """Rank 0 publishes its decisions through ``store`` (the dispatcher thread's client); the
-    other ranks read them in a thread of their own and post them to ``inbox``."""
+    other ranks read them in a thread of their own and post them to ``inbox``.
+
+    A plan that every rank dispatches in plan order by itself
+    (:func:`~trainsched.comm.policy.dispatches_in_plan_order`: DDP-like ordered buckets, or a
+    single collective) needs no decisions: while it runs, rank 0 publishes nothing, the other
+    ranks read nothing and ``follow`` is ``False`` (no store traffic per collective)."""
 
     def __init__(self, peers: Peers, store: Any, inbox: Inbox) -> None:
-        self.follow = peers.rank != 0
+        self._follower = peers.rank != 0
+        self.follow = self._follower
+        self._fixed = False  # the current plan dispatches in plan order on every rank
         self.sequence = ()
         self._peers = peers
         self._store = store
@@ -122,13 +129,17 @@ class LeaderOrder(_Unordered):
                                             name="trainsched-decisions")
             self._reader.start()
 
+    def compile(self, table: TaskTable, layout: Layout) -> None:
+        self._fixed = dispatches_in_plan_order(layout.policy, layout.plan)
+        self.follow = self._follower and not self._fixed
+
     def begin_step(self, step: int, count: int) -> tuple[int, ...]:
         if self.follow:
             self._requests.put((step, count))
         return ()
 
     def issued(self, step: int, position: int, collective: int, name: str) -> None:
-        if self._publish:
+        if self._publish and not self._fixed:
             self._store.set(f"{step}/{position}", str(collective))
             if step >= 2:
                 self._store.delete_key(f"{step - 2}/{position}")

@@ -1,10 +1,13 @@
 """Switching the policy mid-run (``specs/comm.md`` §7): by hand (``retune``) or online.
 
 Rank 0 changes the policy (partition, credit, ...) from a later step on every rank: at the
-first gradient of each step rank 0 publishes the store key ``cfg/<s+1>``, the policy of the
-next step (empty: unchanged), and every other rank reads ``cfg/<s>`` at the first gradient of
-step s. Rank 0 wrote that key before it issued any collective of step s-1, and a rank cannot
-start step s before all of step s-1's collectives completed, so the read never waits. At the
+first gradient of each step rank 0 publishes the policy of the next step (empty: unchanged)
+for step s+1, and every other rank reads step s's at the first gradient of step s. Rank 0
+wrote it before it issued any collective of step s-1, and a rank cannot start step s before
+all of step s-1's collectives completed, so the read never waits. Step s's policy is the
+store key ``cfg/<s mod 2>``: rank 0 overwrites it for step s+2 only at the first gradient
+of step s+1, after every rank issued step s's collectives and so read it; two keys written in
+turn cost one store write per step, none deleted. At the
 switch every rank finishes the last step's updates, folds the per-part optimizer state back
 into whole parameters and rebuilds its collectives, so all ranks change at one step.
 
@@ -36,7 +39,8 @@ from trainsched.runtime.data_parallel.trace import clock
 if TYPE_CHECKING:
     from trainsched.comm.tune import OnlineTuner
 
-__all__ = ["PolicyChannel", "Roles", "SwitchPlan", "TunerFeed", "check_tuner", "policy_fields"]
+__all__ = ["PolicyChannel", "Roles", "SwitchPlan", "TunerFeed", "check_tuner", "config_key",
+           "policy_fields"]
 
 
 def policy_fields(policy: CommPolicy) -> dict[str, Any]:
@@ -73,6 +77,11 @@ def check_tuner(tuner: Any, policy: CommPolicy, coordinated: bool, world_size: i
                               "needs order='leader' or order='static'")
 
 
+def config_key(step: int) -> str:
+    """The store key of step ``step``'s policy (module docstring: two keys, in turn)."""
+    return f"cfg/{step % 2}"
+
+
 class PolicyChannel:
     """The policy in force and the switches made (dispatcher thread; the training thread
     reads them); rank 0's retunes waiting to be published; ``cfg/<s>`` through ``store``."""
@@ -97,7 +106,7 @@ class PolicyChannel:
         """At the first gradient of ``step``: the policy to switch to, if it changes."""
         policy = self._switch_at.pop(step, None)
         if self._roles.reads and step >= 1:
-            text = self._peers.get(self._store, f"cfg/{step}",
+            text = self._peers.get(self._store, config_key(step),
                                    f"rank 0's policy for step {step}")
             if text:
                 policy = type(self.policy)(**json.loads(text))
@@ -113,9 +122,7 @@ class PolicyChannel:
             self._switch_at[step + 1] = upcoming
         if self._roles.publishes:
             text = "" if upcoming is None else json.dumps(policy_fields(upcoming))
-            self._store.set(f"cfg/{step + 1}", text)
-            if step >= 2:
-                self._store.delete_key(f"cfg/{step - 2}")
+            self._store.set(config_key(step + 1), text)
 
     def switched(self, step: int, policy: CommPolicy) -> None:
         """``policy`` is in force from ``step``."""

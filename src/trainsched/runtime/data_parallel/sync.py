@@ -60,11 +60,17 @@ class Progress:
             self.posted[k] += 1
         return True
 
-    def updated(self, k: int) -> None:
-        """Parameter ``k``'s update is applied (dispatcher thread)."""
-        self.grads[k] = None
+    def updated(self, params: Iterable[int]) -> None:
+        """The updates of ``params`` are applied (dispatcher thread): one wake-up of the
+        waiters for all of them (a bucket's parameters are updated together)."""
+        params = list(params)
+        if not params:
+            return
+        for k in params:
+            self.grads[k] = None
         with self._cv:
-            self.applied[k] += 1
+            for k in params:
+                self.applied[k] += 1
             self._cv.notify_all()
 
     def wait_updated(self, params: Iterable[int], deadline: float) -> list[int]:

@@ -6,9 +6,15 @@ computation) every part of a split, contiguous parameter is stepped alone, throu
 view and an optimizer of its own, as soon as that part's collective is done; a switch of plan
 folds those optimizers' state back into the parameter's first (:meth:`Updates.fold`).
 
-A *unit* is what one optimizer step covers: a parameter, or one part of it. Units wait in a
-heap by layer, so the dispatcher steps the layer the next forward needs first; without the
-policy's ``cross_barrier`` they wait until every collective of the step is done.
+The whole parameters one collective reduces together (a bucket, a fused group) are stepped
+together, by one optimizer over all of them (a *group*), when the optimizer is an elementwise
+class: one optimizer step per collective instead of one per parameter, the same computation
+(the group's optimizer shares each parameter's state dict with the parameter's own, so
+:attr:`Updates.whole` always holds the whole state).
+
+A *unit* is what one optimizer step covers: a parameter, one part of it, or a group. Units
+wait in a heap by layer, so the dispatcher steps the layer the next forward needs first;
+without the policy's ``cross_barrier`` they wait until every collective of the step is done.
 """
 
 from __future__ import annotations
@@ -33,7 +39,8 @@ ELEMENTWISE = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim
 
 class Unit(NamedTuple):
     """One optimizer step waiting: ``layer`` first (the heap's order), the collective whose
-    part it steps (-1: the whole parameter), the parameter."""
+    part or group it steps (-1: the whole parameter), the parameter (-1: the collective's
+    group)."""
 
     layer: int
     collective: int
@@ -49,6 +56,16 @@ class _Slice:
     param: int
     lo: int
     hi: int
+
+
+@dataclass(frozen=True, eq=False)
+class _Group:
+    """The whole parameters ``params`` of one collective, stepped together by ``optimizer``;
+    ``layer``: the lowest of their layers."""
+
+    params: tuple[int, ...]
+    optimizer: torch.optim.Optimizer
+    layer: int
 
 
 def make_optimizer(optimizer: Any, kwargs: dict | None, params: list[torch.Tensor],
@@ -96,7 +113,10 @@ class Updates:
                                   f"({', '.join(c.__name__ for c in ELEMENTWISE)}), not {odd}; "
                                   f"use update='parameter'")
         self.mode = "partition" if update != "parameter" and elementwise else "parameter"
+        # parameters of one collective are stepped by one optimizer of the user's class
+        self._groupable = elementwise and isinstance(optimizer, type)
         self.slices: dict[int, _Slice] = {}  # collective -> the part it steps alone
+        self.groups: dict[int, _Group] = {}  # collective -> its whole parameters, together
         self.units = [1] * len(trainable)  # units per parameter in the current plan
         self._left = list(self.units)  # units per parameter not yet stepped this step
         self._heap: list[Unit] = []
@@ -132,7 +152,30 @@ class Updates:
                         opt.state[view] = {key: _slice_state(value, p, lo, hi)
                                            for key, value in state.items()}  # fmt: skip
                     self.slices[c] = _Slice(view, opt, k, lo, hi)
+        self._build_groups(layout)
         self._left = list(self.units)
+
+    def _build_groups(self, layout: Layout) -> None:
+        """A group per collective holding two or more whole parameters that no other
+        collective holds: one optimizer over them, with the parameters' hyperparameters and
+        their very state dicts (so both optimizers see every update of the state)."""
+        self.groups = {}
+        if not self._groupable:
+            return
+        optimizer, kwargs = self._spec
+        for c, row in enumerate(layout.parts):
+            members = tuple(k for k, _, _ in row
+                            if self.units[k] == 1 and layout.holders[k] == [c])
+            if len(members) < 2:
+                continue
+            tensors = [self.trainable.tensors[k] for k in members]
+            opt = make_optimizer(optimizer, kwargs, tensors, f"collective {layout.names[c]!r}")
+            for key, value in self.whole[members[0]].param_groups[0].items():
+                if key != "params":
+                    opt.param_groups[0][key] = value
+            for k, p in zip(members, tensors, strict=True):
+                opt.state[p] = self.whole[k].state[p]  # the same dict: one state
+            self.groups[c] = _Group(members, opt, min(layout.layer[k] for k in members))
 
     def fold(self) -> None:
         """Copy every part's optimizer state into its parameter's optimizer (only between
@@ -155,8 +198,13 @@ class Updates:
                 self.whole[k].state[p] = whole
 
     def every_optimizer(self) -> tuple[torch.optim.Optimizer, ...]:
-        """The parameters' optimizers, then the parts'."""
-        return (*self.whole, *(part.optimizer for part in self.slices.values()))
+        """The parameters' optimizers, then the parts' and the groups'."""
+        return (*self.whole, *(part.optimizer for part in self.slices.values()),
+                *(group.optimizer for group in self.groups.values()))
+
+    def params_of(self, unit: Unit) -> tuple[int, ...]:
+        """The parameters ``unit`` steps (a group's, or its one parameter)."""
+        return self.groups[unit.collective].params if unit.param < 0 else (unit.param,)
 
     # -- the units -------------------------------------------------------------------------------
 
@@ -167,7 +215,12 @@ class Updates:
         part = self.slices.get(collective)
         if part is not None:
             units.append(Unit(layer[part.param], collective, part.param))
-        units += [Unit(layer[k], -1, k) for k in whole if self.units[k] == 1]
+        group = self.groups.get(collective)
+        if group is not None:
+            units.append(Unit(group.layer, collective, -1))
+        grouped = group.params if group is not None else ()
+        units += [Unit(layer[k], -1, k) for k in whole
+                  if self.units[k] == 1 and k not in grouped]
         return units
 
     def queue(self, units: list[Unit], *, cross_barrier: bool, step_reduced: bool) -> None:
@@ -190,15 +243,24 @@ class Updates:
         """The waiting unit of the lowest layer."""
         return heapq.heappop(self._heap)
 
-    def step(self, unit: Unit, grad: torch.Tensor) -> None:
-        """Step ``unit``'s optimizer with ``grad``, its parameter's reduced gradient."""
+    def step(self, unit: Unit, grads: list[torch.Tensor | None]) -> None:
+        """Step ``unit``'s optimizer with ``grads`` (per parameter, the reduced gradient)."""
+        tensors = self.trainable.tensors
+        if unit.param < 0:
+            group = self.groups[unit.collective]
+            for k in group.params:
+                tensors[k].grad = grads[k]
+            group.optimizer.step()
+            return
+        grad = grads[unit.param]
+        assert grad is not None
         if unit.collective >= 0:
             part = self.slices[unit.collective]
             part.view.grad = grad.view(-1)[part.lo:part.hi]
             part.optimizer.step()
             part.view.grad = None
         else:
-            self.trainable.tensors[unit.param].grad = grad
+            tensors[unit.param].grad = grad
             self.whole[unit.param].step()
 
     def finish(self, k: int) -> bool:
