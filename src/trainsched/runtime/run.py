@@ -144,6 +144,9 @@ def data_parallel_segment(plan: DataParallelPlan, *, label: str, steps: int,
     order and out-of-order backprop), labelled ``label``: a benchmark that interleaves it
     with other segments in one job times exactly what :func:`run` would."""
     pending = _not_run_yet(plan)
+    if pending is None and plan.sync != "bsp":
+        pending = (f"sync policy {plan.sync!r} trains on the sync runtime (run(plan) does "
+                   f"that), not as a data-parallel segment")
     if pending is not None:
         raise TrainschedError(f"cannot run this plan: {pending}")
     return policy_segment(plan.policy, label=label, order=plan.order, steps=steps,
