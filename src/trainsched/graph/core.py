@@ -14,13 +14,14 @@ from __future__ import annotations
 import copy
 import dataclasses
 import heapq
+import itertools
 import math
 import numbers
 import operator
 import os
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -34,7 +35,7 @@ OP_KINDS = ("forward", "backward_input", "backward_weight", "optimizer")
 SPREAD_LIMIT = 2.0
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Op:
     """One unit of computation: its identity, its cost and the memory it holds.
 
@@ -79,7 +80,7 @@ class Op:
         _check_op(self)
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Edge:
     """A tensor of ``size_bytes`` passed from op ``src`` to op ``dst``.
 
@@ -145,6 +146,8 @@ _MAX_FLOAT = sys.float_info.max
 _OP_FIELDS = tuple(f.name for f in dataclasses.fields(Op))
 _EDGE_FIELDS = tuple(f.name for f in dataclasses.fields(Edge))
 assert set(_FIELD_TYPES) == set(_OP_FIELDS)
+_op_values = operator.attrgetter(*_OP_SPECS)  # an Op's values in _OP_SPECS order, as a tuple
+_name_of = operator.attrgetter("name")
 
 
 def _number(owner: str, field: str, value: Any, integer: bool) -> int | float:
@@ -171,9 +174,8 @@ def _check_op(op: Op) -> None:
         raise TrainschedError(
             f"op {op.name!r}: unknown kind {op.kind!r}; expected one of {', '.join(OP_KINDS)}"
         )
-    values = vars(op)
-    for field, (base, optional) in _OP_SPECS.items():
-        value = values[field]
+    for field, (base, optional), value in zip(_OP_SPECS, _OP_SPECS.values(), _op_values(op),
+                                              strict=True):
         kind = type(value)
         # The common cases first, kept fast: graphs have tens of thousands of ops.
         if kind is float:
@@ -236,7 +238,7 @@ class Graph:
     position in ``ops``.
     """
 
-    __slots__ = ("_edges", "_in", "_index", "_meta", "_ops", "_out", "_topo")
+    __slots__ = ("_dst", "_edges", "_in", "_index", "_meta", "_ops", "_out", "_src", "_topo")
 
     def __init__(
         self, ops: Iterable[Op], edges: Iterable[Edge], meta: Mapping[str, Any] | None = None
@@ -244,36 +246,77 @@ class Graph:
         self._ops: tuple[Op, ...] = tuple(ops)
         self._edges: tuple[Edge, ...] = tuple(edges)
         self._meta: dict[str, Any] = copy.deepcopy(dict(meta or {}))
-        self._index: dict[str, int] = {}
-        for i, op in enumerate(self._ops):
-            if not isinstance(op, Op):
-                raise TrainschedError(f"ops[{i}] is a {type(op).__name__}, not an Op")
-            self._index.setdefault(op.name, i)
-        if len(self._index) < len(self._ops):
-            counts = Counter(op.name for op in self._ops)
+        ops = self._ops
+        if not all(map(isinstance, ops, itertools.repeat(Op))):
+            i = next(i for i, op in enumerate(ops) if not isinstance(op, Op))
+            raise TrainschedError(f"ops[{i}] is a {type(ops[i]).__name__}, not an Op")
+        # Built in C; a repeated name keeps its last position, but then the graph is refused.
+        self._index: dict[str, int] = dict(zip(map(_name_of, ops), range(len(ops)), strict=True))
+        if len(self._index) < len(ops):
+            counts = Counter(op.name for op in ops)
             names = ", ".join(repr(name) for name, n in counts.items() if n > 1)
             raise TrainschedError(f"duplicate op names: {names}; every op needs a unique name")
-        _check_sums(self._ops, self._edges)
-        self._in: list[list[int]] = [[] for _ in self._ops]
-        self._out: list[list[int]] = [[] for _ in self._ops]
+        _check_sums(ops, self._edges)
+        # Per edge the positions of its ends; per op the edges into and out of it.
+        self._src: list[int] = []
+        self._dst: list[int] = []
+        self._in: list[list[int]] = [[] for _ in ops]
+        self._out: list[list[int]] = [[] for _ in ops]
         self._link_edges()
-        self._topo: tuple[int, ...] = self._sort()
+        self._topo: Sequence[int] = self._sort()
 
     def _link_edges(self) -> None:
-        seen: dict[tuple[str, str, str], int] = {}
-        for k, e in enumerate(self._edges):
+        """Positions of every edge's ends and the per-op edge lists; the first problem in edge
+        order (not an Edge, an unknown end, a self-loop, a duplicate) is an error."""
+        index, edges, src, dst = self._index, self._edges, self._src, self._dst
+        ins, outs = self._in, self._out
+        bad = len(edges)  # the first edge that is not an Edge or has a bad end
+        for k, e in enumerate(edges):
+            if type(e) is not Edge and not isinstance(e, Edge):
+                bad = k
+                break
+            a = index.get(e.src)
+            b = index.get(e.dst)
+            if a is None or b is None or a == b:
+                bad = k
+                break
+            src.append(a)
+            dst.append(b)
+            outs[a].append(k)
+            ins[b].append(k)
+        twins = self._first_duplicate(bad)
+        if twins is not None:
+            first, k = twins
+            e = edges[k]
+            raise TrainschedError(
+                f"edges[{first}] and edges[{k}] are duplicates: {e.src!r} -> {e.dst!r} "
+                f"carrying tensor {e.tensor!r}"
+            )
+        if bad < len(edges):
+            e = edges[bad]
             if not isinstance(e, Edge):
-                raise TrainschedError(f"edges[{k}] is a {type(e).__name__}, not an Edge")
-            if e.src not in self._index or e.dst not in self._index or e.src == e.dst:
-                raise TrainschedError(self._edge_problem(k, e))
-            first = seen.setdefault((e.src, e.dst, e.tensor), k)
-            if first != k:
-                raise TrainschedError(
-                    f"edges[{first}] and edges[{k}] are duplicates: {e.src!r} -> {e.dst!r} "
-                    f"carrying tensor {e.tensor!r}"
-                )
-            self._out[self._index[e.src]].append(k)
-            self._in[self._index[e.dst]].append(k)
+                raise TrainschedError(f"edges[{bad}] is a {type(e).__name__}, not an Edge")
+            raise TrainschedError(self._edge_problem(bad, e))
+
+    def _first_duplicate(self, before: int) -> tuple[int, int] | None:
+        """Among edges ``0..before-1``: the earliest edge repeating an earlier one's source,
+        destination and tensor, with that earlier one; None if there is none."""
+        edges, dst = self._edges, self._dst
+        found: tuple[int, int] | None = None
+        for outs in self._out:
+            if len(outs) < 2:
+                continue
+            if len(outs) == 2:  # the common case, without a dict
+                a, b = outs
+                if dst[a] != dst[b] or edges[a].tensor != edges[b].tensor:
+                    continue
+            seen: dict[tuple[int, str], int] = {}
+            for k in outs:  # in edge order
+                first = seen.setdefault((dst[k], edges[k].tensor), k)
+                if first != k and (found is None or k < found[1]):
+                    found = (first, k)
+        assert found is None or found[1] < before
+        return found
 
     def _edge_problem(self, k: int, e: Edge) -> str:
         where = f"edges[{k}] {e.src!r} -> {e.dst!r}"
@@ -282,10 +325,15 @@ class Graph:
                 return f"{where}: {end} {name!r} is not an op of the graph"
         return f"{where} is a self-loop; graph has a cycle: {e.src} -> {e.src}"
 
-    def _sort(self, key: Callable[[int], Any] | None = None) -> tuple[int, ...]:
+    def _sort(self, key: Callable[[int], Any] | None = None) -> Sequence[int]:
         """Kahn's algorithm; among ready ops the smallest ``key(index)`` goes first, then the
         earliest in ``ops``; reports a cycle."""
+        if key is None and all(map(operator.lt, self._src, self._dst)):
+            # Every edge runs forward in ``ops``: the earliest ready op is always the next one
+            # listed, so the order is the listing (the common case: graphs are saved sorted).
+            return range(len(self._ops))
         indegree = [len(ins) for ins in self._in]
+        dst = self._dst
         rank = (lambda i: (key(i), i)) if key is not None else (lambda i: i)
         ready = [(rank(i), i) for i, d in enumerate(indegree) if d == 0]
         heapq.heapify(ready)
@@ -294,7 +342,7 @@ class Graph:
             i = heapq.heappop(ready)[1]
             order.append(i)
             for k in self._out[i]:
-                j = self._index[self._edges[k].dst]
+                j = dst[k]
                 indegree[j] -= 1
                 if indegree[j] == 0:
                     heapq.heappush(ready, (rank(j), j))
@@ -310,7 +358,7 @@ class Graph:
         while step not in position:
             position[step] = len(walk)
             walk.append(step)
-            preds = (self._index[self._edges[k].src] for k in self._in[step])
+            preds = (self._src[k] for k in self._in[step])
             step = next(p for p in preds if indegree[p] > 0)
         cycle = walk[position[step] :][::-1]
         start = cycle.index(min(cycle))
@@ -413,7 +461,7 @@ class Graph:
         for i in self._topo:
             best, start = -1, 0.0
             for k in self._in[i]:
-                p = self._index[self._edges[k].src]
+                p = self._src[k]
                 if best < 0 or finish[p] > start or (finish[p] == start and p < best):
                     best, start = p, finish[p]
             finish[i] = start + self._ops[i].compute_s
@@ -484,8 +532,12 @@ class Graph:
         atomic_write_text(path, self.to_json())
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> Graph:
-        """Read a graph file written by :meth:`save` (or by hand, see docs/graph-format.md)."""
-        from trainsched.graph.io import read_text_file
+    def load(cls, path: str | os.PathLike[str], *,
+             progress: Callable[[int, int, str], None] | None = None) -> Graph:
+        """Read a graph file written by :meth:`save` (or by hand, see docs/graph-format.md).
 
-        return cls.from_json(read_text_file(path, "graph"), source=str(path))
+        ``progress(done, total, "")``, if given, hears now and then how many of the file's
+        bytes are read (a progress bar for a large graph)."""
+        from trainsched.graph.fastread import load_graph
+
+        return load_graph(path, progress)
