@@ -126,6 +126,11 @@ _set_src, _set_dst = Edge.src.__set__, Edge.dst.__set__  # type: ignore[attr-def
 _set_size, _set_tensor = Edge.size_bytes.__set__, Edge.tensor.__set__  # type: ignore[attr-defined]
 
 
+_edge_values = operator.itemgetter("src", "dst", "size_bytes", "tensor")
+_EDGE_TYPES = (str, str, int, str)
+_new = object.__new__
+
+
 def _build_edge(d: dict[str, Any], names: dict[str, str]) -> Edge | None:
     """The Edge record ``d`` describes (known keys only), or None when a field is not of the
     writer's type or in range."""
@@ -203,8 +208,11 @@ def _read(lines: _Lines, source: str) -> Graph | None:
     def add_op(item: Any) -> bool:
         if type(item) is not dict:
             return False
-        if len(item) == len(_OP_SPECS) and item.keys() <= _OP_KEYS:
-            op = _op_from(item, names, strings, signatures)
+        if len(item) == len(_OP_SPECS):  # every field: read them in one go
+            try:
+                op = _op_from(item, names, strings, signatures)
+            except KeyError:  # as many fields, but one of them unknown
+                return False
         elif item.keys() <= _OP_KEYS:
             op = None
         else:
@@ -216,7 +224,24 @@ def _read(lines: _Lines, source: str) -> Graph | None:
         return True
 
     def add_edge(item: Any) -> bool:
-        if type(item) is not dict or not item.keys() <= _EDGE_KEYS:
+        if type(item) is not dict:
+            return False
+        if len(item) == len(_EDGE_SPECS):  # every field, as the writer writes: the fast way
+            try:
+                values = _edge_values(item)
+            except KeyError:  # as many fields, but one of them unknown
+                return False
+            if tuple(map(type, values)) == _EDGE_TYPES and values[2] >= 0:
+                src, dst, size, tensor = values
+                e = _new(Edge)
+                src = names.get(src, src)
+                _set_src(e, src)
+                _set_dst(e, names.get(dst, dst))
+                _set_size(e, size)
+                _set_tensor(e, src if not tensor or tensor == src else tensor)
+                edges.append(e)
+                return True
+        elif not item.keys() <= _EDGE_KEYS:
             return False
         e = _build_edge(item, names)
         if e is None:
