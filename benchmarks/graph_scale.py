@@ -10,7 +10,8 @@ training ops follow the rules of :func:`trainsched.graph.to_training` (``v:dX`` 
 after the embedding, ``v:dW`` and ``v:opt`` for every op with parameters, saved-activation,
 gradient and update edges): 32 ops per block, so a graph of N ops has about N / 32 blocks.
 
-Cases, each in a fresh Python process (time measured inside it, imports included; peak memory
+Cases, each in a fresh Python process (wall and CPU time measured inside it, imports included:
+on a shared machine the CPU time is the steadier figure; peak memory
 from ``/proc/self/status`` VmHWM, else ``resource.getrusage(RUSAGE_SELF).ru_maxrss``, which on
 Linux keeps the forking parent's peak across ``exec``):
 
@@ -245,13 +246,16 @@ else:
     if case == "simulate-cli":
         out = io.StringIO(repr(json.loads(out.getvalue())["step_time_s"]))
 wall = time.perf_counter() - began
-rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+usage = resource.getrusage(resource.RUSAGE_SELF)
+cpu = usage.ru_utime + usage.ru_stime
+rss = usage.ru_maxrss * 1024
 try:  # ru_maxrss keeps the forking parent's peak across exec; VmHWM starts afresh
     with open("/proc/self/status") as status:
         rss = next(int(ln.split()[1]) * 1024 for ln in status if ln.startswith("VmHWM:"))
 except (OSError, StopIteration):
     pass
-print(json.dumps({"wall_s": wall, "peak_rss_bytes": rss, "answer": out.getvalue()[:80]}))
+print(json.dumps({"wall_s": wall, "cpu_s": cpu, "peak_rss_bytes": rss,
+                  "answer": out.getvalue()[:80]}))
 """
 
 
@@ -264,10 +268,12 @@ def run_case(case: str, path: Path, timeout_s: float) -> dict:
                               capture_output=True, text=True, env=env, timeout=timeout_s,
                               check=False)
     except subprocess.TimeoutExpired:
-        return {"wall_s": None, "peak_rss_bytes": None, "answer": f"timeout {timeout_s:g}s"}
+        return {"wall_s": None, "cpu_s": None, "peak_rss_bytes": None,
+                "answer": f"timeout {timeout_s:g}s"}
     if proc.returncode != 0:
         tail = proc.stderr.strip().splitlines()[-1:] or ["?"]
-        return {"wall_s": None, "peak_rss_bytes": None, "answer": f"failed: {tail[0][:60]}"}
+        return {"wall_s": None, "cpu_s": None, "peak_rss_bytes": None,
+                "answer": f"failed: {tail[0][:60]}"}
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -290,8 +296,8 @@ def main() -> int:
     work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="graph_scale."))
     work.mkdir(parents=True, exist_ok=True)
     rows = []
-    print(f"{'ops':>9} {'edges':>9} {'file':>8} {'case':<13} {'wall s':>8} {'peak RSS':>9} "
-          f"{'RSS/file':>8} {'load':>5}  answer")
+    print(f"{'ops':>9} {'edges':>9} {'file':>8} {'case':<13} {'wall s':>8} {'cpu s':>7} "
+          f"{'peak RSS':>9} {'RSS/file':>8} {'load':>5}  answer")
     for size in sizes:
         path = work / f"transformer_{size}.json"
         if not path.exists():
@@ -310,10 +316,11 @@ def main() -> int:
             rows.append({"ops": num_ops, "edges": num_edges, "file_bytes": file_bytes,
                          "case": case, "load_before": float(load_before), **r})
             wall = f"{r['wall_s']:.2f}" if r["wall_s"] is not None else "-"
+            cpu = f"{r['cpu_s']:.2f}" if r.get("cpu_s") is not None else "-"
             mem = f"{rss / 2**20:.0f}Mi" if rss else "-"
             ratio = f"{rss / file_bytes:.2f}" if rss else "-"
             print(f"{num_ops:>9} {num_edges:>9} {file_bytes / 2**20:>6.0f}Mi {case:<13} "
-                  f"{wall:>8} {mem:>9} {ratio:>8} {load_before:>5}  {r['answer']}")
+                  f"{wall:>8} {cpu:>7} {mem:>9} {ratio:>8} {load_before:>5}  {r['answer']}")
     write_results(args.out, {
         "benchmark": "graph_scale", "label": args.label,
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
