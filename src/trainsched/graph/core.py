@@ -175,7 +175,10 @@ def _check_op(op: Op) -> None:
         raise TrainschedError(
             f"op {op.name!r}: unknown kind {op.kind!r}; expected one of {', '.join(OP_KINDS)}"
         )
-    for field, (base, optional), value in zip(_OP_SPECS, _OP_SPECS.values(), _op_values(op),
+    values = _op_values(op)
+    if _plain_values(values):
+        return  # every value of its exact type and in range: nothing to check or convert
+    for field, (base, optional), value in zip(_OP_SPECS, _OP_SPECS.values(), values,
                                               strict=True):
         kind = type(value)
         # The common cases first, kept fast: graphs have tens of thousands of ops.
@@ -191,6 +194,54 @@ def _check_op(op: Op) -> None:
         elif kind is tuple and base == "strs" and all(type(v) is str for v in value):
             continue
         object.__setattr__(op, field, _normalised(op.name, field, value, base))
+
+
+def _numbers_of(signature: tuple[type, ...], strs: type) -> tuple[Any, Any] | None:
+    """For the value types of an op's fields (in ``_OP_SPECS`` order; lists of names of type
+    ``strs``): getters of its numbers (to check their range) and of its lists of names, or
+    None when a type is not exactly the field's own."""
+    own = {"str": str, "float": float, "int": int, "strs": strs}
+    numbers, names = [], []
+    for k, (kind, (base, optional)) in enumerate(zip(signature, _OP_SPECS.values(),
+                                                     strict=True)):
+        if kind is type(None) and optional:
+            continue
+        if kind is not own[base]:
+            return None
+        if base in ("float", "int"):
+            numbers.append(k)
+        elif base == "strs":
+            names.append(k)
+    # (a getter of one item returns it bare: the first is repeated to keep a tuple)
+    return operator.itemgetter(*numbers, numbers[0]), operator.itemgetter(*names, names[0])
+
+
+def _plain_numbers(values: tuple[Any, ...], getters: tuple[Any, Any]) -> bool:
+    """Whether the numbers among an op's values (``getters`` from :func:`_numbers_of`) are
+    all finite and >= 0."""
+    numbers = getters[0](values)
+    try:
+        # NaN and infinities make the sum NaN or infinite; a sum over the largest float (two
+        # huge but valid values) is left to the field-by-field check.
+        return min(numbers) >= 0 and math.fsum(numbers) <= _MAX_FLOAT
+    except OverflowError:  # an integer too large for a float
+        return False
+
+
+def _plain_values(values: tuple[Any, ...]) -> bool:
+    """Whether an op's field values (``_OP_SPECS`` order) need no check: each of the field's
+    exact type, numbers finite and >= 0, lists of names empty. Each combination of types is
+    looked at once (remembered), so this costs a few calls in C per op; False leaves the
+    question to the field-by-field check."""
+    signature = tuple(map(type, values))
+    getters = _OP_SIGNATURES.get(signature, False)
+    if getters is False:
+        getters = _OP_SIGNATURES[signature] = _numbers_of(signature, tuple)
+    return (getters is not None and _plain_numbers(values, getters)
+            and not any(getters[1](values)))
+
+
+_OP_SIGNATURES: dict[Any, Any] = {}
 
 
 #: The cost and size fields whose sums over a graph (step times, memory) must be finite.

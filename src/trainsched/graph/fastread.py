@@ -20,15 +20,22 @@ from __future__ import annotations
 
 import gc
 import json
-import math
 import operator
 import os
-import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from trainsched.errors import TrainschedError
-from trainsched.graph.core import _EDGE_SPECS, _OP_SPECS, OP_KINDS, Edge, Graph, Op
+from trainsched.graph.core import (
+    _EDGE_SPECS,
+    _OP_SPECS,
+    OP_KINDS,
+    Edge,
+    Graph,
+    Op,
+    _numbers_of,
+    _plain_numbers,
+)
 from trainsched.graph.io import _read_record, graph_from_json, read_text_file
 
 __all__ = ["Progress", "load_graph", "read_layout"]
@@ -84,40 +91,16 @@ def _make_builder() -> Callable[[tuple[Any, ...], dict[str, str], dict[str, str]
 
 _build_op = _make_builder()
 _op_values = operator.itemgetter(*_OP_SPECS)
-_JSON_TYPE = {"str": str, "float": float, "int": int, "strs": list}
-_MAX = sys.float_info.max
-
-
-def _numbers_of(signature: tuple[type, ...]) -> Callable[[tuple[Any, ...]], Any] | None:
-    """For the value types of a record (in ``_OP_SPECS`` order): a getter of its numbers (to
-    check their range), or None when a type is not the one the writer writes."""
-    numbers = []
-    for k, (kind, (base, optional)) in enumerate(zip(signature, _OP_SPECS.values(),
-                                                     strict=True)):
-        if kind is type(None) and optional:
-            continue
-        if kind is not _JSON_TYPE[base]:
-            return None
-        if base in ("float", "int"):
-            numbers.append(k)
-    return operator.itemgetter(*numbers, numbers[0])  # always a tuple, even of one
-
-
 def _op_from(item: dict[str, Any], names: dict[str, str], strings: dict[str, str],
              signatures: dict[tuple[type, ...], Any]) -> Op | None:
     """The Op of a record with every field, when its values are of the writer's types and in
-    range (numbers finite and >= 0); else None."""
+    range (numbers finite and >= 0); else None. Raises KeyError for a field it does not know."""
     values = _op_values(item)
     signature = tuple(map(type, values))
-    numbers = signatures.get(signature, False)
-    if numbers is False:
-        numbers = signatures[signature] = _numbers_of(signature)
-    if numbers is None:
-        return None
-    found = numbers(values)
-    # NaN and infinities make the sum NaN or infinite; a sum over the largest float (two
-    # huge but valid values) is left to the ordinary reader too.
-    if min(found) < 0 or not math.fsum(found) <= _MAX:
+    getters = signatures.get(signature, False)
+    if getters is False:
+        getters = signatures[signature] = _numbers_of(signature, list)
+    if getters is None or not _plain_numbers(values, getters):
         return None
     return _build_op(values, names, strings)
 
