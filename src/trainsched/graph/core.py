@@ -149,6 +149,8 @@ _EDGE_FIELDS = tuple(f.name for f in dataclasses.fields(Edge))
 assert set(_FIELD_TYPES) == set(_OP_FIELDS)
 _op_values = operator.attrgetter(*_OP_SPECS)  # an Op's values in _OP_SPECS order, as a tuple
 _name_of = operator.attrgetter("name")
+_kind_of = operator.attrgetter("kind")
+_compute_of = operator.attrgetter("compute_s")
 
 
 def _number(owner: str, field: str, value: Any, integer: bool) -> int | float:
@@ -539,15 +541,18 @@ class Graph:
             return 0.0, ()
         finish = [0.0] * len(self._ops)
         back = [-1] * len(self._ops)
+        compute = list(map(_compute_of, self._ops))
+        at, into, src = self._in.at, self._in.edges, self._src
         for i in self._topo:
             best, start = -1, 0.0
-            for k in self._in[i]:
-                p = self._src[k]
-                if best < 0 or finish[p] > start or (finish[p] == start and p < best):
-                    best, start = p, finish[p]
-            finish[i] = start + self._ops[i].compute_s
+            for k in into[at[i] : at[i + 1]]:
+                p = src[k]
+                f = finish[p]
+                if best < 0 or f > start or (f == start and p < best):
+                    best, start = p, f
+            finish[i] = start + compute[i]
             back[i] = best
-        end = max(range(len(finish)), key=lambda i: (finish[i], -i))
+        end = finish.index(max(finish))  # the latest finish; ties: the earliest op
         path = [end]
         while back[path[-1]] >= 0:
             path.append(back[path[-1]])
@@ -557,25 +562,33 @@ class Graph:
         """Op counts per kind and sums of costs and sizes over the whole graph."""
         ops = self._ops
         count = dict.fromkeys(OP_KINDS, 0)
-        for op in ops:
-            count[op.kind] += 1
+        count.update(Counter(map(_kind_of, ops)))
+
+        def total(field: str) -> int:
+            return sum(map(operator.attrgetter(field), ops))
+
         return GraphTotals(
             num_ops=len(ops),
             ops_by_kind=MappingProxyType(count),
             num_edges=len(self._edges),
-            compute_s=math.fsum(op.compute_s for op in ops),
-            flops=math.fsum(op.flops for op in ops),
-            param_bytes=sum(op.param_bytes for op in ops),
-            buffer_bytes=sum(op.buffer_bytes for op in ops),
-            optimizer_state_bytes=sum(op.optimizer_state_bytes for op in ops),
-            output_bytes=sum(op.output_bytes for op in ops),
-            saved_bytes=sum(op.saved_bytes for op in ops),
-            edge_bytes=sum(e.size_bytes for e in self._edges),
+            compute_s=math.fsum(map(_compute_of, ops)),
+            flops=math.fsum(map(operator.attrgetter("flops"), ops)),
+            param_bytes=total("param_bytes"),
+            buffer_bytes=total("buffer_bytes"),
+            optimizer_state_bytes=total("optimizer_state_bytes"),
+            output_bytes=total("output_bytes"),
+            saved_bytes=total("saved_bytes"),
+            edge_bytes=sum(map(operator.attrgetter("size_bytes"), self._edges)),
         )
 
     def heaviest(self, n: int) -> tuple[Op, ...]:
         """The ``n`` ops with the largest ``compute_s`` (ties: name ascending)."""
-        return tuple(sorted(self._ops, key=lambda op: (-op.compute_s, op.name))[: max(n, 0)])
+        if n <= 0 or not self._ops:
+            return ()
+        compute = list(map(_compute_of, self._ops))
+        cut = heapq.nlargest(n, compute)[-1]  # only ops at least this heavy can be among them
+        heavy = [op for op, c in zip(self._ops, compute, strict=True) if c >= cut]
+        return tuple(sorted(heavy, key=lambda op: (-op.compute_s, op.name))[:n])
 
     # --- derived graphs ------------------------------------------------------------------------
 

@@ -366,7 +366,15 @@ def _simulate(graph: Graph, cluster: Cluster | None, device_of: Mapping[str, int
             size_of[key] = max(size_of.get(key, 0), e.size_bytes)
     local_src: list[int] = []
     local_dst: list[int] = []
-    for e, a, b in zip(edges, src, dst, strict=True):
+    if len(used) == 1 and src:  # every edge a dependency; a producer's consumers: a run
+        tasks.add_dependencies(src, dst)
+        cuts = [0, *itertools.compress(range(1, len(src)),
+                                       map(operator.ne, itertools.islice(src, 1, None), src)),
+                len(src)]
+        for first, last in itertools.pairwise(cuts):
+            users[src[first]] = dst[first:last]
+        edges = []  # nothing left for the loop below
+    for e, a, b in zip(edges, src, dst, strict=False):
         da, db = dev[a], dev[b]
         if da == db:
             local_src.append(a)
