@@ -669,6 +669,24 @@ def longest_path_s(tasks: TaskGraph) -> float:
     A lower bound on any schedule's makespan; a cycle raises as :func:`run_tasks` does.
     """
     n = len(tasks)
+    duration, successors = tasks.duration_s, tasks.successors
+    reach = [0.0] * n  # latest end among a task's predecessors so far
+    longest = 0.0
+    for t in range(n):  # one pass while every dependency runs to a later task (the usual)
+        f = reach[t] + duration[t]
+        if f > longest:
+            longest = f
+        for s in successors[t]:
+            if s <= t:
+                return _longest_path_sorting(tasks)
+            if f > reach[s]:
+                reach[s] = f
+    return longest
+
+
+def _longest_path_sorting(tasks: TaskGraph) -> float:
+    """:func:`longest_path_s` for tasks in any order: Kahn's algorithm."""
+    n = len(tasks)
     indeg = list(tasks.indegree)
     finish = [0.0] * n
     reach = [0.0] * n  # latest end among a task's predecessors so far

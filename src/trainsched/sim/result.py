@@ -272,15 +272,30 @@ def _critical_path(tasks: TaskGraph, replay: Replay) -> tuple[PathStep, ...]:
         chain.append(t)
         t = replay.fixed_by[t]
     chain.reverse()
+    label, category = tasks.label, tasks.category
+    start_s, by_resource = replay.start_s, replay.by_resource
+    # Made as the dataclass would, less its per-field checks (a chain may be a million steps).
+    new, name_, category_, start_, end_, wait_, via_ = _PATH_STEP_SETTERS
     steps = []
     previous_end = 0.0
     for k, t in enumerate(chain):
-        via = "start" if k == 0 else "resource" if replay.by_resource[t] else "dependency"
-        start = replay.start_s[t]
-        steps.append(PathStep(name=tasks.label[t], category=tasks.category[t], start_s=start,
-                              end_s=end[t], wait_s=start - previous_end, via=via))
+        step = new(PathStep)
+        start = start_s[t]
+        name_(step, label[t])
+        category_(step, category[t])
+        start_(step, start)
+        end_(step, end[t])
+        wait_(step, start - previous_end)
+        via_(step, "start" if k == 0 else "resource" if by_resource[t] else "dependency")
+        steps.append(step)
         previous_end = end[t]
     return tuple(steps)
+
+
+_first = operator.itemgetter(0)
+_PATH_STEP_FIELDS = ("name", "category", "start_s", "end_s", "wait_s", "via")
+assert tuple(f.name for f in fields(PathStep)) == _PATH_STEP_FIELDS  # every field set below
+_PATH_STEP_SETTERS = (object.__new__, *(getattr(PathStep, f).__set__ for f in _PATH_STEP_FIELDS))
 
 
 def _merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -340,25 +355,28 @@ def _memory(tasks: TaskGraph, replay: Replay, num_devices: int,
     """Per device: (peak bytes, the task whose allocation reached it, the timeline)."""
     resident = [0] * num_devices
     changes: list[list[tuple[float, int, int, int, int]]] = [[] for _ in range(num_devices)]
+    start_s, end_of = replay.start_s, replay.end_s.__getitem__
     for k, a in enumerate(allocations):
-        if a.size_bytes == 0:
+        size = a.size_bytes
+        if size == 0:
             continue
-        if a.at_task < 0:
-            resident[a.device] += a.size_bytes
+        task, mine = a.at_task, changes[a.device]
+        if task < 0:
+            resident[a.device] += size
             at = 0.0
         else:
-            at = replay.start_s[a.at_task]
-            changes[a.device].append((at, 1, k, a.size_bytes, a.at_task))
+            at = start_s[task]
+            mine.append((at, 1, k, size, task))
         if a.until_tasks:
-            free = max(map(replay.end_s.__getitem__, a.until_tasks))
+            free = max(map(end_of, a.until_tasks))
             # Freed the instant it is made: count it at that instant, after the allocations.
-            changes[a.device].append((free, 2 if free <= at else 0, k, -a.size_bytes, -1))
+            mine.append((free, 2 if free <= at else 0, k, -size, -1))
     out = []
     for d in range(num_devices):
         current = peak = resident[d]
         peak_task = -1
         timeline = [(0.0, current)]
-        for time_s, group in itertools.groupby(sorted(changes[d]), key=lambda c: c[0]):
+        for time_s, group in itertools.groupby(sorted(changes[d]), key=_first):
             high = -1  # the level after this instant's allocations, before instant frees
             for _, phase, _, delta, task in group:
                 current += delta
