@@ -11,9 +11,14 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import tempfile
+from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
 
+from test_graph_properties import forward_dags
 from trainsched.errors import TrainschedError
 from trainsched.graph import Edge, Graph, Op, to_training
 from trainsched.graph.fastread import read_layout
@@ -59,6 +64,27 @@ def test_fast_reader_gives_the_graph_the_ordinary_reader_gives(tmp_path, mid_gra
     assert fast == Graph.from_json(path.read_text()) == mid_graph
     assert fast.to_json() == path.read_text()
     assert fast.topological_order() == mid_graph.topological_order()
+
+
+@settings(max_examples=60, deadline=None)
+@given(forward_dags())
+def test_fast_reader_equals_the_ordinary_reader_on_random_graphs(forward):
+    # shuffled listings (the sort runs), grouped ops (lists of member names), training ops
+    for graph in (forward, to_training(forward)):
+        fd, name = tempfile.mkstemp(suffix=".json")
+        os.close(fd)
+        try:
+            graph.save(name)
+            fast = read_layout(name)
+            text = Path(name).read_text()
+        finally:
+            os.unlink(name)
+        assert fast is not None
+        assert fast == Graph.from_json(text) == graph
+        assert fast.topological_order() == graph.topological_order()
+        assert fast.critical_path() == graph.critical_path()
+        assert [fast.in_edges(op.name) for op in graph.ops] == [
+            graph.in_edges(op.name) for op in graph.ops]
 
 
 def test_fast_reader_shares_repeated_strings(tmp_path, mid_graph):
