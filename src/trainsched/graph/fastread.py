@@ -26,16 +26,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from trainsched.errors import TrainschedError
-from trainsched.graph.core import (
-    _EDGE_SPECS,
-    _OP_SPECS,
-    OP_KINDS,
-    Edge,
-    Graph,
-    Op,
-    _numbers_of,
-    _plain_numbers,
-)
+from trainsched.graph.core import Edge, Graph, Op
+from trainsched.graph.fields import _EDGE_SPECS, _OP_SPECS, OP_KINDS, _numbers_of, _plain_numbers
 from trainsched.graph.io import _read_record, graph_from_json, read_text_file
 
 __all__ = ["Progress", "load_graph", "read_layout"]
