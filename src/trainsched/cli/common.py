@@ -266,10 +266,18 @@ def as_training(graph: Any, args: argparse.Namespace, *, runs: bool = False) -> 
         else graph
 
 
+def load_graph(path: str, args: argparse.Namespace) -> Any:
+    """A graph file, read with a progress bar on stderr when it is a terminal (never with
+    ``--json``): a graph of a million ops takes a while."""
+    from trainsched.graph import Graph
+    from trainsched.report.progress import ProgressBar
+
+    with ProgressBar(f"reading {path}", enabled=not getattr(args, "json", False)) as bar:
+        return Graph.load(path, progress=bar.update)
+
+
 def training_graph(path: str, args: argparse.Namespace) -> Any:
     """A graph file as a training graph (:func:`as_training`)."""
-    from trainsched.graph import Graph
-
-    graph = Graph.load(path)
+    graph = load_graph(path, args)
     with error_context(f"{path} with its backward and optimizer ops"):
         return as_training(graph, args)

@@ -25,6 +25,7 @@ from trainsched.cli.common import (
     check_count,
     dump,
     error_context,
+    load_graph,
     size_rules_and_facts,
 )
 from trainsched.cli.outputs import OutputDir
@@ -95,7 +96,7 @@ def check_flags(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     from trainsched import compare as comparing
     from trainsched.cluster import resolve_cluster
-    from trainsched.graph import Graph, atomic_write_text
+    from trainsched.graph import atomic_write_text
     from trainsched.plan import Prediction, save_plan
     from trainsched.report.chart import write_chart
     from trainsched.sim import write_trace
@@ -119,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     out_dir = out.path
     files: dict[str, Callable[[Path], None]] = {}  # written at the end, in this order
     if args.model.endswith(".json"):
-        graph = Graph.load(args.model)
+        graph = load_graph(args.model, args)
     else:
         from trainsched.capture import build, capture
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from trainsched.cli.common import Subcommands, add_json, dump
+from trainsched.cli.common import Subcommands, add_json, dump, load_graph
 from trainsched.report.graph_summary import describe_graph, graph_summary
 
 NAME = "show"
@@ -19,9 +19,7 @@ def add_parser(sub: Subcommands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainsched.graph import Graph
-
-    graph = Graph.load(args.graph)
+    graph = load_graph(args.graph, args)
     summary = graph_summary(graph, top=args.top)
     if args.json:
         print(dump(summary))

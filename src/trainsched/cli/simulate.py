@@ -365,7 +365,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         plan = build_plan(graph, cluster, args, policy=policy, steps=steps, k=k,
                           slots=choice.slots if choice is not None else ())
-    result = simulate(plan, graph, cluster)
+    with ProgressBar("simulating", enabled=not args.json) as bar:
+        result = simulate(plan, graph, cluster, progress=bar.update)
     if args.trace:
         write_trace(args.trace, result, title=f"{graph.meta.get('model', 'graph')} "
                     f"{args.parallelism}", meta={"parallelism": args.parallelism,
@@ -451,7 +452,8 @@ def _run_plan_file(args: argparse.Namespace) -> int:
     graph = training_graph(args.graph, args)
     cluster = resolve_cluster(args.cluster)
     plan = load_plan(args.plan)
-    result = simulate(plan, graph, cluster)
+    with ProgressBar("simulating", enabled=not args.json) as bar:
+        result = simulate(plan, graph, cluster, progress=bar.update)
     if args.trace:
         write_trace(args.trace, result, title=f"{graph.meta.get('model', 'graph')} {plan.kind}",
                     meta={"parallelism": plan.kind, "cluster": cluster.label})

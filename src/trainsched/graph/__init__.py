@@ -1,8 +1,10 @@
 """The computation graph: ops, edges, their file format and the transforms every policy reads.
 
 :mod:`~trainsched.graph.core` holds :class:`Op`, :class:`Edge` and :class:`Graph` (validated,
-immutable, deterministic orders); :mod:`~trainsched.graph.io` the ``trainsched.graph/1`` JSON
-file, atomic writes and the JSON helpers of trainsched's other formats;
+immutable, deterministic orders), :mod:`~trainsched.graph.fields` their fields and checks;
+:mod:`~trainsched.graph.io` the ``trainsched.graph/1`` JSON file, atomic writes and the JSON
+helpers of trainsched's other formats, :mod:`~trainsched.graph.fastread` the lean line-by-line
+reader ``Graph.load`` uses for large files;
 :mod:`~trainsched.graph.training` the forward-to-training transform (:func:`to_training`) and
 :mod:`~trainsched.graph.coarsen` op-to-module coarsening (:func:`coarsen_by_module`). Plain
 Python: no torch here.

@@ -14,27 +14,26 @@ from __future__ import annotations
 import copy
 import dataclasses
 import heapq
+import itertools
 import math
-import numbers
 import operator
 import os
-import sys
+from array import array
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
 from trainsched.errors import TrainschedError
-
-OP_KINDS = ("forward", "backward_input", "backward_weight", "optimizer")
+from trainsched.graph.fields import _FIELD_TYPES, OP_KINDS, _check_op, _check_sums, _number
 
 #: A measured phase whose p90 exceeds this many times its p10 was disturbed while it was timed
 #: (another process, a frequency change): capture times it again, ``show`` counts what is left.
 SPREAD_LIMIT = 2.0
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Op:
     """One unit of computation: its identity, its cost and the memory it holds.
 
@@ -79,7 +78,7 @@ class Op:
         _check_op(self)
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Edge:
     """A tensor of ``size_bytes`` passed from op ``src`` to op ``dst``.
 
@@ -125,107 +124,42 @@ class GraphTotals:
     edge_bytes: int  # sum of size_bytes over all edges
 
 
-# Op fields by type; drives validation and the JSON reader (trainsched.graph.io).
-_FIELD_TYPES: dict[str, str] = {
-    "name": "str", "kind": "str", "module_path": "str", "target": "str",
-    "group": "opt_str", "forward_op": "opt_str", "members": "strs", "tied_to": "strs",
-    "compute_s": "float", "flops": "float", "layer_index": "opt_int",
-    "bytes_accessed": "int", "param_bytes": "int", "buffer_bytes": "int",
-    "optimizer_state_bytes": "int", "output_bytes": "int", "temp_bytes": "int",
-    "saved_bytes": "int", "samples": "int",
-    **{f"{phase}{suffix}": "opt_float"
-       for phase in ("backward_input", "backward_weight")
-       for suffix in ("_s", "_flops", "_p10_s", "_p90_s")},
-    "compute_p10_s": "opt_float", "compute_p90_s": "opt_float",
-}  # fmt: skip
-_EDGE_FIELD_TYPES = {"src": "str", "dst": "str", "size_bytes": "int", "tensor": "str"}
-_OP_SPECS = {f: (k.removeprefix("opt_"), k.startswith("opt_")) for f, k in _FIELD_TYPES.items()}
-_EDGE_SPECS = {f: (k, False) for f, k in _EDGE_FIELD_TYPES.items()}
-_MAX_FLOAT = sys.float_info.max
 _OP_FIELDS = tuple(f.name for f in dataclasses.fields(Op))
 _EDGE_FIELDS = tuple(f.name for f in dataclasses.fields(Edge))
 assert set(_FIELD_TYPES) == set(_OP_FIELDS)
+_name_of = operator.attrgetter("name")
+_kind_of = operator.attrgetter("kind")
+_compute_of = operator.attrgetter("compute_s")
 
 
-def _number(owner: str, field: str, value: Any, integer: bool) -> int | float:
-    """``value`` as a finite non-negative int or float, or a TrainschedError naming the field."""
-    wrong_type = isinstance(value, bool) or not isinstance(
-        value, numbers.Integral if integer else numbers.Real
-    )
-    if wrong_type:
-        expected = "an integer" if integer else "a number"
-        raise TrainschedError(f"{owner}: {field} must be {expected}, got {value!r}")
-    value = int(value) if integer else float(value)
-    if not math.isfinite(value):
-        raise TrainschedError(f"{owner}: {field} must be finite, got {value!r}")
-    if value < 0:
-        raise TrainschedError(f"{owner}: {field} must be >= 0, got {value!r}")
-    return value
+class _Adjacency:
+    """Per op, the edges at one of its ends (into it, or out of it) in edge order: two flat
+    arrays of machine integers (offsets per op, edge indices) rather than a list per op, which
+    on a graph of a million ops saves hundreds of MB."""
 
+    __slots__ = ("at", "edges")
 
-def _check_op(op: Op) -> None:
-    """Validate an Op's fields and normalise numbers to plain int/float (numpy scalars too)."""
-    if not isinstance(op.name, str) or not op.name:
-        raise TrainschedError(f"op name must be a non-empty string, got {op.name!r}")
-    if op.kind not in OP_KINDS:
-        raise TrainschedError(
-            f"op {op.name!r}: unknown kind {op.kind!r}; expected one of {', '.join(OP_KINDS)}"
-        )
-    values = vars(op)
-    for field, (base, optional) in _OP_SPECS.items():
-        value = values[field]
-        kind = type(value)
-        # The common cases first, kept fast: graphs have tens of thousands of ops.
-        if kind is float:
-            if base == "float" and 0.0 <= value <= _MAX_FLOAT:
-                continue
-        elif kind is int:
-            if base == "int" and value >= 0:
-                continue
-        elif kind is str or (value is None and optional):
-            if base == "str" or value is None:
-                continue
-        elif kind is tuple and base == "strs" and all(type(v) is str for v in value):
-            continue
-        object.__setattr__(op, field, _normalised(op.name, field, value, base))
+    def __init__(self, ends: list[int], count: int) -> None:
+        """``ends[k]``: the op at this end of edge k; ``count``: the number of ops."""
+        at = [0] * (count + 1)
+        for x in ends:
+            at[x + 1] += 1
+        at = list(itertools.accumulate(at))
+        slot = at[:-1]
+        order = [0] * len(ends)
+        for k, x in enumerate(ends):  # a counting sort, stable: edge order within an op
+            order[slot[x]] = k
+            slot[x] += 1
+        self.at = array("q", at)
+        self.edges = array("q", order)
 
+    def __getitem__(self, i: int) -> array[int]:
+        return self.edges[self.at[i] : self.at[i + 1]]
 
-#: The cost and size fields whose sums over a graph (step times, memory) must be finite.
-_SUMMED = tuple(f for f, (base, _) in _OP_SPECS.items() if base in ("int", "float")
-                and not f.endswith(("_p10_s", "_p90_s")) and f != "layer_index")
-
-
-def _check_sums(ops: tuple[Op, ...], edges: tuple[Edge, ...]) -> None:
-    """Each cost and size summed over the graph must be a finite float: one op may hold up to
-    1.8e308, but two such would make every step time infinite."""
-    for field in _SUMMED:
-        values = map(operator.attrgetter(field), ops)
-        total = sum(values) if _OP_SPECS[field][1] is False else sum(filter(None, values))
-        if total > _MAX_FLOAT:
-            worst = max(ops, key=lambda op: getattr(op, field) or 0)
-            raise TrainschedError(f"the ops' {field} add up to more than the largest number "
-                                  f"({_MAX_FLOAT:.3g}; the largest is op {worst.name!r} with "
-                                  f"{getattr(worst, field):.3g}): give costs in the field's "
-                                  f"units (seconds, FLOPs, bytes)")
-    if sum(map(operator.attrgetter("size_bytes"), edges)) > _MAX_FLOAT:
-        raise TrainschedError(f"the edges' size_bytes add up to more than the largest number "
-                              f"({_MAX_FLOAT:.3g}): give sizes in bytes")
-
-
-def _normalised(name: str, field: str, value: Any, base: str) -> Any:
-    """The slow path of :func:`_check_op`: convert what can be converted, else explain."""
-    if base in ("int", "float"):
-        return _number(f"op {name!r}", field, value, base == "int")
-    if base == "str" and isinstance(value, str):
-        return str(value)
-    if (
-        base == "strs"
-        and isinstance(value, tuple | list)
-        and all(isinstance(v, str) for v in value)
-    ):
-        return tuple(str(v) for v in value)
-    expected = {"str": "a string", "strs": "a tuple of names"}[base]
-    raise TrainschedError(f"op {name!r}: {field} must be {expected}, got {value!r}")
+    def degrees(self) -> list[int]:
+        """Per op, how many edges."""
+        at = self.at
+        return list(map(operator.sub, itertools.islice(at, 1, None), at))
 
 
 class Graph:
@@ -236,7 +170,7 @@ class Graph:
     position in ``ops``.
     """
 
-    __slots__ = ("_edges", "_in", "_index", "_meta", "_ops", "_out", "_topo")
+    __slots__ = ("_dst", "_edges", "_in", "_index", "_meta", "_ops", "_out", "_src", "_topo")
 
     def __init__(
         self, ops: Iterable[Op], edges: Iterable[Edge], meta: Mapping[str, Any] | None = None
@@ -244,36 +178,74 @@ class Graph:
         self._ops: tuple[Op, ...] = tuple(ops)
         self._edges: tuple[Edge, ...] = tuple(edges)
         self._meta: dict[str, Any] = copy.deepcopy(dict(meta or {}))
-        self._index: dict[str, int] = {}
-        for i, op in enumerate(self._ops):
-            if not isinstance(op, Op):
-                raise TrainschedError(f"ops[{i}] is a {type(op).__name__}, not an Op")
-            self._index.setdefault(op.name, i)
-        if len(self._index) < len(self._ops):
-            counts = Counter(op.name for op in self._ops)
+        ops = self._ops
+        if not all(map(isinstance, ops, itertools.repeat(Op))):
+            i = next(i for i, op in enumerate(ops) if not isinstance(op, Op))
+            raise TrainschedError(f"ops[{i}] is a {type(ops[i]).__name__}, not an Op")
+        # Built in C; a repeated name keeps its last position, but then the graph is refused.
+        self._index: dict[str, int] = dict(zip(map(_name_of, ops), range(len(ops)), strict=True))
+        if len(self._index) < len(ops):
+            counts = Counter(op.name for op in ops)
             names = ", ".join(repr(name) for name, n in counts.items() if n > 1)
             raise TrainschedError(f"duplicate op names: {names}; every op needs a unique name")
-        _check_sums(self._ops, self._edges)
-        self._in: list[list[int]] = [[] for _ in self._ops]
-        self._out: list[list[int]] = [[] for _ in self._ops]
+        _check_sums(ops, self._edges)
+        # Per edge the positions of its ends; per op the edges into and out of it.
+        self._src: list[int] = []
+        self._dst: list[int] = []
         self._link_edges()
-        self._topo: tuple[int, ...] = self._sort()
+        self._topo: Sequence[int] = self._sort()
 
     def _link_edges(self) -> None:
-        seen: dict[tuple[str, str, str], int] = {}
-        for k, e in enumerate(self._edges):
+        """Positions of every edge's ends and the per-op edge lists; the first problem in edge
+        order (not an Edge, an unknown end, a self-loop, a duplicate) is an error."""
+        index, edges, src, dst = self._index, self._edges, self._src, self._dst
+        bad = len(edges)  # the first edge that is not an Edge or has a bad end
+        for k, e in enumerate(edges):
+            if type(e) is not Edge and not isinstance(e, Edge):
+                bad = k
+                break
+            a = index.get(e.src)
+            b = index.get(e.dst)
+            if a is None or b is None or a == b:
+                bad = k
+                break
+            src.append(a)
+            dst.append(b)
+        self._in = _Adjacency(dst, len(self._ops))
+        self._out = _Adjacency(src, len(self._ops))
+        twins = self._first_duplicate(bad)
+        if twins is not None:
+            first, k = twins
+            e = edges[k]
+            raise TrainschedError(
+                f"edges[{first}] and edges[{k}] are duplicates: {e.src!r} -> {e.dst!r} "
+                f"carrying tensor {e.tensor!r}"
+            )
+        if bad < len(edges):
+            e = edges[bad]
             if not isinstance(e, Edge):
-                raise TrainschedError(f"edges[{k}] is a {type(e).__name__}, not an Edge")
-            if e.src not in self._index or e.dst not in self._index or e.src == e.dst:
-                raise TrainschedError(self._edge_problem(k, e))
-            first = seen.setdefault((e.src, e.dst, e.tensor), k)
-            if first != k:
-                raise TrainschedError(
-                    f"edges[{first}] and edges[{k}] are duplicates: {e.src!r} -> {e.dst!r} "
-                    f"carrying tensor {e.tensor!r}"
-                )
-            self._out[self._index[e.src]].append(k)
-            self._in[self._index[e.dst]].append(k)
+                raise TrainschedError(f"edges[{bad}] is a {type(e).__name__}, not an Edge")
+            raise TrainschedError(self._edge_problem(bad, e))
+
+    def _first_duplicate(self, before: int) -> tuple[int, int] | None:
+        """Among edges ``0..before-1``: the earliest edge repeating an earlier one's source,
+        destination and tensor, with that earlier one; None if there is none."""
+        edges, dst = self._edges, self._dst
+        found: tuple[int, int] | None = None
+        several = map(operator.gt, self._out.degrees(), itertools.repeat(1))
+        for i in itertools.compress(range(len(self._ops)), several):
+            outs = self._out[i]
+            if len(outs) == 2:  # the common case, without a dict
+                a, b = outs
+                if dst[a] != dst[b] or edges[a].tensor != edges[b].tensor:
+                    continue
+            seen: dict[tuple[int, str], int] = {}
+            for k in outs:  # in edge order
+                first = seen.setdefault((dst[k], edges[k].tensor), k)
+                if first != k and (found is None or k < found[1]):
+                    found = (first, k)
+        assert found is None or found[1] < before
+        return found
 
     def _edge_problem(self, k: int, e: Edge) -> str:
         where = f"edges[{k}] {e.src!r} -> {e.dst!r}"
@@ -282,10 +254,15 @@ class Graph:
                 return f"{where}: {end} {name!r} is not an op of the graph"
         return f"{where} is a self-loop; graph has a cycle: {e.src} -> {e.src}"
 
-    def _sort(self, key: Callable[[int], Any] | None = None) -> tuple[int, ...]:
+    def _sort(self, key: Callable[[int], Any] | None = None) -> Sequence[int]:
         """Kahn's algorithm; among ready ops the smallest ``key(index)`` goes first, then the
         earliest in ``ops``; reports a cycle."""
-        indegree = [len(ins) for ins in self._in]
+        if key is None and all(map(operator.lt, self._src, self._dst)):
+            # Every edge runs forward in ``ops``: the earliest ready op is always the next one
+            # listed, so the order is the listing (the common case: graphs are saved sorted).
+            return range(len(self._ops))
+        indegree = self._in.degrees()
+        dst = self._dst
         rank = (lambda i: (key(i), i)) if key is not None else (lambda i: i)
         ready = [(rank(i), i) for i, d in enumerate(indegree) if d == 0]
         heapq.heapify(ready)
@@ -294,7 +271,7 @@ class Graph:
             i = heapq.heappop(ready)[1]
             order.append(i)
             for k in self._out[i]:
-                j = self._index[self._edges[k].dst]
+                j = dst[k]
                 indegree[j] -= 1
                 if indegree[j] == 0:
                     heapq.heappush(ready, (rank(j), j))
@@ -310,7 +287,7 @@ class Graph:
         while step not in position:
             position[step] = len(walk)
             walk.append(step)
-            preds = (self._index[self._edges[k].src] for k in self._in[step])
+            preds = (self._src[k] for k in self._in[step])
             step = next(p for p in preds if indegree[p] > 0)
         cycle = walk[position[step] :][::-1]
         start = cycle.index(min(cycle))
@@ -382,11 +359,13 @@ class Graph:
 
     def sources(self) -> tuple[str, ...]:
         """Ops without predecessors, in ``ops`` order."""
-        return tuple(op.name for op, ins in zip(self._ops, self._in, strict=True) if not ins)
+        return tuple(op.name for op, ins in zip(self._ops, self._in.degrees(), strict=True)
+                     if not ins)
 
     def sinks(self) -> tuple[str, ...]:
         """Ops without successors, in ``ops`` order."""
-        return tuple(op.name for op, outs in zip(self._ops, self._out, strict=True) if not outs)
+        return tuple(op.name for op, outs in zip(self._ops, self._out.degrees(), strict=True)
+                     if not outs)
 
     def topological_order(self) -> tuple[str, ...]:
         """Op names, every edge forward; among ready ops the earliest in ``ops`` goes first.
@@ -410,15 +389,18 @@ class Graph:
             return 0.0, ()
         finish = [0.0] * len(self._ops)
         back = [-1] * len(self._ops)
+        compute = list(map(_compute_of, self._ops))
+        at, into, src = self._in.at, self._in.edges, self._src
         for i in self._topo:
             best, start = -1, 0.0
-            for k in self._in[i]:
-                p = self._index[self._edges[k].src]
-                if best < 0 or finish[p] > start or (finish[p] == start and p < best):
-                    best, start = p, finish[p]
-            finish[i] = start + self._ops[i].compute_s
+            for k in into[at[i] : at[i + 1]]:
+                p = src[k]
+                f = finish[p]
+                if best < 0 or f > start or (f == start and p < best):
+                    best, start = p, f
+            finish[i] = start + compute[i]
             back[i] = best
-        end = max(range(len(finish)), key=lambda i: (finish[i], -i))
+        end = finish.index(max(finish))  # the latest finish; ties: the earliest op
         path = [end]
         while back[path[-1]] >= 0:
             path.append(back[path[-1]])
@@ -428,25 +410,33 @@ class Graph:
         """Op counts per kind and sums of costs and sizes over the whole graph."""
         ops = self._ops
         count = dict.fromkeys(OP_KINDS, 0)
-        for op in ops:
-            count[op.kind] += 1
+        count.update(Counter(map(_kind_of, ops)))
+
+        def total(field: str) -> int:
+            return sum(map(operator.attrgetter(field), ops))
+
         return GraphTotals(
             num_ops=len(ops),
             ops_by_kind=MappingProxyType(count),
             num_edges=len(self._edges),
-            compute_s=math.fsum(op.compute_s for op in ops),
-            flops=math.fsum(op.flops for op in ops),
-            param_bytes=sum(op.param_bytes for op in ops),
-            buffer_bytes=sum(op.buffer_bytes for op in ops),
-            optimizer_state_bytes=sum(op.optimizer_state_bytes for op in ops),
-            output_bytes=sum(op.output_bytes for op in ops),
-            saved_bytes=sum(op.saved_bytes for op in ops),
-            edge_bytes=sum(e.size_bytes for e in self._edges),
+            compute_s=math.fsum(map(_compute_of, ops)),
+            flops=math.fsum(map(operator.attrgetter("flops"), ops)),
+            param_bytes=total("param_bytes"),
+            buffer_bytes=total("buffer_bytes"),
+            optimizer_state_bytes=total("optimizer_state_bytes"),
+            output_bytes=total("output_bytes"),
+            saved_bytes=total("saved_bytes"),
+            edge_bytes=sum(map(operator.attrgetter("size_bytes"), self._edges)),
         )
 
     def heaviest(self, n: int) -> tuple[Op, ...]:
         """The ``n`` ops with the largest ``compute_s`` (ties: name ascending)."""
-        return tuple(sorted(self._ops, key=lambda op: (-op.compute_s, op.name))[: max(n, 0)])
+        if n <= 0 or not self._ops:
+            return ()
+        compute = list(map(_compute_of, self._ops))
+        cut = heapq.nlargest(n, compute)[-1]  # only ops at least this heavy can be among them
+        heavy = [op for op, c in zip(self._ops, compute, strict=True) if c >= cut]
+        return tuple(sorted(heavy, key=lambda op: (-op.compute_s, op.name))[:n])
 
     # --- derived graphs ------------------------------------------------------------------------
 
@@ -484,8 +474,12 @@ class Graph:
         atomic_write_text(path, self.to_json())
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> Graph:
-        """Read a graph file written by :meth:`save` (or by hand, see docs/graph-format.md)."""
-        from trainsched.graph.io import read_text_file
+    def load(cls, path: str | os.PathLike[str], *,
+             progress: Callable[[int, int, str], None] | None = None) -> Graph:
+        """Read a graph file written by :meth:`save` (or by hand, see docs/graph-format.md).
 
-        return cls.from_json(read_text_file(path, "graph"), source=str(path))
+        ``progress(done, total, "")``, if given, hears now and then how many of the file's
+        bytes are read (a progress bar for a large graph)."""
+        from trainsched.graph.fastread import load_graph
+
+        return load_graph(path, progress)

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from trainsched.errors import TrainschedError
-from trainsched.graph.core import _EDGE_FIELDS, _EDGE_SPECS, _OP_FIELDS, _OP_SPECS, Edge, Graph, Op
+from trainsched.graph.core import _EDGE_FIELDS, _OP_FIELDS, Edge, Graph, Op
+from trainsched.graph.fields import _EDGE_SPECS, _OP_SPECS
 
 __all__ = [
     "FORMAT",

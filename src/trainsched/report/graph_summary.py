@@ -3,6 +3,7 @@ the same facts as the text the CLI prints."""
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 from trainsched.graph.core import SPREAD_LIMIT
@@ -18,8 +19,12 @@ def timing_spread(graph: Any) -> dict[str, Any] | None:
     """How far the measured phases' samples spread (p90 / p10), or None for a graph without
     measured times: the phases counted, the median ratio, how many exceed ``SPREAD_LIMIT`` and
     the widest (op, phase, ratio; the first op in graph order among equals)."""
+    ops = graph.ops
+    if all(list(map(operator.attrgetter(low), ops)).count(None) == len(ops)
+           for _, _, low, _ in _PHASES):
+        return None  # nothing measured (counted in C: a graph may have a million ops)
     ratios: list[tuple[float, str, str]] = []
-    for op in graph.ops:
+    for op in ops:
         for phase, _, low_field, high_field in _PHASES:
             low, high = getattr(op, low_field), getattr(op, high_field)
             if low is not None and high is not None and low > 0:

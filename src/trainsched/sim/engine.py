@@ -157,15 +157,10 @@ class TaskGraph:
                  priority: float = 0, category: str = "", device: int = -1,
                  args: Mapping[str, Any] | None = None) -> int:
         """A new task needing the resources ``needs`` (distinct indices); returns its index."""
-        needs = tuple(needs)
+        needs = self._checked_needs(label, tuple(needs))
         if not 0.0 <= duration_s < math.inf:  # NaN fails too
             raise TrainschedError(f"task {label!r}: duration must be a finite number >= 0 s, "
                                   f"got {duration_s!r}")
-        count = len(self.resources)
-        if (len(needs) > 1 and len(set(needs)) != len(needs)) or any(
-                not 0 <= r < count for r in needs):
-            raise TrainschedError(f"task {label!r}: needs {needs!r} must be distinct indices of "
-                                  f"the {count} resources")
         self.duration_s.append(float(duration_s))
         self.needs.append(needs)
         self.successors.append([])
@@ -176,6 +171,48 @@ class TaskGraph:
         self.device.append(device)
         self.args.append(args if args is not None else {})
         return len(self.duration_s) - 1
+
+    def _checked_needs(self, label: str, needs: tuple[int, ...]) -> tuple[int, ...]:
+        count = len(self.resources)
+        if (len(needs) > 1 and len(set(needs)) != len(needs)) or any(
+                not 0 <= r < count for r in needs):
+            raise TrainschedError(f"task {label!r}: needs {needs!r} must be distinct indices of "
+                                  f"the {count} resources")
+        return needs
+
+    def add_tasks(self, labels: Sequence[str], durations_s: Sequence[float],
+                  needs: Sequence[tuple[int, ...]], *, priorities: Sequence[float],
+                  categories: Sequence[str], devices: Sequence[int],
+                  args: Sequence[Mapping[str, Any]]) -> range:
+        """Many tasks at once, as :meth:`add_task` would add them one by one (task k needs
+        ``needs[k]``, works for ``devices[k]``, ...); returns their indices."""
+        count = len(labels)
+        assert (len(durations_s) == len(needs) == len(priorities) == len(categories)
+                == len(devices) == len(args) == count)
+        if count and not (min(durations_s) >= 0.0 and math.fsum(durations_s) < math.inf):
+            t = next((t for t, d in enumerate(durations_s) if not 0.0 <= d < math.inf), 0)
+            raise TrainschedError(f"task {labels[t]!r}: duration must be a finite number >= 0 "
+                                  f"s, got {durations_s[t]!r}")
+        for distinct in dict.fromkeys(needs):  # a few distinct tuples, each checked once
+            self._checked_needs(labels[needs.index(distinct)], distinct)
+        first = len(self.duration_s)
+        self.duration_s += map(float, durations_s)
+        self.needs += needs
+        self.successors += ([] for _ in range(count))
+        self.indegree += itertools.repeat(0, count)
+        self.priority += priorities
+        self.label += labels
+        self.category += categories
+        self.device += devices
+        self.args += args
+        return range(first, first + count)
+
+    def add_dependencies(self, before: Sequence[int], after: Sequence[int]) -> None:
+        """``after[k]`` may start only once ``before[k]`` has ended, for every k, in order."""
+        successors, indegree = self.successors, self.indegree
+        for a, b in zip(before, after, strict=True):
+            successors[a].append(b)
+            indegree[b] += 1
 
     def add_stream_pair(self, first: int, second: int, *, slowdown: float,
                         fit_s: float) -> None:
@@ -704,6 +741,24 @@ def longest_path_s(tasks: TaskGraph) -> float:
 
     A lower bound on any schedule's makespan; a cycle raises as :func:`run_tasks` does.
     """
+    n = len(tasks)
+    duration, successors = tasks.duration_s, tasks.successors
+    reach = [0.0] * n  # latest end among a task's predecessors so far
+    longest = 0.0
+    for t in range(n):  # one pass while every dependency runs to a later task (the usual)
+        f = reach[t] + duration[t]
+        if f > longest:
+            longest = f
+        for s in successors[t]:
+            if s <= t:
+                return _longest_path_sorting(tasks)
+            if f > reach[s]:
+                reach[s] = f
+    return longest
+
+
+def _longest_path_sorting(tasks: TaskGraph) -> float:
+    """:func:`longest_path_s` for tasks in any order: Kahn's algorithm."""
     n = len(tasks)
     indeg = list(tasks.indegree)
     finish = [0.0] * n

@@ -37,8 +37,10 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
+import operator
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from trainsched.cluster import Cluster
@@ -49,7 +51,12 @@ from trainsched.sim.engine import TaskGraph, run_tasks
 from trainsched.sim.result import Allocation, SimResult, build_result
 from trainsched.trace import stream_name
 
-__all__ = ["priority_order", "simulate_placed", "simulate_single"]
+__all__ = ["PHASES", "Progress", "priority_order", "simulate_placed", "simulate_single"]
+
+#: ``progress(done, total, phase)``: how far a simulation is (``simulate_single(progress=)``).
+Progress = Callable[[int, int, str], None]
+#: The phases a simulation reports to ``progress``, in order.
+PHASES = ("lowering", "replaying", "summarising")
 
 
 def priority_order(graph: Graph) -> tuple[str, ...]:
@@ -75,13 +82,16 @@ def priority_order(graph: Graph) -> tuple[str, ...]:
 
 def simulate_single(graph: Graph, cluster: Cluster | None = None, *, device: int = 0,
                     order: Sequence[str] | None = None,
-                    allow_forward_only: bool = False) -> SimResult:
+                    allow_forward_only: bool = False,
+                    progress: Progress | None = None) -> SimResult:
     """Every op of ``graph`` on one compute stream, in ``order`` (a topological order of all
     ops; default ``graph.topological_order()``). ``cluster`` gives the device's name and memory
     capacity (without one the device is ``device<k>`` and nothing is out of memory).
 
     ``graph`` is a training graph (:func:`trainsched.graph.to_training`); a forward-only graph
-    is refused unless ``allow_forward_only`` says its forward pass is what to simulate."""
+    is refused unless ``allow_forward_only`` says its forward pass is what to simulate.
+    ``progress(done, total, phase)``, if given, hears each phase begin (:data:`PHASES`: a
+    progress bar for a large graph) and the end (``done == total``)."""
     began = time.perf_counter()
     check_inputs(graph, cluster, "simulate_single", allow_forward_only=allow_forward_only)
     if cluster is not None:
@@ -90,18 +100,19 @@ def simulate_single(graph: Graph, cluster: Cluster | None = None, *, device: int
         raise TrainschedError(f"device must be an index >= 0, got {device!r}")
     with _gc_paused():
         order = graph.topological_order() if order is None else _checked_order(graph, order)
-        return _simulate(graph, cluster, dict.fromkeys(order, device), order, [device], began)
+        return _simulate(graph, cluster, None, order, [device], began, progress)
 
 
 def simulate_placed(graph: Graph, cluster: Cluster, placement: Any, *,
                     order: Sequence[str] | None = None,
-                    allow_forward_only: bool = False) -> SimResult:
+                    allow_forward_only: bool = False,
+                    progress: Progress | None = None) -> SimResult:
     """Each op on the device ``placement`` gives it (a ``Mapping[str, int]`` from op name to
     device index, or an object with such a ``device_of``, such as a
     :class:`~trainsched.plan.Placement`), transfers between devices on the cluster's channels,
     replayed in one order (the module's replay rule): ``order`` (a topological order of all
     ops) if given, else the placement's stored ``order``, else ``graph.topological_order()``.
-    ``allow_forward_only``: as for :func:`simulate_single`."""
+    ``allow_forward_only`` and ``progress``: as for :func:`simulate_single`."""
     began = time.perf_counter()
     check_inputs(graph, cluster, "simulate_placed", allow_forward_only=allow_forward_only)
     if cluster is None:
@@ -113,7 +124,7 @@ def simulate_placed(graph: Graph, cluster: Cluster, placement: Any, *,
             order = getattr(placement, "order", None)
         order = graph.topological_order() if order is None else _checked_order(graph, order)
         return _simulate(graph, cluster, device_of, order, sorted(set(device_of.values())),
-                         began)
+                         began, progress)
 
 
 @contextlib.contextmanager
@@ -209,6 +220,7 @@ class _Lowering:
         self.stream = [self.tasks.add_resource(stream_name(name, "compute"), device=k,
                                                kind="compute", policy="priority")
                        for k, name in enumerate(self.names)]  # fmt: skip
+        self.stream_needs = [(x,) for x in self.stream]  # what a compute task needs, per device
         self.channels: dict[tuple[int, int], tuple[int, ...]] = {}  # (src, dst) -> resources
         self.device_channel: dict[int, int] = {}  # sequential: device -> its channel
 
@@ -249,86 +261,170 @@ class _Lowering:
                   "dst": self.names[dst]},
         )  # fmt: skip
 
-    def run(self, began: float) -> SimResult:
-        """Replay the tasks and summarise; ``began`` is when the executor was called."""
+    def run(self, began: float, progress: Progress | None = None) -> SimResult:
+        """Replay the tasks and summarise; ``began`` is when the executor was called;
+        ``progress`` hears the phases (:data:`PHASES`) begin and end."""
+        if progress is not None:
+            progress(1, len(PHASES), PHASES[1])
         replay = run_tasks(self.tasks)
+        if progress is not None:
+            progress(2, len(PHASES), PHASES[2])
         capacity = self.cluster.device.memory_bytes if self.cluster is not None else None
-        return build_result(self.tasks, replay, devices=self.names,
-                            allocations=self.allocations, memory_capacity_bytes=capacity,
-                            wall_s=time.perf_counter() - began)  # fmt: skip
+        result = build_result(self.tasks, replay, devices=self.names,
+                              allocations=self.allocations, memory_capacity_bytes=capacity,
+                              wall_s=time.perf_counter() - began)  # fmt: skip
+        if progress is not None:
+            progress(len(PHASES), len(PHASES), "")
+        return result
 
 
-def _simulate(graph: Graph, cluster: Cluster | None, device_of: Mapping[str, int],
-              order: Sequence[str], used: Sequence[int], began: float) -> SimResult:
+class OpArgs(Mapping[str, Any]):
+    """The trace arguments of an op's compute task, ``{"op": name, "bytes": output_bytes}``,
+    in two slots rather than a dict: a million-op replay holds one per task."""
+
+    __slots__ = ("_bytes", "_op")
+
+    def __init__(self, op: str, output_bytes: int) -> None:
+        self._op = op
+        self._bytes = output_bytes
+
+    def __getitem__(self, key: str) -> Any:
+        if key == "op":
+            return self._op
+        if key == "bytes":
+            return self._bytes
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(("op", "bytes"))
+
+    def __len__(self) -> int:
+        return 2
+
+
+_name_of = operator.attrgetter("name")
+_output_of = operator.attrgetter("output_bytes")
+_src_of = operator.attrgetter("src")
+_dst_of = operator.attrgetter("dst")
+
+
+def _edges_in_order(graph: Graph, position: Mapping[str, int]) -> list[Any]:
+    """The graph's edges by producer, consumer and tensor (their positions in the order): an
+    order that does not depend on how the graph lists them."""
+    edges = graph.edges
+    src = list(map(position.__getitem__, map(_src_of, edges)))
+    dst = list(map(position.__getitem__, map(_dst_of, edges)))
+    keys = list(map(operator.add, map(operator.mul, src, itertools.repeat(len(position))), dst))
+    if len(set(keys)) < len(keys):  # two edges between one pair: the tensor decides
+        return sorted(edges, key=lambda e: (position[e.src], position[e.dst], e.tensor))
+    return list(map(edges.__getitem__, sorted(range(len(edges)), key=keys.__getitem__)))
+
+
+def _simulate(graph: Graph, cluster: Cluster | None, device_of: Mapping[str, int] | None,
+              order: Sequence[str], used: Sequence[int], began: float,
+              progress: Progress | None = None) -> SimResult:
     """Lower ops (compute), edges (dependencies or transfers) and memory, then run: each
-    device's ops and each channel's transfers chained in ``order`` (the replay rule)."""
+    device's ops and each channel's transfers chained in ``order`` (the replay rule).
+    ``device_of`` None: every op on ``used[0]``."""
+    if progress is not None:
+        progress(0, len(PHASES), PHASES[0])
     low = _Lowering(cluster, used)
     local = {d: k for k, d in enumerate(used)}
-    position = {name: k for k, name in enumerate(order)}
-    dev = {name: local[device_of[name]] for name in order}
-    op_of = {op.name: op for op in graph.ops}
-    op_task = {
-        name: low.compute(name, op_of[name].compute_s, dev[name], priority=k,
-                          category=op_of[name].kind,
-                          args={"op": name, "bytes": op_of[name].output_bytes})
-        for k, name in enumerate(order)
-    }  # fmt: skip
-    last_on: dict[int, int] = {}  # device -> its previous op's task
-    for name in order:
-        t = op_task[name]
-        if dev[name] in last_on:
-            low.tasks.add_dependency(last_on[dev[name]], t)
-        last_on[dev[name]] = t
-    # Edges in a listing-independent order: by producer, consumer, tensor.
-    edges = sorted(graph.edges, key=lambda e: (position[e.src], position[e.dst], e.tensor))
-    low.add_channels([(dev[e.src], dev[e.dst]) for e in edges if dev[e.src] != dev[e.dst]])
-    transfers: dict[tuple[str, str, int], int] = {}  # (producer, tensor, device) -> transfer
-    local_users: dict[str, list[int]] = {name: [] for name in order}  # consumers on its device
-    sent: dict[str, list[int]] = {name: [] for name in order}  # its transfers
+    n = len(order)
+    position = dict(zip(order, range(n), strict=True))
+    dev = [0] * n if device_of is None else [local[device_of[name]] for name in order]
+    op_of = dict(zip(map(_name_of, graph.ops), graph.ops, strict=True))
+    ops = list(map(op_of.__getitem__, order))
+    # The op at position k is task k.
+    tasks = low.tasks
+    tasks.add_tasks(list(order), [op.compute_s for op in ops],
+                    list(map(low.stream_needs.__getitem__, dev)),
+                    priorities=list(range(n)), categories=[op.kind for op in ops],
+                    devices=dev, args=list(map(OpArgs, order, map(_output_of, ops))))
+    if len(used) == 1:  # one device: its ops chained in order
+        tasks.add_dependencies(range(n - 1), range(1, n))
+    else:
+        last_on: dict[int, int] = {}  # device -> its previous op's task
+        for t, d in enumerate(dev):
+            if d in last_on:
+                tasks.add_dependency(last_on[d], t)
+            last_on[d] = t
+    edges = _edges_in_order(graph, position)
+    src = list(map(position.__getitem__, map(_src_of, edges)))
+    dst = list(map(position.__getitem__, map(_dst_of, edges)))
+    low.add_channels([(dev[a], dev[b]) for a, b in zip(src, dst, strict=True)
+                      if dev[a] != dev[b]])
+    transfers: dict[tuple[int, str, int], int] = {}  # (producer, tensor, device) -> transfer
+    users: list[list[int] | None] = [None] * n  # consumers on the producer's device
+    sent: dict[int, list[int]] = {}  # producer -> its transfers
     received: dict[int, tuple[int, int, list[int]]] = {}  # transfer -> (device, bytes, consumers)
     queued: list[tuple[int, int, str, int]] = []  # (consumer, producer, tensor, transfer)
-    size_of: dict[tuple[str, str], int] = {}  # one tensor, one size: the largest of its edges'
-    for e in edges:
-        key = (e.src, e.tensor)
-        size_of[key] = max(size_of.get(key, 0), e.size_bytes)
-    for e in edges:
-        a, b = op_task[e.src], op_task[e.dst]
-        src, dst = dev[e.src], dev[e.dst]
-        if src == dst:
-            low.tasks.add_dependency(a, b)
-            local_users[e.src].append(b)
+    size_of: dict[tuple[int, str], int] = {}  # one tensor, one size: the largest of its edges'
+    if len(used) > 1:
+        for e, a in zip(edges, src, strict=True):
+            key = (a, e.tensor)
+            size_of[key] = max(size_of.get(key, 0), e.size_bytes)
+    local_src: list[int] = []
+    local_dst: list[int] = []
+    if len(used) == 1 and src:  # every edge a dependency; a producer's consumers: a run
+        tasks.add_dependencies(src, dst)
+        cuts = [0, *itertools.compress(range(1, len(src)),
+                                       map(operator.ne, itertools.islice(src, 1, None), src)),
+                len(src)]
+        for first, last in itertools.pairwise(cuts):
+            users[src[first]] = dst[first:last]
+        edges = []  # nothing left for the loop below
+    for e, a, b in zip(edges, src, dst, strict=False):
+        da, db = dev[a], dev[b]
+        if da == db:
+            local_src.append(a)
+            local_dst.append(b)
+            mine = users[a]
+            if mine is None:
+                users[a] = [b]
+            else:
+                mine.append(b)
             continue
-        x = transfers.get((e.src, e.tensor, dst))
-        if x is None:  # the first edge carrying this tensor to dst sends it; later ones reuse it
-            size = size_of[e.src, e.tensor]
-            x = low.transfer(e.tensor, size, src, dst, priority=position[e.dst])
-            low.tasks.add_dependency(a, x)
-            transfers[e.src, e.tensor, dst] = x
-            queued.append((position[e.dst], position[e.src], e.tensor, x))
-            sent[e.src].append(x)
-            received[x] = (dst, size, [])
-        low.tasks.add_dependency(x, b)
+        if local_src:  # keep the dependencies in edge order
+            tasks.add_dependencies(local_src, local_dst)
+            local_src, local_dst = [], []
+        x = transfers.get((a, e.tensor, db))
+        if x is None:  # the first edge carrying this tensor to db sends it; later ones reuse it
+            size = size_of[a, e.tensor]
+            x = low.transfer(e.tensor, size, da, db, priority=b)
+            tasks.add_dependency(a, x)
+            transfers[a, e.tensor, db] = x
+            queued.append((b, a, e.tensor, x))
+            sent.setdefault(a, []).append(x)
+            received[x] = (db, size, [])
+        tasks.add_dependency(x, b)
         received[x][2].append(b)
+    tasks.add_dependencies(local_src, local_dst)
     last_transfer: dict[int, int] = {}  # channel resource -> its previous transfer
     for _, _, _, x in sorted(queued):
-        for channel in low.tasks.needs[x]:
+        for channel in tasks.needs[x]:
             if channel in last_transfer:
-                low.tasks.add_dependency(last_transfer[channel], x)
+                tasks.add_dependency(last_transfer[channel], x)
             last_transfer[channel] = x
 
     resident = [0] * len(used)
-    for name in order:
-        op, d, t = op_of[name], dev[name], op_task[name]
+    allocations = low.allocations
+    for t, op in enumerate(ops):
+        d = dev[t]
         resident[d] += op.param_bytes + op.buffer_bytes + op.optimizer_state_bytes
         if op.kind == "backward_weight":
             resident[d] += op.output_bytes  # the gradient lives all step
-        else:
-            low.allocations.append(Allocation(device=d, size_bytes=op.output_bytes, at_task=t,
-                                              until_tasks=(*local_users[name], *sent[name])))
-        low.allocations.append(Allocation(device=d, size_bytes=op.temp_bytes, at_task=t,
+        elif op.output_bytes:  # (an allocation of 0 bytes changes nothing: not made)
+            until = (*(users[t] or ()), *sent.get(t, ()))
+            allocations.append(Allocation(device=d, size_bytes=op.output_bytes, at_task=t,
+                                          until_tasks=until))
+        if op.temp_bytes:
+            allocations.append(Allocation(device=d, size_bytes=op.temp_bytes, at_task=t,
                                           until_tasks=(t,)))
-    for x, (dst, size, users) in received.items():
-        low.allocations.append(Allocation(device=dst, size_bytes=size, at_task=x,
-                                          until_tasks=tuple(users)))
-    low.allocations += [Allocation(device=d, size_bytes=b) for d, b in enumerate(resident)]
-    return low.run(began)
+    for x, (dst_device, size, consumers) in received.items():
+        allocations.append(Allocation(device=dst_device, size_bytes=size, at_task=x,
+                                      until_tasks=tuple(consumers)))
+    allocations += [Allocation(device=d, size_bytes=b) for d, b in enumerate(resident)]
+    # What only the lowering needed goes before the replay: on a large graph, hundreds of MB.
+    del position, op_of, ops, edges, src, dst, users, transfers, sent, received, size_of
+    return low.run(began, progress)

@@ -23,20 +23,23 @@ attribute outside the JSON), so equal inputs give identical text in any process.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import json
 import math
-from collections.abc import Mapping, Sequence
+import operator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any
 
 from trainsched.sim.engine import Replay, TaskGraph, longest_path_s
 
-__all__ = ["Allocation", "PathStep", "ResourceRecord", "SimResult", "TaskRecord", "build_result"]
+__all__ = ["Allocation", "Dependencies", "PathStep", "ResourceRecord", "SimResult", "TaskRecord",
+           "TaskRecords", "build_result"]
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Allocation:
     """``size_bytes`` on device ``device`` (an executor device index), allocated when task
     ``at_task`` starts (-1: resident from time 0) and freed when the last of ``until_tasks``
@@ -48,7 +51,7 @@ class Allocation:
     until_tasks: tuple[int, ...] = ()
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ResourceRecord:
     """A resource as results and traces show it; ``device`` is a device name or ``""``."""
 
@@ -59,7 +62,7 @@ class ResourceRecord:
     capacity: int
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class TaskRecord:
     """One task as it ran: ``resources`` are names (a transfer on sequential channels holds two);
     ``device`` is the device it works for (a transfer: its destination)."""
@@ -73,7 +76,7 @@ class TaskRecord:
     args: Mapping[str, Any]
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class PathStep:
     """One task of the realised critical path. ``via`` says what fixed its start: ``"start"``
     (the first step), ``"dependency"`` or ``"resource"`` (the previous step, which ended
@@ -113,8 +116,8 @@ class SimResult:
     oom: Mapping[str, bool]
     memory_timeline: Mapping[str, tuple[tuple[float, int], ...]]
     critical_path: tuple[PathStep, ...]
-    tasks: tuple[TaskRecord, ...]
-    dependencies: tuple[tuple[int, int], ...]
+    tasks: Sequence[TaskRecord]  # a TaskRecords or a tuple: equal when their records are
+    dependencies: Sequence[tuple[int, int]]  # a Dependencies or a tuple, likewise
     wall_s: float = field(default=0.0, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -127,12 +130,94 @@ class SimResult:
                           allow_nan=False) + "\n"
 
 
+class TaskRecords(Sequence[TaskRecord]):
+    """The tasks of a replay as :class:`TaskRecord` s, made when read: a read-only sequence
+    that equals the tuple of the same records (a million-task result need not hold a million
+    records, with a copy of each one's trace arguments, that nobody reads)."""
+
+    __slots__ = ("_args", "_category", "_device", "_end", "_label", "_needs", "_resources",
+                 "_start")
+
+    def __init__(self, tasks: TaskGraph, replay: Replay, devices: Sequence[str]) -> None:
+        # Copies of the lists (not of their items): the task graph may grow after this.
+        self._label, self._category = list(tasks.label), list(tasks.category)
+        names = [*devices, ""]  # a device of -1 is no device
+        self._device = list(map(names.__getitem__, tasks.device))
+        self._needs, self._args = list(tasks.needs), list(tasks.args)
+        self._resources = tuple(r.name for r in tasks.resources)
+        self._start, self._end = replay.start_s, replay.end_s
+
+    def __len__(self) -> int:
+        return len(self._label)
+
+    def _record(self, t: int) -> TaskRecord:
+        names = self._resources
+        return TaskRecord(name=self._label[t], category=self._category[t],
+                          device=self._device[t],
+                          resources=tuple(names[x] for x in self._needs[t]),
+                          start_s=self._start[t], end_s=self._end[t],
+                          args=MappingProxyType(dict(self._args[t])))
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return tuple(map(self._record, range(len(self))[index]))
+        return self._record(range(len(self))[index])
+
+    def __iter__(self) -> Iterator[TaskRecord]:
+        return map(self._record, range(len(self)))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str):
+            return NotImplemented
+        return len(self) == len(other) and all(map(operator.eq, self, other))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"TaskRecords({len(self)} tasks)"
+
+
+class Dependencies(Sequence[tuple[int, int]]):
+    """The dependencies of a task graph as ``(before, after)`` pairs, in task order and, per
+    task, in the order they were added: a read-only sequence equal to the tuple of those pairs,
+    read from the task graph's successor lists rather than copied."""
+
+    __slots__ = ("_count", "_successors")
+
+    def __init__(self, successors: Sequence[Sequence[int]]) -> None:
+        self._successors = list(successors)  # a copy of the list: the graph may grow
+        self._count = list(itertools.accumulate(map(len, successors), initial=0))
+
+    def __len__(self) -> int:
+        return self._count[-1]
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return tuple(self[k] for k in range(len(self))[index])
+        k = range(len(self))[index]
+        t = bisect.bisect_right(self._count, k) - 1
+        return (t, self._successors[t][k - self._count[t]])
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return ((t, s) for t, succ in enumerate(self._successors) for s in succ)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str):
+            return NotImplemented
+        return len(self) == len(other) and all(map(operator.eq, self, other))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Dependencies({len(self)} pairs)"
+
+
 def _plain(value: Any) -> Any:
     if isinstance(value, ResourceRecord | TaskRecord | PathStep):
         return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
     if isinstance(value, Mapping):
         return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, tuple | list):
+    if isinstance(value, tuple | list | TaskRecords | Dependencies):
         return [_plain(v) for v in value]
     return value
 
@@ -150,14 +235,6 @@ def build_result(tasks: TaskGraph, replay: Replay, *, devices: Sequence[str],
     resources = tuple(ResourceRecord(name=r.name, device=device_name(r.device), kind=r.kind,
                                      policy=r.policy, capacity=r.capacity)
                       for r in tasks.resources)  # fmt: skip
-    records = tuple(
-        TaskRecord(name=tasks.label[t], category=tasks.category[t],
-                   device=device_name(tasks.device[t]),
-                   resources=tuple(resources[x].name for x in tasks.needs[t]),
-                   start_s=replay.start_s[t], end_s=replay.end_s[t],
-                   args=MappingProxyType(dict(tasks.args[t])))
-        for t in range(len(tasks))
-    )  # fmt: skip
     busy = {r.name: b for r, b in zip(resources, replay.busy_s, strict=True)}
     idle = {r.name: r.capacity * step - busy[r.name] for r in resources}
     memory = _memory(tasks, replay, len(names), allocations)
@@ -178,8 +255,8 @@ def build_result(tasks: TaskGraph, replay: Replay, *, devices: Sequence[str],
                               and peak[name] > memory_capacity_bytes for name in names}),
         memory_timeline=MappingProxyType({names[d]: memory[d][2] for d in range(len(names))}),
         critical_path=_critical_path(tasks, replay),
-        tasks=records,
-        dependencies=tuple((t, s) for t, succ in enumerate(tasks.successors) for s in succ),
+        tasks=TaskRecords(tasks, replay, names),
+        dependencies=Dependencies(tasks.successors),
         wall_s=wall_s,
     )
 
@@ -189,21 +266,36 @@ def _critical_path(tasks: TaskGraph, replay: Replay) -> tuple[PathStep, ...]:
     if not len(tasks):
         return ()
     end = replay.end_s
-    t = max(range(len(tasks)), key=lambda i: (end[i], -i))
+    t = end.index(max(end))  # the last finish; ties: the lowest index
     chain = []
     while t >= 0:
         chain.append(t)
         t = replay.fixed_by[t]
     chain.reverse()
+    label, category = tasks.label, tasks.category
+    start_s, by_resource = replay.start_s, replay.by_resource
+    # Made as the dataclass would, less its per-field checks (a chain may be a million steps).
+    new, name_, category_, start_, end_, wait_, via_ = _PATH_STEP_SETTERS
     steps = []
     previous_end = 0.0
     for k, t in enumerate(chain):
-        via = "start" if k == 0 else "resource" if replay.by_resource[t] else "dependency"
-        start = replay.start_s[t]
-        steps.append(PathStep(name=tasks.label[t], category=tasks.category[t], start_s=start,
-                              end_s=end[t], wait_s=start - previous_end, via=via))
+        step = new(PathStep)
+        start = start_s[t]
+        name_(step, label[t])
+        category_(step, category[t])
+        start_(step, start)
+        end_(step, end[t])
+        wait_(step, start - previous_end)
+        via_(step, "start" if k == 0 else "resource" if by_resource[t] else "dependency")
+        steps.append(step)
         previous_end = end[t]
     return tuple(steps)
+
+
+_first = operator.itemgetter(0)
+_PATH_STEP_FIELDS = ("name", "category", "start_s", "end_s", "wait_s", "via")
+assert tuple(f.name for f in fields(PathStep)) == _PATH_STEP_FIELDS  # every field set below
+_PATH_STEP_SETTERS = (object.__new__, *(getattr(PathStep, f).__set__ for f in _PATH_STEP_FIELDS))
 
 
 def _merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -240,6 +332,8 @@ def _subtract(spans: list[tuple[float, float]],
 
 
 def _exposed_comm_s(tasks: TaskGraph, replay: Replay) -> float:
+    if "comm" not in tasks.category:
+        return 0.0  # nothing to expose (one device, no transfers)
     comm: dict[int, list[tuple[float, float]]] = {}
     compute: dict[int, list[tuple[float, float]]] = {}
     for t in range(len(tasks)):
@@ -261,25 +355,28 @@ def _memory(tasks: TaskGraph, replay: Replay, num_devices: int,
     """Per device: (peak bytes, the task whose allocation reached it, the timeline)."""
     resident = [0] * num_devices
     changes: list[list[tuple[float, int, int, int, int]]] = [[] for _ in range(num_devices)]
+    start_s, end_of = replay.start_s, replay.end_s.__getitem__
     for k, a in enumerate(allocations):
-        if a.size_bytes == 0:
+        size = a.size_bytes
+        if size == 0:
             continue
-        if a.at_task < 0:
-            resident[a.device] += a.size_bytes
+        task, mine = a.at_task, changes[a.device]
+        if task < 0:
+            resident[a.device] += size
             at = 0.0
         else:
-            at = replay.start_s[a.at_task]
-            changes[a.device].append((at, 1, k, a.size_bytes, a.at_task))
+            at = start_s[task]
+            mine.append((at, 1, k, size, task))
         if a.until_tasks:
-            free = max(map(replay.end_s.__getitem__, a.until_tasks))
+            free = max(map(end_of, a.until_tasks))
             # Freed the instant it is made: count it at that instant, after the allocations.
-            changes[a.device].append((free, 2 if free <= at else 0, k, -a.size_bytes, -1))
+            mine.append((free, 2 if free <= at else 0, k, -size, -1))
     out = []
     for d in range(num_devices):
         current = peak = resident[d]
         peak_task = -1
         timeline = [(0.0, current)]
-        for time_s, group in itertools.groupby(sorted(changes[d]), key=lambda c: c[0]):
+        for time_s, group in itertools.groupby(sorted(changes[d]), key=_first):
             high = -1  # the level after this instant's allocations, before instant frees
             for _, phase, _, delta, task in group:
                 current += delta

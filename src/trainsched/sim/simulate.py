@@ -33,7 +33,7 @@ from trainsched.plan import (
     SinglePlan,
 )
 from trainsched.sim.data_parallel import simulate_data_parallel
-from trainsched.sim.executors import simulate_placed, simulate_single
+from trainsched.sim.executors import Progress, simulate_placed, simulate_single
 from trainsched.sim.pipeline import simulate_pipeline
 from trainsched.sim.result import SimResult
 from trainsched.sim.streams import simulate_slots
@@ -83,9 +83,12 @@ def check_costs_fit(graph: Graph, cluster: Cluster) -> None:
         f"compare do it for a cluster), or simulate on {elsewhere}")
 
 
-def simulate(plan: Plan, graph: Graph, cluster: Cluster) -> SimResult:
+def simulate(plan: Plan, graph: Graph, cluster: Cluster, *,
+             progress: Progress | None = None) -> SimResult:
     """Predict one step of ``plan`` for ``graph`` on ``cluster`` (module docstring); a graph
-    whose costs belong to another device kind is refused (:func:`check_costs_fit`)."""
+    whose costs belong to another device kind is refused (:func:`check_costs_fit`).
+    ``progress(done, total, phase)`` hears how far a single-device or placed simulation is
+    (:func:`simulate_single`); the other executors do not report."""
     if not isinstance(graph, Graph):
         raise TrainschedError(f"simulate needs a Graph, got {type(graph).__name__}")
     if not isinstance(cluster, Cluster):
@@ -97,11 +100,11 @@ def simulate(plan: Plan, graph: Graph, cluster: Cluster) -> SimResult:
         plan.validate(graph, cluster)
         if plan.slots:
             return simulate_slots(graph, cluster, plan.slots)
-        return simulate_single(graph, cluster)
+        return simulate_single(graph, cluster, progress=progress)
     if isinstance(plan, PlacedPlan):
         plan.validate(graph, cluster)
         devices = cluster.first_devices(plan.placement.num_devices)
-        return simulate_placed(graph, devices, plan.placement)
+        return simulate_placed(graph, devices, plan.placement, progress=progress)
     if isinstance(plan, DataParallelPlan):
         plan.validate(graph, cluster)
         order = backprop_order(plan.backprop, graph, plan.k)
