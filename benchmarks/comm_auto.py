@@ -6,7 +6,10 @@ the model's training graph with costs measured on this host (one thread per rank
 host's cluster (``--calibration FILE``, else this host's gloo calibrated once, on 2 ranks,
 for every model), every data-parallel strategy simulated, and
 :func:`trainsched.compare.choose_comm` picks (stock DDP unless another is predicted more than
-its margin faster). The chosen plan then runs on the same runtime path as ``train --plan``
+its margin faster); a pick other than stock DDP is then timed against it in a short paired trial
+(:func:`trainsched.runtime.run.paired_trial`, ``--trial-steps`` per round, as ``train
+--auto-trial``) and kept only if it measured faster (:func:`trainsched.compare.confirm_choice`).
+The plan auto ends with then runs on the same runtime path as ``train --plan``
 (:func:`trainsched.runtime.run.data_parallel_segment`), in one 2-rank gloo job beside stock
 DDP, interleaved A B A B ... for ``repeats`` rounds of ``steps`` timed steps after
 ``--warmup``. Per model: what auto picked and why, every candidate's prediction, the medians,
@@ -54,21 +57,32 @@ def host_cluster(calibration: str | None) -> Any:
     return calibrate(world_size=RANKS, repeats=5).to_cluster()
 
 
-def choose(name: str, spec: dict[str, Any], calibration: Any) -> Any:
-    """What ``train NAME --comm-policy auto`` chooses on the cluster ``calibration``."""
-    from trainsched.compare import Options, choose_comm
+def choose(name: str, spec: dict[str, Any], calibration: Any, trial_steps: int) -> Any:
+    """What ``train NAME --comm-policy auto --auto-trial TRIAL_STEPS`` chooses on the cluster
+    ``calibration``: the simulator's pick, checked against stock DDP in a paired trial."""
+    from trainsched.compare import AUTO_BASELINE, TRIAL_ROUNDS, Options, choose_comm, confirm_choice
     from trainsched.runtime.host import host_model
+    from trainsched.runtime.run import paired_trial
 
     graph, cluster = host_model(name, ranks=RANKS, batch_size=spec["batch_size"],
                                 image_size=spec["image_size"], calibration=calibration)
-    return choose_comm(graph, cluster, Options(ranks=RANKS, microbatches=1,
-                                               batch_size=graph.meta["batch_size"]))
+    choice = choose_comm(graph, cluster, Options(ranks=RANKS, microbatches=1,
+                                                 batch_size=graph.meta["batch_size"]))
+    if choice.strategy == AUTO_BASELINE or trial_steps == 0:
+        return choice
+    ddp_s, pick_s = paired_trial(name, choice.baseline.plan, choice.planned.plan,
+                                 rounds=TRIAL_ROUNDS, steps=trial_steps,
+                                 batch_size=spec["batch_size"], image_size=spec["image_size"])
+    return confirm_choice(choice, ddp_s, pick_s)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--trial-steps", type=int, default=3,
+                        help="steps per round of auto's paired trial (0: no trial, the "
+                        "simulator's pick as is)")
     parser.add_argument("--calibration", default=None,
                         help="a cluster file from trainsched calibrate (default: calibrate now)")
     parser.add_argument("--quick", action="store_true", help="mlp only, 1 round of 3 steps")
@@ -92,7 +106,7 @@ def main() -> int:
         spec = dict(MODELS[name])
         if args.quick:
             spec.update(steps=3, repeats=1)
-        choice = choose(name, spec, calibration)
+        choice = choose(name, spec, calibration, args.trial_steps)
         common = {"steps": spec["steps"], "warmup": args.warmup}
         auto_label = f"auto: {choice.strategy}"
         configs = [Segment(label=DDP_LABEL, kind="ddp", **common),
@@ -114,7 +128,8 @@ def main() -> int:
         results["models"][name] = {
             "settings": {**spec, "warmup": args.warmup, "nproc": RANKS, "optimizer": "sgd"},
             "auto": {"strategy": choice.strategy, "reason": choice.reason,
-                     "predicted_s": choice.predicted_s, "label": auto_label},
+                     "predicted_s": choice.predicted_s, "label": auto_label,
+                     "trial": choice.trial},
             "paired_auto_over_ddp": ratio, "target": spec["target"], "met": met,
             "summary": summary, "raw": rows}
     print("\n".join(verdicts))

@@ -9,7 +9,7 @@ import pytest
 
 from trainsched.cli import main
 from trainsched.cluster import cluster_preset
-from trainsched.compare import AUTO_MARGIN, pick_comm
+from trainsched.compare import AUTO_MARGIN, AutoChoice, confirm_choice, pick_comm
 from trainsched.errors import TrainschedError
 
 
@@ -43,6 +43,48 @@ def test_auto_needs_stock_ddp_among_the_candidates():
         pick_comm({"data-fifo": 1.0})
 
 
+def _choice(strategy: str = "data-priority") -> AutoChoice:
+    # plans stand in as plain markers: confirm_choice only moves them around
+    return AutoChoice(strategy=strategy, planned="PICK", predicted_s={}, reason="predicted",
+                      baseline="DDP")
+
+
+def test_a_pick_that_measured_faster_in_most_rounds_is_kept():
+    # DDP / pick per round: 1.10, 0.95, 1.05 -> median 1.05 > 1
+    kept = confirm_choice(_choice(), [11.0, 9.5, 10.5], [10.0, 10.0, 10.0])
+    assert (kept.strategy, kept.planned) == ("data-priority", "PICK")
+    assert kept.trial["measured_over_ddp"] == pytest.approx(1.05)
+    assert "measured 1.050x stock DDP in a paired trial" in kept.reason
+
+
+def test_a_pick_that_measured_slower_falls_back_to_stock_ddp():
+    # DDP / pick per round: 0.96, 1.02, 0.98 -> median 0.98
+    back = confirm_choice(_choice(), [9.6, 10.2, 9.8], [10.0, 10.0, 10.0])
+    assert (back.strategy, back.planned) == ("data-ddp", "DDP")
+    assert back.trial["candidate"] == "data-priority"
+    assert "measured 0.980x stock DDP in a paired trial: stock DDP" in back.reason
+
+
+def test_a_tie_in_the_trial_falls_back_to_stock_ddp():
+    assert confirm_choice(_choice(), [10.0], [10.0]).strategy == "data-ddp"
+
+
+def test_the_trial_needs_a_pick_other_than_ddp_and_paired_positive_times():
+    with pytest.raises(TrainschedError, match="nothing to check"):
+        confirm_choice(_choice("data-ddp"), [1.0], [1.0])
+    with pytest.raises(TrainschedError, match="one step time per round of each, got 2 and 1"):
+        confirm_choice(_choice(), [1.0, 1.0], [1.0])
+    with pytest.raises(TrainschedError, match="must be positive"):
+        confirm_choice(_choice(), [1.0], [0.0])
+
+
+def test_auto_trial_applies_only_with_auto_and_is_a_count(capsys):
+    assert main(["train", "mlp", "--comm-policy", "ddp", "--auto-trial", "2"]) == 2
+    assert "--auto-trial" in capsys.readouterr().err
+    assert main(["train", "mlp", "--comm-policy", "auto", "--auto-trial", "-1"]) == 2
+    assert "--auto-trial" in capsys.readouterr().err
+
+
 def test_calibration_applies_only_with_auto(tmp_path, capsys):
     assert main(["train", "mlp", "--comm-policy", "ddp", "--calibration", "x.json"]) == 2
     assert "--calibration" in capsys.readouterr().err
@@ -56,7 +98,7 @@ def test_train_auto_runs_the_strategy_it_chose_and_reports_every_prediction(tmp_
     calibration = tmp_path / "cpu.json"
     calibration.write_text(cluster_preset("cpu").to_json())
     assert main(["train", "mlp", "--comm-policy", "auto", "--calibration", str(calibration),
-                 "--steps", "2", "--warmup", "1", "--json"]) == 0
+                 "--steps", "2", "--warmup", "1", "--auto-trial", "0", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     predicted = doc["auto"]["predicted_s"]
     assert "data-ddp" in predicted and len(predicted) >= 3
@@ -64,3 +106,47 @@ def test_train_auto_runs_the_strategy_it_chose_and_reports_every_prediction(tmp_
     assert chosen == pick_comm(predicted)[0]
     assert doc["predicted"]["step_time_s"] == predicted[chosen]
     assert len(doc["step_times_s"]) == 2 and doc["ranks"] == 2
+
+
+def test_train_auto_runs_stock_ddp_when_its_pick_measured_slower(tmp_path, capsys, monkeypatch):
+    import importlib
+
+    import trainsched.compare as compare_module
+    import trainsched.runtime as runtime_package
+
+    run_module = importlib.import_module("trainsched.runtime.run")  # the package's run is
+    # the function of that name
+
+    real_choose = compare_module.choose_comm
+
+    def choose_priority(graph, cluster, options, margin=AUTO_MARGIN):
+        from dataclasses import replace
+
+        from trainsched.strategies import plan_strategies
+
+        choice = real_choose(graph, cluster, options, margin)
+        planned, _ = plan_strategies(graph, cluster, options, ["single", "data-fifo"])
+        return replace(choice, strategy="data-fifo", planned=planned["data-fifo"],
+                       reason="forced by the test")
+
+    trials, ran = [], []
+
+    def fake_trial(model, baseline, candidate, *, rounds, steps, **common):
+        trials.append((model, baseline.comm, candidate.comm, rounds, steps))
+        return (1.0,) * rounds, (1.25,) * rounds   # the pick measured 0.8x DDP
+
+    def fake_run(plan, model, **kwargs):
+        ran.append(plan.comm)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(compare_module, "choose_comm", choose_priority)
+    monkeypatch.setattr(run_module, "paired_trial", fake_trial)
+    monkeypatch.setattr(runtime_package, "run", fake_run)
+    calibration = tmp_path / "cpu.json"
+    calibration.write_text(cluster_preset("cpu").to_json())
+    with pytest.raises(RuntimeError, match="stop here"):
+        main(["train", "mlp", "--comm-policy", "auto", "--calibration", str(calibration),
+              "--steps", "2", "--warmup", "1", "--auto-trial", "4"])
+    assert trials == [("mlp", "ddp", "fifo", 3, 4)]
+    assert ran == ["ddp"]
+    assert "timing it against stock DDP first (3 rounds of 4 steps)" in capsys.readouterr().out

@@ -10,7 +10,9 @@ each plan is simulated by :func:`trainsched.sim.simulate`, the entry the runtime
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from trainsched.cluster import Cluster
@@ -19,8 +21,22 @@ from trainsched.graph import Graph
 from trainsched.sim import SimResult, bubble_fraction, simulate
 from trainsched.strategies import Options, Planned, make_plans, plan_strategies, strategies
 
-__all__ = ["AUTO_MARGIN", "AutoChoice", "Options", "Row", "SyncRow", "choose_comm", "compare",
-           "compare_plans", "compare_sync", "pick_comm", "plan_strategies", "strategies"]
+__all__ = [
+    "AUTO_MARGIN",
+    "TRIAL_ROUNDS",
+    "AutoChoice",
+    "Options",
+    "Row",
+    "SyncRow",
+    "choose_comm",
+    "compare",
+    "compare_plans",
+    "compare_sync",
+    "confirm_choice",
+    "pick_comm",
+    "plan_strategies",
+    "strategies",
+]
 
 #: ``auto`` leaves stock DDP only for a strategy predicted at least this much faster: the
 #: scheduled runtime's own host work per collective (hooks, a dispatcher thread, partitions) is
@@ -28,6 +44,8 @@ __all__ = ["AUTO_MARGIN", "AutoChoice", "Options", "Row", "SyncRow", "choose_com
 AUTO_MARGIN = 0.05
 #: The strategy ``auto`` falls back to: stock DDP, the scheduled runtime's pass-through.
 AUTO_BASELINE = "data-ddp"
+#: Rounds of ``auto``'s measured check (stock DDP and the pick, interleaved in one job).
+TRIAL_ROUNDS = 3
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,6 +112,8 @@ class AutoChoice:
     planned: Planned
     predicted_s: dict[str, float]
     reason: str
+    baseline: Planned | None = None  # stock DDP's plan, for the measured check
+    trial: dict[str, Any] | None = None  # the measured check, once run (confirm_choice)
 
 
 def pick_comm(predicted_s: dict[str, float], margin: float = AUTO_MARGIN) -> tuple[str, str]:
@@ -126,7 +146,34 @@ def choose_comm(graph: Graph, cluster: Cluster, options: Options,
                  for n in names if n in planned}
     name, reason = pick_comm(predicted, margin)
     return AutoChoice(strategy=name, planned=planned[name], predicted_s=predicted,
-                      reason=reason)
+                      reason=reason, baseline=planned[AUTO_BASELINE])
+
+
+def confirm_choice(choice: AutoChoice, baseline_s: Sequence[float],
+                   candidate_s: Sequence[float]) -> AutoChoice:
+    """``choice`` checked against measured step times: per round of a paired trial, stock
+    DDP's median step (``baseline_s``) and the pick's (``candidate_s``), measured interleaved in
+    one job. The pick stays only if the median over rounds of DDP's time over the pick's is
+    above 1 (it measured faster); otherwise the choice falls back to stock DDP, the simulator's
+    prediction notwithstanding. The returned choice records the trial."""
+    if choice.strategy == AUTO_BASELINE or choice.baseline is None:
+        raise TrainschedError("the measured check compares a pick other than stock DDP with "
+                              "stock DDP's plan; this choice has nothing to check")
+    if len(baseline_s) != len(candidate_s) or not baseline_s:
+        raise TrainschedError(f"a paired trial needs one step time per round of each, got "
+                              f"{len(baseline_s)} and {len(candidate_s)}")
+    if any(not (t > 0) for t in (*baseline_s, *candidate_s)):
+        raise TrainschedError("a paired trial's step times must be positive")
+    ratio = statistics.median(b / c for b, c in zip(baseline_s, candidate_s, strict=True))
+    trial = {"rounds": len(baseline_s), "baseline_s": list(baseline_s),
+             "candidate_s": list(candidate_s), "candidate": choice.strategy,
+             "measured_over_ddp": ratio}
+    if ratio > 1.0:
+        return replace(choice, trial=trial, reason=(
+            f"{choice.reason}; measured {ratio:.3f}x stock DDP in a paired trial"))
+    return replace(choice, strategy=AUTO_BASELINE, planned=choice.baseline, trial=trial,
+                   reason=(f"{choice.strategy} was predicted faster ({choice.reason}) but "
+                           f"measured {ratio:.3f}x stock DDP in a paired trial: stock DDP"))
 
 
 @dataclass(frozen=True, kw_only=True)

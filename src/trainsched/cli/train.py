@@ -26,6 +26,7 @@ from trainsched.cli.common import (
 from trainsched.cli.outputs import check_writable_dir
 from trainsched.cli.sync_train import SYNC_FLAGS, add_sync_args, run_sync_cli
 from trainsched.comm.policy import COMM_POLICIES, CREDIT_MODES
+from trainsched.compare import TRIAL_ROUNDS
 from trainsched.errors import TrainschedError
 from trainsched.graph import OPTIMIZERS
 from trainsched.report.tables import (
@@ -39,6 +40,9 @@ from trainsched.report.tables import (
 
 NAME = "train"
 
+
+#: ``--auto-trial``'s default: steps per round of the measured check of auto's pick.
+AUTO_TRIAL_STEPS = 3
 
 def add_parser(sub: Subcommands) -> None:
     p = sub.add_parser(NAME, help="train a zoo model on N real gloo ranks with scheduled "
@@ -70,6 +74,11 @@ def add_parser(sub: Subcommands) -> None:
                    help="--comm-policy auto, or --backprop ooo without --k: a cluster file "
                    "from trainsched calibrate to predict with (default: calibrate this host "
                    "first)")
+    p.add_argument("--auto-trial", type=int, default=None, metavar="STEPS",
+                   help=f"--comm-policy auto: before training, time a pick other than stock "
+                   f"DDP against stock DDP, interleaved in one job ({TRIAL_ROUNDS} rounds of "
+                   f"STEPS steps each, default {AUTO_TRIAL_STEPS}), and keep it only if it "
+                   f"measured faster; 0: trust the simulator")
     p.add_argument("--partition", default=None,
                    help=f"priority/bytescheduler: partition size (default "
                    f"{DEFAULTS['partition']})")
@@ -140,6 +149,8 @@ def rules(model: str) -> tuple[list[Applies], dict[str, Fact]]:
     table += [
         Applies(flags=("ranks", "comm_policy"), when={"comm": comm_choices()},
                 where="without --plan (the plan file sets them)"),
+        Applies(flags=("auto_trial",), when={"comm": ("auto",)},
+                where="with --comm-policy auto"),
         Applies(flags=("calibration",), when={"predicts": (True,)},
                 where="with --comm-policy auto or --backprop ooo without --k (they simulate)"),
         Applies(flags=("backprop",), when={"comm": tuned},
@@ -191,6 +202,8 @@ def check_flags(args: argparse.Namespace) -> None:
     check_count("--ranks", args.ranks, 1)
     check_count("--steps", args.steps, 1)
     check_count("--warmup", args.warmup, 0)
+    if args.auto_trial is not None:
+        check_count("--auto-trial", args.auto_trial, 0)
     from trainsched.runtime.train import ORDERS
 
     if args.order is not None and args.order not in ORDERS:
@@ -427,13 +440,27 @@ def _run_auto(args: argparse.Namespace) -> int:
     rank), calibrate the host (or read ``--calibration``), simulate every data-parallel
     strategy, run the plan :func:`trainsched.compare.choose_comm` picks and print measured
     beside predicted."""
-    from trainsched.compare import Options, choose_comm
+    from trainsched.compare import AUTO_BASELINE, Options, choose_comm, confirm_choice
     from trainsched.plan import Prediction
     from trainsched.runtime import run as run_plan
 
     graph, cluster = _host_model(args)
     choice = choose_comm(graph, cluster, Options(ranks=args.ranks, microbatches=1,
                                                  batch_size=graph.meta["batch_size"]))
+    trial_steps = AUTO_TRIAL_STEPS if args.auto_trial is None else args.auto_trial
+    if choice.strategy != AUTO_BASELINE and trial_steps > 0:
+        from trainsched.runtime.run import paired_trial
+
+        if not args.json:
+            print(f"auto: {choice.strategy} is predicted faster ({choice.reason}); timing it "
+                  f"against stock DDP first ({TRIAL_ROUNDS} rounds of {trial_steps} steps)",
+                  flush=True)
+        assert choice.baseline is not None
+        ddp_s, pick_s = paired_trial(
+            args.model, choice.baseline.plan, choice.planned.plan, rounds=TRIAL_ROUNDS,
+            steps=trial_steps, batch_size=args.batch_size, image_size=args.image_size,
+            seq_len=args.seq_len, optimizer=args.optimizer, lr=args.lr, timeout_s=args.timeout)
+        choice = confirm_choice(choice, ddp_s, pick_s)
     plan = choice.planned.plan
     result = run_plan(plan, args.model, steps=args.steps, warmup=args.warmup,
                       batch_size=args.batch_size, image_size=args.image_size,
@@ -444,7 +471,8 @@ def _run_auto(args: argparse.Namespace) -> int:
         choice.strategy], samples_per_step=choice.planned.samples_per_step)
     if args.json:
         print(dump({"auto": {"strategy": choice.strategy, "reason": choice.reason,
-                             "predicted_s": choice.predicted_s}, **result.to_dict(),
+                             "predicted_s": choice.predicted_s, "trial": choice.trial},
+                    **result.to_dict(),
                     "predicted": {"cluster": prediction.cluster,
                                   "step_time_s": prediction.step_time_s}}))
         return 0

@@ -36,7 +36,8 @@ from trainsched.errors import TrainschedError
 from trainsched.plan import DataParallelPlan, PipelinePlan, PlacedPlan, Plan, SinglePlan
 from trainsched.runtime.launch import quantile
 
-__all__ = ["RunResult", "data_parallel_segment", "policy_segment", "run", "runnable",
+__all__ = ["RunResult", "data_parallel_segment", "paired_trial", "policy_segment", "run",
+           "runnable",
            "write_steps_trace"]
 
 MiB = 1 << 20
@@ -151,6 +152,35 @@ def data_parallel_segment(plan: DataParallelPlan, *, label: str, steps: int,
         raise TrainschedError(f"cannot run this plan: {pending}")
     return policy_segment(plan.policy, label=label, order=plan.order, steps=steps,
                           warmup=warmup, backprop_k=plan.k if plan.backprop == "ooo" else 0)
+
+
+def paired_trial(model: str, baseline: DataParallelPlan, candidate: DataParallelPlan, *,
+                 rounds: int, steps: int, warmup: int = 1, **common: Any
+                 ) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Time two data-parallel plans of ``model`` on the same ranks, interleaved in one job:
+    ``rounds`` rounds, each running both plans for ``warmup`` + ``steps`` steps (baseline
+    first in even rounds, candidate first in odd ones, so drift favours neither). Returns each
+    plan's median step time per round. ``common``: :func:`~trainsched.runtime.train.
+    run_segments`'s sizes, optimizer, learning rate and timeout."""
+    from trainsched.runtime.train import run_segments
+
+    if baseline.ranks != candidate.ranks:
+        raise TrainschedError(f"a paired trial runs both plans on the same ranks, got "
+                              f"{baseline.ranks} and {candidate.ranks}")
+    if rounds < 1 or steps < 1:
+        raise TrainschedError(f"a paired trial needs rounds and steps >= 1, got {rounds} and "
+                              f"{steps}")
+    segments = []
+    for r in range(rounds):
+        pair = [data_parallel_segment(baseline, label=f"baseline {r}", steps=steps,
+                                      warmup=warmup),
+                data_parallel_segment(candidate, label=f"candidate {r}", steps=steps,
+                                      warmup=warmup)]
+        segments += pair if r % 2 == 0 else pair[::-1]
+    result = run_segments(model, segments, nproc=baseline.ranks, **common)
+    medians = {s.label: s.median_s for s in result.segments}
+    return (tuple(medians[f"baseline {r}"] for r in range(rounds)),
+            tuple(medians[f"candidate {r}"] for r in range(rounds)))
 
 
 def run(plan: Plan, model: str | None = None, *, steps: int = 10, warmup: int = 2,
