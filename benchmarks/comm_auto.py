@@ -6,9 +6,11 @@ the model's training graph with costs measured on this host (one thread per rank
 host's cluster (``--calibration FILE``, else this host's gloo calibrated once, on 2 ranks,
 for every model), every data-parallel strategy simulated, and
 :func:`trainsched.compare.choose_comm` picks (stock DDP unless another is predicted more than
-its margin faster); a pick other than stock DDP is then timed against it in a short paired trial
-(:func:`trainsched.runtime.run.paired_trial`, ``--trial-steps`` per round, as ``train
---auto-trial``) and kept only if it measured faster (:func:`trainsched.compare.confirm_choice`).
+its margin faster); when one is, the (up to 3) strategies predicted beyond the margin are
+then timed against stock DDP in a short interleaved trial
+(:func:`trainsched.runtime.run.interleaved_trial`, ``--trial-steps`` per round, as ``train
+--auto-trial``) and the one that measured fastest runs, stock DDP unless another beat it
+(:func:`trainsched.compare.confirm_choice`).
 The plan auto ends with then runs on the same runtime path as ``train --plan``
 (:func:`trainsched.runtime.run.data_parallel_segment`), in one 2-rank gloo job beside stock
 DDP, interleaved A B A B ... for ``repeats`` rounds of ``steps`` timed steps after
@@ -62,7 +64,7 @@ def choose(name: str, spec: dict[str, Any], calibration: Any, trial_steps: int) 
     ``calibration``: the simulator's pick, checked against stock DDP in a paired trial."""
     from trainsched.compare import AUTO_BASELINE, TRIAL_ROUNDS, Options, choose_comm, confirm_choice
     from trainsched.runtime.host import host_model
-    from trainsched.runtime.run import paired_trial
+    from trainsched.runtime.run import interleaved_trial
 
     graph, cluster = host_model(name, ranks=RANKS, batch_size=spec["batch_size"],
                                 image_size=spec["image_size"], calibration=calibration)
@@ -70,10 +72,10 @@ def choose(name: str, spec: dict[str, Any], calibration: Any, trial_steps: int) 
                                                  batch_size=graph.meta["batch_size"]))
     if choice.strategy == AUTO_BASELINE or trial_steps == 0:
         return choice
-    ddp_s, pick_s = paired_trial(name, choice.baseline.plan, choice.planned.plan,
+    measured = interleaved_trial(name, {n: p.plan for n, p in choice.shortlist.items()},
                                  rounds=TRIAL_ROUNDS, steps=trial_steps,
                                  batch_size=spec["batch_size"], image_size=spec["image_size"])
-    return confirm_choice(choice, ddp_s, pick_s)
+    return confirm_choice(choice, measured)
 
 
 def main() -> int:

@@ -46,36 +46,66 @@ def test_auto_needs_stock_ddp_among_the_candidates():
 def _choice(strategy: str = "data-priority") -> AutoChoice:
     # plans stand in as plain markers: confirm_choice only moves them around
     return AutoChoice(strategy=strategy, planned="PICK", predicted_s={}, reason="predicted",
-                      baseline="DDP")
+                      shortlist={"data-ddp": "DDP", "data-priority": "PICK",
+                                 "data-fifo": "FIFO"})
 
 
-def test_a_pick_that_measured_faster_in_most_rounds_is_kept():
-    # DDP / pick per round: 1.10, 0.95, 1.05 -> median 1.05 > 1
-    kept = confirm_choice(_choice(), [11.0, 9.5, 10.5], [10.0, 10.0, 10.0])
-    assert (kept.strategy, kept.planned) == ("data-priority", "PICK")
-    assert kept.trial["measured_over_ddp"] == pytest.approx(1.05)
-    assert "measured 1.050x stock DDP in a paired trial" in kept.reason
+def test_the_strategy_that_measured_fastest_runs_if_it_beat_ddp():
+    # DDP / priority per round: 1.10, 0.95, 1.05 -> median 1.05; DDP / fifo: 1.2, 1.1, 1.0
+    # -> median 1.1: fifo, though priority was predicted fastest
+    kept = confirm_choice(_choice(), {"data-ddp": [11.0, 9.5, 10.5],
+                                      "data-priority": [10.0, 10.0, 10.0],
+                                      "data-fifo": [11.0 / 1.2, 9.5 / 1.1, 10.5]})
+    assert (kept.strategy, kept.planned) == ("data-fifo", "FIFO")
+    assert kept.trial["measured_over_ddp"] == pytest.approx({"data-priority": 1.05,
+                                                             "data-fifo": 1.1})
+    assert "data-fifo measured 1.100x stock DDP, the best of 2" in kept.reason
 
 
-def test_a_pick_that_measured_slower_falls_back_to_stock_ddp():
-    # DDP / pick per round: 0.96, 1.02, 0.98 -> median 0.98
-    back = confirm_choice(_choice(), [9.6, 10.2, 9.8], [10.0, 10.0, 10.0])
+def test_when_nothing_measured_faster_stock_ddp_runs():
+    # DDP / priority: 0.96, 1.02, 0.98 -> 0.98; DDP / fifo: 0.9 each round
+    back = confirm_choice(_choice(), {"data-ddp": [9.6, 10.2, 9.8],
+                                      "data-priority": [10.0, 10.0, 10.0],
+                                      "data-fifo": [9.6 / 0.9, 10.2 / 0.9, 9.8 / 0.9]})
     assert (back.strategy, back.planned) == ("data-ddp", "DDP")
-    assert back.trial["candidate"] == "data-priority"
-    assert "measured 0.980x stock DDP in a paired trial: stock DDP" in back.reason
+    assert "the best of 2 (data-priority) measured 0.980x stock DDP: stock DDP" in back.reason
 
 
-def test_a_tie_in_the_trial_falls_back_to_stock_ddp():
-    assert confirm_choice(_choice(), [10.0], [10.0]).strategy == "data-ddp"
+def test_a_tie_in_the_trial_runs_stock_ddp():
+    tie = confirm_choice(_choice(), {"data-ddp": [10.0], "data-priority": [10.0],
+                                     "data-fifo": [10.0]})
+    assert tie.strategy == "data-ddp"
 
 
-def test_the_trial_needs_a_pick_other_than_ddp_and_paired_positive_times():
+def test_the_trial_needs_a_pick_other_than_ddp_and_every_shortlisted_time():
     with pytest.raises(TrainschedError, match="nothing to check"):
-        confirm_choice(_choice("data-ddp"), [1.0], [1.0])
-    with pytest.raises(TrainschedError, match="one step time per round of each, got 2 and 1"):
-        confirm_choice(_choice(), [1.0, 1.0], [1.0])
+        confirm_choice(_choice("data-ddp"), {"data-ddp": [1.0]})
+    with pytest.raises(TrainschedError, match="must measure data-ddp, data-priority, data-fifo"):
+        confirm_choice(_choice(), {"data-ddp": [1.0], "data-priority": [1.0]})
+    with pytest.raises(TrainschedError, match="same number of rounds"):
+        confirm_choice(_choice(), {"data-ddp": [1.0, 1.0], "data-priority": [1.0],
+                                   "data-fifo": [1.0]})
     with pytest.raises(TrainschedError, match="must be positive"):
-        confirm_choice(_choice(), [1.0], [0.0])
+        confirm_choice(_choice(), {"data-ddp": [1.0], "data-priority": [0.0],
+                                   "data-fifo": [1.0]})
+
+
+def test_the_shortlist_is_ddp_and_the_strategies_predicted_beyond_the_margin():
+    from trainsched.compare import AUTO_BASELINE, TRIAL_CANDIDATES, choose_comm
+    from trainsched.graph import Edge, Graph, Op, to_training
+    from trainsched.strategies import Options
+
+    ops = [Op(name=f"l{i}", compute_s=1e-3, param_bytes=4 << 20, output_bytes=1 << 16,
+              layer_index=i) for i in range(6)]
+    graph = to_training(Graph(ops, [Edge(src=f"l{i}", dst=f"l{i + 1}", size_bytes=1 << 16)
+                                    for i in range(5)]))
+    choice = choose_comm(graph, cluster_preset("p3.16xlarge"), Options(ranks=2, microbatches=1,
+                                                                       batch_size=8))
+    base = choice.predicted_s[AUTO_BASELINE]
+    ahead = sorted((n for n, t in choice.predicted_s.items()
+                    if n != AUTO_BASELINE and base / t - 1 > AUTO_MARGIN),
+                   key=lambda n: (choice.predicted_s[n], n))
+    assert list(choice.shortlist) == [AUTO_BASELINE, *ahead[:TRIAL_CANDIDATES]]
 
 
 def test_auto_trial_applies_only_with_auto_and_is_a_count(capsys):
@@ -127,26 +157,29 @@ def test_train_auto_runs_stock_ddp_when_its_pick_measured_slower(tmp_path, capsy
         choice = real_choose(graph, cluster, options, margin)
         planned, _ = plan_strategies(graph, cluster, options, ["single", "data-fifo"])
         return replace(choice, strategy="data-fifo", planned=planned["data-fifo"],
-                       reason="forced by the test")
+                       reason="forced by the test",
+                       shortlist={"data-ddp": choice.shortlist["data-ddp"],
+                                  "data-fifo": planned["data-fifo"]})
 
     trials, ran = [], []
 
-    def fake_trial(model, baseline, candidate, *, rounds, steps, **common):
-        trials.append((model, baseline.comm, candidate.comm, rounds, steps))
-        return (1.0,) * rounds, (1.25,) * rounds   # the pick measured 0.8x DDP
+    def fake_trial(model, plans, *, rounds, steps, **common):
+        trials.append((model, {n: p.comm for n, p in plans.items()}, rounds, steps))
+        return {n: (1.0 if n == "data-ddp" else 1.25,) * rounds for n in plans}  # 0.8x DDP
 
     def fake_run(plan, model, **kwargs):
         ran.append(plan.comm)
         raise RuntimeError("stop here")
 
     monkeypatch.setattr(compare_module, "choose_comm", choose_priority)
-    monkeypatch.setattr(run_module, "paired_trial", fake_trial)
+    monkeypatch.setattr(run_module, "interleaved_trial", fake_trial)
     monkeypatch.setattr(runtime_package, "run", fake_run)
     calibration = tmp_path / "cpu.json"
     calibration.write_text(cluster_preset("cpu").to_json())
     with pytest.raises(RuntimeError, match="stop here"):
         main(["train", "mlp", "--comm-policy", "auto", "--calibration", str(calibration),
               "--steps", "2", "--warmup", "1", "--auto-trial", "4"])
-    assert trials == [("mlp", "ddp", "fifo", 3, 4)]
+    assert trials == [("mlp", {"data-ddp": "ddp", "data-fifo": "fifo"}, 3, 4)]
     assert ran == ["ddp"]
-    assert "timing it against stock DDP first (3 rounds of 4 steps)" in capsys.readouterr().out
+    assert "timing data-fifo against stock DDP first (3 rounds of 4 steps)" in \
+        capsys.readouterr().out

@@ -251,28 +251,30 @@ def test_a_sync_plan_runs_with_its_parameter_server_count(monkeypatch):
     assert seen["servers"] == 2
 
 
-def test_a_paired_trial_interleaves_the_two_plans_and_returns_each_rounds_median(monkeypatch):
+def test_a_trial_interleaves_the_plans_and_returns_each_rounds_median(monkeypatch):
     from types import SimpleNamespace
 
     import trainsched.runtime.train as train_module
     from trainsched.comm.policy import comm_policy
     from trainsched.plan import ModelRef
-    from trainsched.runtime.run import paired_trial
+    from trainsched.runtime.run import interleaved_trial
 
     seen = []
 
     def fake_run_segments(model, segments, *, nproc, **common):
         seen.append((model, nproc, [(s.label, s.kind, s.steps) for s in segments]))
-        times = {"baseline 0": (3.0, 1.0, 2.0), "candidate 0": (4.0,) * 3,
-                 "candidate 1": (5.0, 7.0, 6.0), "baseline 1": (1.0,) * 3}
+        times = {"ddp 0": (3.0, 1.0, 2.0), "fifo 0": (4.0,) * 3,
+                 "fifo 1": (5.0, 7.0, 6.0), "ddp 1": (1.0,) * 3}
         return SimpleNamespace(segments=[SimpleNamespace(label=s.label, median_s=sorted(
             times[s.label])[1]) for s in segments])
 
     monkeypatch.setattr(train_module, "run_segments", fake_run_segments)
     ref = ModelRef(name="mlp", fingerprint="f", forward_ops=3, batch_size=8)
-    ddp = DataParallelPlan(model=ref, ranks=2, comm="ddp", policy=comm_policy("ddp"))
-    fifo = DataParallelPlan(model=ref, ranks=2, comm="fifo", policy=comm_policy("fifo"))
-    assert paired_trial("mlp", ddp, fifo, rounds=2, steps=3) == ((2.0, 1.0), (4.0, 6.0))
-    # baseline first in round 0, the candidate first in round 1
-    assert seen == [("mlp", 2, [("baseline 0", "ddp", 3), ("candidate 0", "sdp", 3),
-                                ("candidate 1", "sdp", 3), ("baseline 1", "ddp", 3)])]
+    plans = {"ddp": DataParallelPlan(model=ref, ranks=2, comm="ddp", policy=comm_policy("ddp")),
+             "fifo": DataParallelPlan(model=ref, ranks=2, comm="fifo",
+                                      policy=comm_policy("fifo"))}
+    assert interleaved_trial("mlp", plans, rounds=2, steps=3) == {"ddp": (2.0, 1.0),
+                                                                   "fifo": (4.0, 6.0)}
+    # the order rotates by one each round
+    assert seen == [("mlp", 2, [("ddp 0", "ddp", 3), ("fifo 0", "sdp", 3),
+                                ("fifo 1", "sdp", 3), ("ddp 1", "ddp", 3)])]

@@ -11,7 +11,7 @@ each plan is simulated by :func:`trainsched.sim.simulate`, the entry the runtime
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -23,6 +23,7 @@ from trainsched.strategies import Options, Planned, make_plans, plan_strategies,
 
 __all__ = [
     "AUTO_MARGIN",
+    "TRIAL_CANDIDATES",
     "TRIAL_ROUNDS",
     "AutoChoice",
     "Options",
@@ -44,8 +45,12 @@ __all__ = [
 AUTO_MARGIN = 0.05
 #: The strategy ``auto`` falls back to: stock DDP, the scheduled runtime's pass-through.
 AUTO_BASELINE = "data-ddp"
-#: Rounds of ``auto``'s measured check (stock DDP and the pick, interleaved in one job).
+#: Rounds of ``auto``'s measured check (stock DDP and the shortlist, interleaved in one job).
 TRIAL_ROUNDS = 3
+#: How many strategies predicted beyond the margin ``auto``'s measured check tries beside DDP
+#: (the simulator's order among the scheduled policies is less reliable than its verdict that
+#: communication can be hidden).
+TRIAL_CANDIDATES = 3
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,7 +117,9 @@ class AutoChoice:
     planned: Planned
     predicted_s: dict[str, float]
     reason: str
-    baseline: Planned | None = None  # stock DDP's plan, for the measured check
+    #: stock DDP's plan and the strategies predicted beyond the margin (the fastest first, at
+    #: most TRIAL_CANDIDATES), by name: what the measured check times
+    shortlist: dict[str, Planned] | None = None
     trial: dict[str, Any] | None = None  # the measured check, once run (confirm_choice)
 
 
@@ -145,35 +152,50 @@ def choose_comm(graph: Graph, cluster: Cluster, options: Options,
     predicted = {n: simulate(planned[n].plan, graph, cluster).step_time_s
                  for n in names if n in planned}
     name, reason = pick_comm(predicted, margin)
+    base = predicted[AUTO_BASELINE]
+    ahead = sorted((n for n in predicted if n != AUTO_BASELINE and predicted[n] > 0
+                    and base / predicted[n] - 1 > margin), key=lambda n: (predicted[n], n))
+    shortlist = {n: planned[n] for n in [AUTO_BASELINE, *ahead[:TRIAL_CANDIDATES]]}
     return AutoChoice(strategy=name, planned=planned[name], predicted_s=predicted,
-                      reason=reason, baseline=planned[AUTO_BASELINE])
+                      reason=reason, shortlist=shortlist)
 
 
-def confirm_choice(choice: AutoChoice, baseline_s: Sequence[float],
-                   candidate_s: Sequence[float]) -> AutoChoice:
-    """``choice`` checked against measured step times: per round of a paired trial, stock
-    DDP's median step (``baseline_s``) and the pick's (``candidate_s``), measured interleaved in
-    one job. The pick stays only if the median over rounds of DDP's time over the pick's is
-    above 1 (it measured faster); otherwise the choice falls back to stock DDP, the simulator's
-    prediction notwithstanding. The returned choice records the trial."""
-    if choice.strategy == AUTO_BASELINE or choice.baseline is None:
-        raise TrainschedError("the measured check compares a pick other than stock DDP with "
-                              "stock DDP's plan; this choice has nothing to check")
-    if len(baseline_s) != len(candidate_s) or not baseline_s:
-        raise TrainschedError(f"a paired trial needs one step time per round of each, got "
-                              f"{len(baseline_s)} and {len(candidate_s)}")
-    if any(not (t > 0) for t in (*baseline_s, *candidate_s)):
+def confirm_choice(choice: AutoChoice, measured_s: Mapping[str, Sequence[float]]) -> AutoChoice:
+    """``choice`` checked against measured step times: ``measured_s`` holds, for stock DDP and
+    each strategy of the shortlist, its median step per round of one job that ran them
+    interleaved. Each strategy's ratio is the median over rounds of DDP's step over its own;
+    the strategy with the highest ratio is run if that ratio is above 1 (it measured faster
+    than DDP), else stock DDP, whatever the simulator predicted. The returned choice records
+    the trial."""
+    if choice.strategy == AUTO_BASELINE or not choice.shortlist:
+        raise TrainschedError("the measured check compares the strategies predicted faster "
+                              "than stock DDP with it; this choice has nothing to check")
+    names = list(choice.shortlist)
+    if sorted(measured_s) != sorted(names):
+        raise TrainschedError(f"the trial must measure {', '.join(names)}; got "
+                              f"{', '.join(measured_s) or 'nothing'}")
+    rounds = {len(measured_s[n]) for n in names}
+    if len(rounds) != 1 or 0 in rounds:
+        raise TrainschedError("a paired trial needs one step time per round of each strategy, "
+                              "the same number of rounds for all")
+    if any(not (t > 0) for n in names for t in measured_s[n]):
         raise TrainschedError("a paired trial's step times must be positive")
-    ratio = statistics.median(b / c for b, c in zip(baseline_s, candidate_s, strict=True))
-    trial = {"rounds": len(baseline_s), "baseline_s": list(baseline_s),
-             "candidate_s": list(candidate_s), "candidate": choice.strategy,
-             "measured_over_ddp": ratio}
-    if ratio > 1.0:
-        return replace(choice, trial=trial, reason=(
-            f"{choice.reason}; measured {ratio:.3f}x stock DDP in a paired trial"))
-    return replace(choice, strategy=AUTO_BASELINE, planned=choice.baseline, trial=trial,
-                   reason=(f"{choice.strategy} was predicted faster ({choice.reason}) but "
-                           f"measured {ratio:.3f}x stock DDP in a paired trial: stock DDP"))
+    ddp = measured_s[AUTO_BASELINE]
+    ratios = {n: statistics.median(b / c for b, c in zip(ddp, measured_s[n], strict=True))
+              for n in names if n != AUTO_BASELINE}
+    best = max(ratios, key=lambda n: (ratios[n], -choice.predicted_s.get(n, 0.0), n))
+    trial = {"rounds": rounds.pop(), "measured_s": {n: list(measured_s[n]) for n in names},
+             "measured_over_ddp": ratios}
+    if ratios[best] > 1.0:
+        return replace(choice, strategy=best, planned=choice.shortlist[best], trial=trial,
+                       reason=(f"{choice.reason}; in a paired trial {best} measured "
+                               f"{ratios[best]:.3f}x stock DDP, the best of "
+                               f"{len(ratios)}"))
+    return replace(choice, strategy=AUTO_BASELINE, planned=choice.shortlist[AUTO_BASELINE],
+                   trial=trial,
+                   reason=(f"{choice.strategy} was predicted faster ({choice.reason}), but in a "
+                           f"paired trial the best of {len(ratios)} ({best}) measured "
+                           f"{ratios[best]:.3f}x stock DDP: stock DDP"))
 
 
 @dataclass(frozen=True, kw_only=True)

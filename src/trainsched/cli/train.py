@@ -26,7 +26,7 @@ from trainsched.cli.common import (
 from trainsched.cli.outputs import check_writable_dir
 from trainsched.cli.sync_train import SYNC_FLAGS, add_sync_args, run_sync_cli
 from trainsched.comm.policy import COMM_POLICIES, CREDIT_MODES
-from trainsched.compare import TRIAL_ROUNDS
+from trainsched.compare import TRIAL_CANDIDATES, TRIAL_ROUNDS
 from trainsched.errors import TrainschedError
 from trainsched.graph import OPTIMIZERS
 from trainsched.report.tables import (
@@ -75,10 +75,11 @@ def add_parser(sub: Subcommands) -> None:
                    "from trainsched calibrate to predict with (default: calibrate this host "
                    "first)")
     p.add_argument("--auto-trial", type=int, default=None, metavar="STEPS",
-                   help=f"--comm-policy auto: before training, time a pick other than stock "
-                   f"DDP against stock DDP, interleaved in one job ({TRIAL_ROUNDS} rounds of "
-                   f"STEPS steps each, default {AUTO_TRIAL_STEPS}), and keep it only if it "
-                   f"measured faster; 0: trust the simulator")
+                   help=f"--comm-policy auto: when a strategy is predicted faster than stock "
+                   f"DDP, time the (up to {TRIAL_CANDIDATES}) strategies predicted faster "
+                   f"against stock DDP first, interleaved in one job ({TRIAL_ROUNDS} rounds of "
+                   f"STEPS steps each, default {AUTO_TRIAL_STEPS}), and run the one that "
+                   f"measured fastest, DDP unless another beat it; 0: trust the simulator")
     p.add_argument("--partition", default=None,
                    help=f"priority/bytescheduler: partition size (default "
                    f"{DEFAULTS['partition']})")
@@ -449,18 +450,18 @@ def _run_auto(args: argparse.Namespace) -> int:
                                                  batch_size=graph.meta["batch_size"]))
     trial_steps = AUTO_TRIAL_STEPS if args.auto_trial is None else args.auto_trial
     if choice.strategy != AUTO_BASELINE and trial_steps > 0:
-        from trainsched.runtime.run import paired_trial
+        from trainsched.runtime.run import interleaved_trial
 
+        assert choice.shortlist is not None
         if not args.json:
-            print(f"auto: {choice.strategy} is predicted faster ({choice.reason}); timing it "
-                  f"against stock DDP first ({TRIAL_ROUNDS} rounds of {trial_steps} steps)",
-                  flush=True)
-        assert choice.baseline is not None
-        ddp_s, pick_s = paired_trial(
-            args.model, choice.baseline.plan, choice.planned.plan, rounds=TRIAL_ROUNDS,
+            print(f"auto: {choice.strategy} is predicted faster ({choice.reason}); timing "
+                  f"{', '.join(n for n in choice.shortlist if n != AUTO_BASELINE)} against "
+                  f"stock DDP first ({TRIAL_ROUNDS} rounds of {trial_steps} steps)", flush=True)
+        measured = interleaved_trial(
+            args.model, {n: p.plan for n, p in choice.shortlist.items()}, rounds=TRIAL_ROUNDS,
             steps=trial_steps, batch_size=args.batch_size, image_size=args.image_size,
             seq_len=args.seq_len, optimizer=args.optimizer, lr=args.lr, timeout_s=args.timeout)
-        choice = confirm_choice(choice, ddp_s, pick_s)
+        choice = confirm_choice(choice, measured)
     plan = choice.planned.plan
     result = run_plan(plan, args.model, steps=args.steps, warmup=args.warmup,
                       batch_size=args.batch_size, image_size=args.image_size,

@@ -28,6 +28,7 @@ import dataclasses
 import math
 import os
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,9 +37,8 @@ from trainsched.errors import TrainschedError
 from trainsched.plan import DataParallelPlan, PipelinePlan, PlacedPlan, Plan, SinglePlan
 from trainsched.runtime.launch import quantile
 
-__all__ = ["RunResult", "data_parallel_segment", "paired_trial", "policy_segment", "run",
-           "runnable",
-           "write_steps_trace"]
+__all__ = ["RunResult", "data_parallel_segment", "interleaved_trial", "policy_segment", "run",
+           "runnable", "write_steps_trace"]
 
 MiB = 1 << 20
 TRAINING_SUFFIXES = ("dX", "dW", "opt")  # the training transform's op names: forward op + ":dX"
@@ -154,33 +154,31 @@ def data_parallel_segment(plan: DataParallelPlan, *, label: str, steps: int,
                           warmup=warmup, backprop_k=plan.k if plan.backprop == "ooo" else 0)
 
 
-def paired_trial(model: str, baseline: DataParallelPlan, candidate: DataParallelPlan, *,
-                 rounds: int, steps: int, warmup: int = 1, **common: Any
-                 ) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Time two data-parallel plans of ``model`` on the same ranks, interleaved in one job:
-    ``rounds`` rounds, each running both plans for ``warmup`` + ``steps`` steps (baseline
-    first in even rounds, candidate first in odd ones, so drift favours neither). Returns each
-    plan's median step time per round. ``common``: :func:`~trainsched.runtime.train.
-    run_segments`'s sizes, optimizer, learning rate and timeout."""
+def interleaved_trial(model: str, plans: Mapping[str, DataParallelPlan], *, rounds: int,
+                      steps: int, warmup: int = 1, **common: Any
+                      ) -> dict[str, tuple[float, ...]]:
+    """Time data-parallel ``plans`` of ``model`` (by name) on the same ranks, interleaved in
+    one job: ``rounds`` rounds, each running every plan for ``warmup`` + ``steps`` steps, the
+    order rotated by one each round so that drift favours none. Returns each plan's median step
+    time per round. ``common``: :func:`~trainsched.runtime.train.run_segments`'s sizes,
+    optimizer, learning rate and timeout."""
     from trainsched.runtime.train import run_segments
 
-    if baseline.ranks != candidate.ranks:
-        raise TrainschedError(f"a paired trial runs both plans on the same ranks, got "
-                              f"{baseline.ranks} and {candidate.ranks}")
+    names = list(plans)
+    if len(names) < 2 or len({p.ranks for p in plans.values()}) != 1:
+        raise TrainschedError(f"a trial compares at least two plans on the same ranks, got "
+                              f"{', '.join(f'{n} ({p.ranks} ranks)' for n, p in plans.items())}")
     if rounds < 1 or steps < 1:
-        raise TrainschedError(f"a paired trial needs rounds and steps >= 1, got {rounds} and "
-                              f"{steps}")
+        raise TrainschedError(f"a trial needs rounds and steps >= 1, got {rounds} and {steps}")
     segments = []
     for r in range(rounds):
-        pair = [data_parallel_segment(baseline, label=f"baseline {r}", steps=steps,
-                                      warmup=warmup),
-                data_parallel_segment(candidate, label=f"candidate {r}", steps=steps,
-                                      warmup=warmup)]
-        segments += pair if r % 2 == 0 else pair[::-1]
-    result = run_segments(model, segments, nproc=baseline.ranks, **common)
+        for k in range(len(names)):
+            name = names[(r + k) % len(names)]
+            segments.append(data_parallel_segment(plans[name], label=f"{name} {r}",
+                                                  steps=steps, warmup=warmup))
+    result = run_segments(model, segments, nproc=plans[names[0]].ranks, **common)
     medians = {s.label: s.median_s for s in result.segments}
-    return (tuple(medians[f"baseline {r}"] for r in range(rounds)),
-            tuple(medians[f"candidate {r}"] for r in range(rounds)))
+    return {n: tuple(medians[f"{n} {r}"] for r in range(rounds)) for n in names}
 
 
 def run(plan: Plan, model: str | None = None, *, steps: int = 10, warmup: int = 2,
