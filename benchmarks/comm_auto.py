@@ -40,7 +40,7 @@ from trainsched.runtime.train import Segment
 
 MODELS = {"resnet50": {"batch_size": 4, "image_size": 32, "steps": 10, "repeats": 5,
                        "target": 0.98},
-          "mlp": {"batch_size": 64, "image_size": None, "steps": 20, "repeats": 5,
+          "mlp": {"batch_size": 64, "image_size": None, "steps": 200, "repeats": 5,
                   "target": 0.98},
           "vgg16": {"batch_size": 4, "image_size": 32, "steps": 10, "repeats": 5,
                     "target": 1.10}}
@@ -62,7 +62,14 @@ def host_cluster(calibration: str | None) -> Any:
 def choose(name: str, spec: dict[str, Any], calibration: Any, trial_steps: int) -> Any:
     """What ``train NAME --comm-policy auto --auto-trial TRIAL_STEPS`` chooses on the cluster
     ``calibration``: the simulator's pick, checked against stock DDP in a paired trial."""
-    from trainsched.compare import AUTO_BASELINE, TRIAL_ROUNDS, Options, choose_comm, confirm_choice
+    from trainsched.compare import (
+        AUTO_BASELINE,
+        TRIAL_ROUNDS,
+        Options,
+        choose_comm,
+        confirm_choice,
+    )
+    from trainsched.compare import trial_steps as trial_steps_for
     from trainsched.runtime.host import host_model
     from trainsched.runtime.run import interleaved_trial
 
@@ -73,7 +80,8 @@ def choose(name: str, spec: dict[str, Any], calibration: Any, trial_steps: int) 
     if choice.strategy == AUTO_BASELINE or trial_steps == 0:
         return choice
     measured = interleaved_trial(name, {n: p.plan for n, p in choice.shortlist.items()},
-                                 rounds=TRIAL_ROUNDS, steps=trial_steps,
+                                 rounds=TRIAL_ROUNDS,
+                                 steps=trial_steps_for(choice, trial_steps),
                                  batch_size=spec["batch_size"], image_size=spec["image_size"])
     return confirm_choice(choice, measured)
 

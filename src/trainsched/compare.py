@@ -10,6 +10,7 @@ each plan is simulated by :func:`trainsched.sim.simulate`, the entry the runtime
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -24,6 +25,8 @@ from trainsched.strategies import Options, Planned, make_plans, plan_strategies,
 __all__ = [
     "AUTO_MARGIN",
     "TRIAL_CANDIDATES",
+    "TRIAL_GAIN",
+    "TRIAL_MIN_S",
     "TRIAL_ROUNDS",
     "AutoChoice",
     "Options",
@@ -37,6 +40,7 @@ __all__ = [
     "pick_comm",
     "plan_strategies",
     "strategies",
+    "trial_steps",
 ]
 
 #: ``auto`` leaves stock DDP only for a strategy predicted at least this much faster: the
@@ -47,6 +51,11 @@ AUTO_MARGIN = 0.05
 AUTO_BASELINE = "data-ddp"
 #: Rounds of ``auto``'s measured check (stock DDP and the shortlist, interleaved in one job).
 TRIAL_ROUNDS = 3
+#: The least time one trial segment runs: steps are added to a short model's trial until its
+#: predicted DDP step times them reach this (3 steps of a 3 ms model measure only noise).
+TRIAL_MIN_S = 0.5
+#: What the pick must measure above stock DDP in the trial to be run instead of it.
+TRIAL_GAIN = 0.02
 #: How many strategies predicted beyond the margin ``auto``'s measured check tries beside DDP
 #: (the simulator's order among the scheduled policies is less reliable than its verdict that
 #: communication can be hidden).
@@ -160,12 +169,20 @@ def choose_comm(graph: Graph, cluster: Cluster, options: Options,
                       reason=reason, shortlist=shortlist)
 
 
+def trial_steps(choice: AutoChoice, steps: int) -> int:
+    """Steps per segment of ``choice``'s trial: ``steps``, or more where the predicted DDP step
+    is short, so that each segment runs at least :data:`TRIAL_MIN_S`."""
+    ddp = choice.predicted_s.get(AUTO_BASELINE, 0.0)
+    return max(steps, math.ceil(TRIAL_MIN_S / ddp)) if ddp > 0 else steps
+
+
 def confirm_choice(choice: AutoChoice, measured_s: Mapping[str, Sequence[float]]) -> AutoChoice:
     """``choice`` checked against measured step times: ``measured_s`` holds, for stock DDP and
     each strategy of the shortlist, its median step per round of one job that ran them
     interleaved. Each strategy's ratio is the median over rounds of DDP's step over its own;
-    the strategy with the highest ratio is run if that ratio is above 1 (it measured faster
-    than DDP), else stock DDP, whatever the simulator predicted. The returned choice records
+    the strategy with the highest ratio is run if that ratio is above 1 + :data:`TRIAL_GAIN`
+    (it measured faster than DDP by more than noise), else stock DDP, whatever the simulator
+    predicted. The returned choice records
     the trial."""
     if choice.strategy == AUTO_BASELINE or not choice.shortlist:
         raise TrainschedError("the measured check compares the strategies predicted faster "
@@ -186,7 +203,7 @@ def confirm_choice(choice: AutoChoice, measured_s: Mapping[str, Sequence[float]]
     best = max(ratios, key=lambda n: (ratios[n], -choice.predicted_s.get(n, 0.0), n))
     trial = {"rounds": rounds.pop(), "measured_s": {n: list(measured_s[n]) for n in names},
              "measured_over_ddp": ratios}
-    if ratios[best] > 1.0:
+    if ratios[best] > 1.0 + TRIAL_GAIN:
         return replace(choice, strategy=best, planned=choice.shortlist[best], trial=trial,
                        reason=(f"{choice.reason}; in a paired trial {best} measured "
                                f"{ratios[best]:.3f}x stock DDP, the best of "
@@ -195,7 +212,8 @@ def confirm_choice(choice: AutoChoice, measured_s: Mapping[str, Sequence[float]]
                    trial=trial,
                    reason=(f"{choice.strategy} was predicted faster ({choice.reason}), but in a "
                            f"paired trial the best of {len(ratios)} ({best}) measured "
-                           f"{ratios[best]:.3f}x stock DDP: stock DDP"))
+                           f"{ratios[best]:.3f}x stock DDP, not above "
+                           f"{1 + TRIAL_GAIN:.2f}x: stock DDP"))
 
 
 @dataclass(frozen=True, kw_only=True)

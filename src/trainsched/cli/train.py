@@ -26,7 +26,7 @@ from trainsched.cli.common import (
 from trainsched.cli.outputs import check_writable_dir
 from trainsched.cli.sync_train import SYNC_FLAGS, add_sync_args, run_sync_cli
 from trainsched.comm.policy import COMM_POLICIES, CREDIT_MODES
-from trainsched.compare import TRIAL_CANDIDATES, TRIAL_ROUNDS
+from trainsched.compare import TRIAL_CANDIDATES, TRIAL_GAIN, TRIAL_ROUNDS
 from trainsched.errors import TrainschedError
 from trainsched.graph import OPTIMIZERS
 from trainsched.report.tables import (
@@ -78,8 +78,9 @@ def add_parser(sub: Subcommands) -> None:
                    help=f"--comm-policy auto: when a strategy is predicted faster than stock "
                    f"DDP, time the (up to {TRIAL_CANDIDATES}) strategies predicted faster "
                    f"against stock DDP first, interleaved in one job ({TRIAL_ROUNDS} rounds of "
-                   f"STEPS steps each, default {AUTO_TRIAL_STEPS}), and run the one that "
-                   f"measured fastest, DDP unless another beat it; 0: trust the simulator")
+                   f"at least STEPS steps each, default {AUTO_TRIAL_STEPS}, more for a short "
+                   f"step), and run the one that measured fastest, DDP unless another beat "
+                   f"it by more than {100 * TRIAL_GAIN:.0f}%%; 0: trust the simulator")
     p.add_argument("--partition", default=None,
                    help=f"priority/bytescheduler: partition size (default "
                    f"{DEFAULTS['partition']})")
@@ -442,6 +443,7 @@ def _run_auto(args: argparse.Namespace) -> int:
     strategy, run the plan :func:`trainsched.compare.choose_comm` picks and print measured
     beside predicted."""
     from trainsched.compare import AUTO_BASELINE, Options, choose_comm, confirm_choice
+    from trainsched.compare import trial_steps as trial_steps_for
     from trainsched.plan import Prediction
     from trainsched.runtime import run as run_plan
 
@@ -451,6 +453,8 @@ def _run_auto(args: argparse.Namespace) -> int:
     trial_steps = AUTO_TRIAL_STEPS if args.auto_trial is None else args.auto_trial
     if choice.strategy != AUTO_BASELINE and trial_steps > 0:
         from trainsched.runtime.run import interleaved_trial
+
+        trial_steps = trial_steps_for(choice, trial_steps)
 
         assert choice.shortlist is not None
         if not args.json:
