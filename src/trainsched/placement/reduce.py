@@ -361,6 +361,12 @@ def _build(graph: Graph, order: list[str], ops: list[Op], sched: list[int],
     rank = {k: i for ks in members.values() for i, k in enumerate(ks)}  # place in its node
     made: dict[tuple[int, str], int] = {}  # (src node, tensor) -> rank of the member making it
     read: dict[tuple[int, int, str], int] = {}  # -> rank of the first member reading it
+    # One tensor, one size: the largest of all its edges (the simulator sends that), also
+    # where the edge that makes it largest stays inside a fused node.
+    tensor_size: dict[tuple[str, str], int] = {}
+    for e in graph.edges:
+        key2 = (e.src, e.tensor)
+        tensor_size[key2] = max(tensor_size.get(key2, 0), e.size_bytes)
     for e in graph.edges:
         a, b = pos[e.src], pos[e.dst]
         if not (scheduled[a] and scheduled[b]):
@@ -373,7 +379,7 @@ def _build(graph: Graph, order: list[str], ops: list[Op], sched: list[int],
         else:
             leaves[a] = True
             key = (na, nb, e.tensor)
-            between[key] = max(between.get(key, 0), e.size_bytes)
+            between[key] = tensor_size[e.src, e.tensor]
             made[na, e.tensor] = min(made.get((na, e.tensor), rank[a]), rank[a])
             read[key] = min(read.get(key, rank[b]), rank[b])
 
