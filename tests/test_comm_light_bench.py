@@ -48,8 +48,9 @@ def test_quick_auto_run_times_the_plan_auto_picks_against_ddp(tmp_path):
 
     calibration = tmp_path / "cpu.json"
     calibration.write_text(cluster_preset("cpu").to_json())
+    # --trial-steps 0: the simulator's pick as is (the trial's rule has its own tests)
     proc, data = run_benchmark("comm_auto.py", "--quick", "--calibration", str(calibration),
-                               out=tmp_path / "a.json")
+                               "--trial-steps", "0", out=tmp_path / "a.json")
     mlp = data["models"]["mlp"]
     chosen = mlp["auto"]["strategy"]
     assert chosen == pick_comm(mlp["auto"]["predicted_s"])[0]

@@ -31,9 +31,10 @@ def test_quick_validation_run_measures_and_predicts_every_configuration(tmp_path
     names = [row["config"] for row in data["sweeps"]["ddp"]]
     assert "encoder 2x64 b2 default buckets" in names and "mlp b256 default buckets" in names
     models = data["summary"]["per_model"]
-    assert list(models) == ["small-cnn", "mlp", "encoder 2x64", "small-cnn pipeline"]
-    assert models["mlp"]["configs"] == 5          # 3 bucket caps at batch 64, batch 16, 256
+    assert list(models) == ["small-cnn", "small-cnn (take turns)", "mlp", "mlp (take turns)",
+                            "encoder 2x64", "encoder 2x64 (take turns)", "small-cnn pipeline"]
+    assert models["mlp"]["configs"] == 6  # 3 bucket caps and the flat baseline at batch 64, 16, 256
     assert models["encoder 2x64"]["configs"] == 2
     errors = sorted(abs(r["error"]) for r in data["sweeps"]["ddp"] if r["model"] == "mlp")
-    assert models["mlp"]["median_abs_error"] == pytest.approx(errors[2])
+    assert models["mlp"]["median_abs_error"] == pytest.approx((errors[2] + errors[3]) / 2)
     assert "per model" in proc.stdout
