@@ -12,6 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from sync_reference import full_batch_params  # noqa: E402
 from trainsched.runtime.sync import run_sync  # noqa: E402
 from trainsched.runtime.sync.state import Replica  # noqa: E402
 from trainsched.runtime.tasks import TeacherStudent  # noqa: E402
@@ -24,17 +25,9 @@ SAMPLES = STEPS * N * B
 
 
 def reference() -> torch.Tensor:
-    data = TASK.data()
     model = TASK.student()
     opt = torch.optim.Adam(model.parameters(), lr=LR, weight_decay=WD)
-    for t in range(STEPS):
-        index = TASK.stream_indices(t * N * B, N * B)
-        loss = torch.nn.functional.cross_entropy(model(data.x_train[index]),
-                                                 data.y_train[index])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return full_batch_params(TASK, model, opt, steps=STEPS, batch=N * B)
 
 
 def adam_replica() -> Replica:

@@ -15,6 +15,7 @@ import time
 import pytest
 import torch
 
+from sync_reference import full_batch_params
 from trainsched.errors import TrainschedError
 from trainsched.runtime.sync import run_sync
 from trainsched.runtime.tasks import TeacherStudent
@@ -30,18 +31,10 @@ SAMPLES = STEPS * N * B  # 480: 20 BSP steps
 def reference(*, steps: int = STEPS, lr: float = LR, momentum: float = 0.0,
               weight_decay: float = 0.0, nesterov: bool = False) -> torch.Tensor:
     """Full-batch SGD on N·B stream samples per step, in this process."""
-    data = TASK.data()
     model = TASK.student()
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum,
                           weight_decay=weight_decay, nesterov=nesterov)
-    for t in range(steps):
-        index = TASK.stream_indices(t * N * B, N * B)
-        loss = torch.nn.functional.cross_entropy(model(data.x_train[index]),
-                                                 data.y_train[index])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return full_batch_params(TASK, model, opt, steps=steps, batch=N * B)
 
 
 def run(phases, **kw):

@@ -16,6 +16,7 @@ from trainsched.runtime.tasks import ZooTask, task_for, task_from_json
 
 torch = pytest.importorskip("torch")
 
+from sync_reference import full_batch_params  # noqa: E402
 from trainsched.runtime.sync import run_sync  # noqa: E402
 from trainsched.sync.protocols import Asp, Bsp, KOfN, LocalSgd, Ssp  # noqa: E402
 
@@ -80,17 +81,9 @@ def full_batch_reference() -> torch.Tensor:
     """Full-batch SGD (momentum 0.9, weight decay 1e-3) on N·B stream samples per step."""
     from trainsched.capture.zoo import build
 
-    data = MLP.data()
     model = build("mlp", seed=3).model
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9, weight_decay=1e-3)
-    for t in range(STEPS):
-        index = MLP.stream_indices(t * N * B, N * B)
-        loss = torch.nn.functional.cross_entropy(model(data.x_train[index]),
-                                                 data.y_train[index])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return full_batch_params(MLP, model, opt, steps=STEPS, batch=N * B)
 
 
 @pytest.mark.timeout(300)

@@ -130,7 +130,21 @@ class SimResult:
                           allow_nan=False) + "\n"
 
 
-class TaskRecords(Sequence[TaskRecord]):
+class _EqualsTuple:
+    """Compares equal to any sequence (not a string) with equal items in order, as the tuple
+    it stands for would; unhashable, as a mutable sequence is."""
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str):
+            return NotImplemented
+        return len(self) == len(other) and all(map(operator.eq, self, other))  # type: ignore
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class TaskRecords(_EqualsTuple, Sequence[TaskRecord]):
     """The tasks of a replay as :class:`TaskRecord` s, made when read: a read-only sequence
     that equals the tuple of the same records (a million-task result need not hold a million
     records, with a copy of each one's trace arguments, that nobody reads)."""
@@ -166,18 +180,11 @@ class TaskRecords(Sequence[TaskRecord]):
     def __iter__(self) -> Iterator[TaskRecord]:
         return map(self._record, range(len(self)))
 
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Sequence) or isinstance(other, str):
-            return NotImplemented
-        return len(self) == len(other) and all(map(operator.eq, self, other))
-
-    __hash__ = None  # type: ignore[assignment]
-
     def __repr__(self) -> str:
         return f"TaskRecords({len(self)} tasks)"
 
 
-class Dependencies(Sequence[tuple[int, int]]):
+class Dependencies(_EqualsTuple, Sequence[tuple[int, int]]):
     """The dependencies of a task graph as ``(before, after)`` pairs, in task order and, per
     task, in the order they were added: a read-only sequence equal to the tuple of those pairs,
     read from the task graph's successor lists rather than copied."""
@@ -200,13 +207,6 @@ class Dependencies(Sequence[tuple[int, int]]):
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
         return ((t, s) for t, succ in enumerate(self._successors) for s in succ)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Sequence) or isinstance(other, str):
-            return NotImplemented
-        return len(self) == len(other) and all(map(operator.eq, self, other))
-
-    __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         return f"Dependencies({len(self)} pairs)"
