@@ -20,8 +20,10 @@ from trainsched.cli import main
     (["teacher-student", "--sync", "asp", "--seq-len", "8"],
      "--seq-len applies to zoo models; the built-in task teacher-student makes its own inputs"),
     (["teacher-student", "--straggler", "1:3x"], "--straggler applies only with --sync"),
-    (["teacher-student", "--sync", "asp", "--comm-policy", "ddp"],
-     "--comm-policy does not apply with --sync"),
+    (["teacher-student", "--sync", "asp", "--partition", "1MiB"],
+     "--partition does not apply with --sync"),
+    (["teacher-student", "--sync", "bsp", "--comm-policy", "auto"],
+     "--comm-policy auto times strategies"),
     (["teacher-student", "--sync", "bsp:0.5,asp:0.4"], "sum to 0.9"),
     (["teacher-student", "--sync", "bsp:0.5,hogwild:0.5"], "column"),
     (["teacher-student", "--sync", "bsp;straggler(exclude)", "--deterministic"],
@@ -64,6 +66,10 @@ def test_the_sync_flags_reach_run_sync(monkeypatch, capsys):
     assert json.loads(capsys.readouterr().out)["final_loss"] == 1.0
     # 100 samples rounded down to ASP's update of 8: 96
     assert [s for _, s in seen["phases"]] == [96]
+    assert seen["comm"] == "ddp"  # the BSP phases' default with --sync: stock DDP
+    assert main(["train", "teacher-student", "--sync", "bsp", "--comm-policy", "priority",
+                 "--json"]) == 0
+    assert seen["comm"] == "priority"
 
 
 def test_a_short_policy_and_a_delayed_link_reach_run_sync_and_the_report(monkeypatch, capsys):

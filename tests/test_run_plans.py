@@ -200,6 +200,12 @@ def test_a_plan_with_a_hybrid_sync_policy_runs_its_phases_on_the_sync_runtime():
         ("bsp", "asp", 256)]
     assert (result.ranks, result.samples_per_step, len(result.step_times_s)) == (2, 16, 2)
     assert sync.final_loss < 0.9 * sync.curve[0].loss  # ln 10 = 2.30 untrained
+    # the BSP phase reduced its gradients with the plan's comm policy, on the scheduled runtime:
+    # under ByteScheduler's 16 MiB credit, where the flat all-reduce sends the mlp's whole
+    # gradient (199,946 fp32 values) at once
+    assert sync.comm == "bytescheduler"
+    bsp = [sync.link(r, 0) for r in range(2)]
+    assert all(link.in_flight_bytes > 0 for link in bsp)
 
 
 def test_a_sync_plan_with_out_of_order_backprop_is_refused_not_run_in_order():
@@ -249,6 +255,7 @@ def test_a_sync_plan_runs_with_its_parameter_server_count(monkeypatch):
     with pytest.raises(RuntimeError, match="recorded"):
         run(plan, steps=3, warmup=1)
     assert seen["servers"] == 2
+    assert (seen["comm"], seen["comm_order"]) == ("ddp", "leader")
 
 
 def test_a_trial_interleaves_the_plans_and_returns_each_rounds_median(monkeypatch):

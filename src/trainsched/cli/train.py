@@ -220,7 +220,7 @@ def _check_lr(lr: float) -> None:
 
 
 #: The flags of data-parallel training on zoo models, which a ``--sync`` run does not take.
-NOT_WITH_SYNC = ("plan", "comm_policy", "backprop", "k", "calibration", "partition", "credit",
+NOT_WITH_SYNC = ("plan", "backprop", "k", "calibration", "partition", "credit",
                  "credit_mode", "backfill", "order", "no_schedule", "autotune", "trace_dir")
 
 
@@ -237,7 +237,12 @@ def _check_sync_flags(args: argparse.Namespace) -> None:
     if given:
         raise TrainschedError(f"--{given[0].replace('_', '-')} does not apply with --sync (the "
                               f"sync runtime trains the model under the policy, its BSP "
-                              f"phases with one flat all-reduce); drop it")
+                              f"phases on the scheduled runtime with --comm-policy at its "
+                              f"defaults); drop it")
+    if args.comm_policy == "auto":
+        raise TrainschedError("--comm-policy auto times strategies against each other before "
+                              "training; with --sync name the BSP phases' policy (e.g. ddp "
+                              "or priority)")
     if args.optimizer not in ("sgd", "adam"):
         raise TrainschedError(f"--optimizer {args.optimizer}: the sync runtime trains with sgd "
                               f"(add --momentum for momentum) or adam")

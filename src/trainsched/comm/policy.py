@@ -37,8 +37,10 @@ registered in :data:`COMM_POLICIES`, with ``tictac`` and ``p3`` as named setting
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import heapq
+import importlib
 import math
 import numbers
 from collections.abc import Callable, Sequence
@@ -71,6 +73,8 @@ __all__ = [
     "dispatches_in_plan_order",
     "graph_gradients",
     "may_dispatch",
+    "policy_from_json",
+    "policy_to_json",
     "produces_gradient",
     "take_dispatchable",
 ]
@@ -517,6 +521,25 @@ def comm_policy(name: str, **options: Any) -> CommPolicy:
         return build(**options)
     except TypeError as exc:
         raise TrainschedError(f"comm policy {key!r}: {exc}") from None
+
+
+def policy_to_json(policy: CommPolicy) -> dict[str, Any]:
+    """``policy`` as JSON data: its class (``"module:QualName"``) and its constructor fields,
+    an unlimited credit as ``"inf"`` (what travels to the runtime's worker processes)."""
+    if not dataclasses.is_dataclass(policy):
+        raise TrainschedError(f"comm policy {type(policy).__name__} is not a dataclass; it "
+                              f"travels to the workers by its fields")
+    fields = {f.name: getattr(policy, f.name) for f in dataclasses.fields(policy)}
+    fields = {k: "inf" if v == math.inf else v for k, v in fields.items()}
+    cls = type(policy)
+    return {"class": f"{cls.__module__}:{cls.__qualname__}", "fields": fields}
+
+
+def policy_from_json(doc: dict[str, Any]) -> CommPolicy:
+    """The policy :func:`policy_to_json` wrote."""
+    module, _, name = doc["class"].partition(":")
+    fields = {k: math.inf if v == "inf" else v for k, v in doc["fields"].items()}
+    return getattr(importlib.import_module(module), name)(**fields)
 
 
 def check_policy(policy: Any) -> None:

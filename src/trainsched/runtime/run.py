@@ -25,7 +25,6 @@ given). Every run reports the step times after the warm-up (median, p10, p90) as
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import statistics
 from collections.abc import Mapping
@@ -124,18 +123,15 @@ def policy_segment(policy: Any, *, label: str, order: str = "leader", steps: int
     ``DistributedDataParallel``, every other policy on ``ScheduledDataParallel`` (its class
     and fields travel to the workers). ``backprop_k``: out-of-order backprop, reverse-first-k
     (``ScheduledDataParallel``'s; 0 = in order; refused with DDP's buckets)."""
-    from trainsched.comm.policy import DdpBucketPolicy
+    from trainsched.comm.policy import DdpBucketPolicy, policy_to_json
     from trainsched.runtime.train import Segment
 
     if isinstance(policy, DdpBucketPolicy):
         return Segment(label=label, kind="ddp", bucket_mb=policy.bucket_bytes / MiB,
                        steps=steps, warmup=warmup, backprop_k=backprop_k)
-    fields = {f.name: getattr(policy, f.name) for f in dataclasses.fields(policy)}
-    if fields.get("credit_bytes") == math.inf:
-        fields["credit_bytes"] = "inf"
-    cls = type(policy)
-    return Segment(label=label, kind="sdp", policy_class=f"{cls.__module__}:{cls.__qualname__}",
-                   policy_fields=fields, order=order, steps=steps, warmup=warmup,
+    doc = policy_to_json(policy)
+    return Segment(label=label, kind="sdp", policy_class=doc["class"],
+                   policy_fields=doc["fields"], order=order, steps=steps, warmup=warmup,
                    backprop_k=backprop_k)
 
 
@@ -285,6 +281,7 @@ def _run_sync_plan(plan: DataParallelPlan, name: str, *, steps: int,
     policy's phases."""
     import sys
 
+    from trainsched.comm.policy import comm_policy
     from trainsched.runtime.optim import check_optimizer
     from trainsched.runtime.sync import phase_quantum, policy_phases, run_sync
     from trainsched.runtime.tasks import ZooTask
@@ -301,15 +298,17 @@ def _run_sync_plan(plan: DataParallelPlan, name: str, *, steps: int,
     total = -(-steps * ranks * batch_size // quantum) * quantum
     phases = policy_phases(policy, total, ranks=ranks, batch_per_rank=batch_size)
     print(f"trainsched: note: sync policy {plan.sync}: the sync runtime trains {name} on "
-          f"synthetic data for {total} samples; its BSP phases average gradients with one flat "
-          f"all-reduce, not comm policy {plan.comm}", file=sys.stderr, flush=True)
+          f"synthetic data for {total} samples; its BSP phases reduce gradients with comm "
+          f"policy {plan.comm}", file=sys.stderr, flush=True)
     task = ZooTask(model=name, image_size=image_size, seq_len=seq_len)
     result = run_sync(task, phases, ranks=ranks, batch_per_rank=batch_size, lr=lr,
                       momentum=0.9 if optimizer == "momentum" else 0.0,
                       optimizer="adam" if optimizer == "adam" else "sgd",
                       straggler_policy=policy.straggler, timeout_s=min(timeout_s, 120.0),
                       deadline_s=timeout_s,
-                      servers=plan.servers if plan.sync_policy.uses_servers else 1)
+                      servers=plan.servers if plan.sync_policy.uses_servers else 1,
+                      comm=plan.comm if plan.policy == comm_policy(plan.comm) else plan.policy,
+                      comm_order=plan.order)
     if result is None:  # a rank of a torchrun job other than worker 0
         return None
     step_times = tuple(p.step_s for p in result.phases if p.step_s is not None)

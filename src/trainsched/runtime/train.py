@@ -48,6 +48,7 @@ from trainsched.comm.policy import (
     ByteSchedulerPolicy,
     FifoPolicy,
     PriorityPolicy,
+    policy_from_json,
 )
 from trainsched.errors import TrainschedError
 from trainsched.runtime.launch import free_port, job, quantile, serve_worker
@@ -190,13 +191,8 @@ class Segment:
         """The comm policy an ``sdp`` segment runs: ``policy_class`` built with
         ``policy_fields`` when given, else ``fifo`` or :meth:`scheduled_policy`."""
         if self.policy_class is not None:
-            import importlib
-
-            module, _, name = self.policy_class.partition(":")
-            fields = dict(self.policy_fields or {})
-            if fields.get("credit_bytes") == "inf":
-                fields["credit_bytes"] = math.inf
-            return getattr(importlib.import_module(module), name)(**fields)
+            return policy_from_json({"class": self.policy_class,
+                                     "fields": self.policy_fields or {}})
         if self.policy == "fifo":
             return FifoPolicy(cross_barrier=self.cross_barrier)
         return self.scheduled_policy()

@@ -14,7 +14,9 @@ Its collaborators are handed to it at construction; it knows nothing of the wrap
 from __future__ import annotations
 
 import queue
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from trainsched.comm.dispatch import Dispatcher
 from trainsched.comm.policy import CommPolicy
@@ -58,7 +60,8 @@ class DispatchLoop:
     ends."""
 
     def __init__(self, *, rank: int, inbox: Inbox, progress: Progress, recorder: Recorder,
-                 order: IssueOrder, updates: Updates, wire: Wire, channel: PolicyChannel) -> None:
+                 order: IssueOrder, updates: Updates, wire: Wire, channel: PolicyChannel,
+                 hold: Callable[[int], Any] | None = None) -> None:
         self._rank = rank
         self._inbox = inbox
         self._progress = progress
@@ -67,6 +70,7 @@ class DispatchLoop:
         self._updates = updates
         self._wire = wire
         self._channel = channel
+        self._hold = hold  # a delayed link: before the first issue of each step
         self.core: Dispatcher | None = None
         self.layout: Layout | None = None
         self._table: TaskTable | None = None
@@ -213,6 +217,8 @@ class DispatchLoop:
         """The dispatch core's transport: issue collective ``c`` of the current plan."""
         cursor, core, layout = self._cursor, self.core, self.layout
         assert core is not None and layout is not None
+        if self._hold is not None and cursor.position == 0:
+            self._hold(cursor.step)
         self._order.issued(cursor.step, cursor.position, c, layout.names[c])
         cursor.position += 1
         self.max_in_flight_bytes = max(self.max_in_flight_bytes, core.max_in_flight_bytes)

@@ -71,7 +71,7 @@ class ScheduledDataParallel(nn.Module):
 
     The settings (``order``, ``verify_order_every``, ``timeout_s``, ``timeline``,
     ``timeline_steps``, ``update``, ``comm_threads``, ``static_wire``, ``enabled``,
-    ``backprop_k``, ``split_backend``) are the
+    ``backprop_k``, ``split_backend``, ``link_hold``) are the
     fields of :class:`~.options.DataParallelOptions`: pass them as keyword arguments, or as
     ``options=`` (keyword arguments then override its fields).
 
@@ -107,6 +107,10 @@ class ScheduledDataParallel(nn.Module):
     the last input gradient, layer 0 first, and handed to the dispatcher one by one; their
     updates wait, in the next step, just before that layer's forward. ``k`` above the number
     of split layers is refused. :meth:`close` puts the module's own forwards back.
+
+    ``link_hold``: fault injection, a delayed link (the sync runtime's ``RANK:DELAY@link``):
+    called with the step before this rank issues the step's first collective (with
+    ``enabled=False``: before DDP's first bucket, in a comm hook); it may sleep.
 
     ``enabled=False``: a pass-through (package docstring): stock ``DistributedDataParallel``
     and one ``optimizer`` over all parameters (the class with ``optimizer_kwargs``, or a
@@ -162,7 +166,8 @@ class ScheduledDataParallel(nn.Module):
                                      data_group=data_group)
         else:
             self._engine = PassThrough(module, policy, trainable, optimizer,
-                                       optimizer_kwargs, data_group)
+                                       optimizer_kwargs, data_group,
+                                       hold=self.options.link_hold)
 
     # -- settings and where this rank stands ---------------------------------------------------
 

@@ -4,8 +4,9 @@ frozen value checked once.
 Everything here is a plain value (no tensors, no process group): how collectives are ordered
 across ranks, how often that order is verified, how long any wait may last, where a timeline
 goes, how updates are split, gloo's worker threads, the fake wire a static order is compiled
-on, whether the scheduler runs at all, and the out-of-order backprop setting (how many
-layers nearest the input defer their weight gradients, ``specs/backprop.md`` §2b). The
+on, whether the scheduler runs at all, the out-of-order backprop setting (how many
+layers nearest the input defer their weight gradients, ``specs/backprop.md`` §2b) and a
+fault-injection hook for a delayed link (``link_hold``). The
 wrapper takes them as keyword arguments (or as ``options=``), so call sites keep naming only
 what they change.
 """
@@ -13,6 +14,7 @@ what they change.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,6 +52,9 @@ class DataParallelOptions:
     enabled: bool = True
     backprop_k: int = 0
     split_backend: str = "auto"
+    #: Fault injection, a delayed link: called with the step (backward passes before it) just
+    #: before this rank hands the step's first gradient to the wire; it may hold (sleep).
+    link_hold: Callable[[int], Any] | None = None
 
     def __post_init__(self) -> None:
         if self.order not in ORDERS:
@@ -79,6 +84,9 @@ class DataParallelOptions:
         if threads is not None and not (isinstance(threads, int)
                                         and not isinstance(threads, bool) and threads >= 1):
             raise TrainschedError(f"comm_threads must be a positive integer, got {threads!r}")
+        if self.link_hold is not None and not callable(self.link_hold):
+            raise TrainschedError(f"link_hold must be a function of the step, got "
+                                  f"{self.link_hold!r}")
         if self.timeline is not None:
             object.__setattr__(self, "timeline", Path(self.timeline))
         object.__setattr__(self, "timeline_steps", tuple(self.timeline_steps))

@@ -11,6 +11,7 @@ or when asked for.
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -55,7 +56,8 @@ class PassThrough:
     switches: tuple[tuple[int, CommPolicy], ...] = ()
 
     def __init__(self, module: nn.Module, policy: CommPolicy, trainable: Trainable,
-                 optimizer: Any, kwargs: dict | None, data_group: Any) -> None:
+                 optimizer: Any, kwargs: dict | None, data_group: Any,
+                 hold: Callable[[int], Any] | None = None) -> None:
         self.policy = policy  # unused: DDP reduces
         self._params = trainable.tensors
         self._optimizer = make_optimizer(optimizer, kwargs, list(self._params),
@@ -65,6 +67,20 @@ class PassThrough:
         # Not a submodule of the wrapper: its state_dict stays the module's alone.
         self._ddp: nn.Module | None = nn.parallel.DistributedDataParallel(
             module, process_group=data_group)
+        if hold is not None:
+            self._ddp.register_comm_hook(data_group, self._held_allreduce(hold))
+
+    def _held_allreduce(self, hold: Callable[[int], Any]) -> Callable[..., Any]:
+        """DDP's own averaging all-reduce, with ``hold(step)`` called before the step's first
+        bucket (in the autograd thread: a held bucket holds the backward too)."""
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        def hook(group: Any, bucket: Any) -> Any:
+            if bucket.index() == 0:
+                hold(self._stepped)
+            return allreduce_hook(group, bucket)
+
+        return hook
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if self._ddp is None:

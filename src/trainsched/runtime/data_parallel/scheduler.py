@@ -74,7 +74,8 @@ class Scheduler:
                     progress=self._progress, inbox=self._inbox, recorder=self._recorder)
         self.loop = DispatchLoop(rank=peers.rank, inbox=self._inbox, progress=self._progress,
                                  recorder=self._recorder, order=order,
-                                 updates=self._updates, wire=wire, channel=self._channel)
+                                 updates=self._updates, wire=wire, channel=self._channel,
+                                 hold=options.link_hold)
         self._thread = threading.Thread(target=self.loop.run, name="trainsched-dispatcher",
                                         daemon=True)
         self._thread.start()

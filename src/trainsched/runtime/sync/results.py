@@ -127,7 +127,11 @@ class LinkRecord:
     local-SGD averages, pushes to the servers, which also ask for the next weights, and the
     first pull of each server segment), ``delayed`` how many an injected delayed link held,
     ``delay_s`` the time they were held and ``comm_s`` the time the sends took, hold included
-    (both measured). Counted from the process's start: a resumed run counts from the resume."""
+    (both measured; on the scheduled data-parallel runtime, a BSP step's wait for its last
+    updates after backward, :mod:`trainsched.runtime.sync.worker`). ``in_flight_bytes``: the
+    most gradient bytes of a BSP step it had in flight at once (the flat all-reduce: the whole
+    gradient; the scheduled runtime: what the comm policy's credit let through; 0 without BSP
+    steps). Counted from the process's start: a resumed run counts from the resume."""
 
     rank: int
     phase: int
@@ -135,6 +139,7 @@ class LinkRecord:
     delayed: int
     delay_s: float
     comm_s: float
+    in_flight_bytes: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -154,7 +159,9 @@ class SyncRunResult:
     the final parameters flattened in ``model.parameters()`` order. With an online straggler
     policy (``straggler_policy``, its text): the detector's ``observations``, its events,
     the relaxed ``episodes`` and the observations where the decider ``declined`` to act.
-    ``links``: every worker's messages per phase (:class:`LinkRecord`, by phase then rank)."""
+    ``links``: every worker's messages per phase (:class:`LinkRecord`, by phase then rank).
+    ``comm``: the registered name of the comm policy the BSP phases reduced with on the
+    scheduled data-parallel runtime (``None``: one flat all-reduce per step)."""
 
     task: str
     ranks: int
@@ -175,6 +182,7 @@ class SyncRunResult:
     episodes: tuple[EpisodeRecord, ...] = ()
     declined: int = 0
     links: tuple[LinkRecord, ...] = ()
+    comm: str | None = None
 
     def link(self, rank: int, phase: int) -> LinkRecord | None:
         """Worker ``rank``'s messages in phase ``phase`` (``None`` if it sent none counted)."""

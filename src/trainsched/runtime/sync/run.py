@@ -21,6 +21,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from trainsched.comm.dispatch import check_sizes
+from trainsched.comm.policy import CommPolicy, check_policy, comm_policy, policy_to_json
 from trainsched.errors import TrainschedError
 from trainsched.runtime.launch import free_port, run_workers, status_text, tail, torchrun_rank
 from trainsched.runtime.sync.config import (
@@ -96,7 +98,8 @@ def run_sync(task: Task, phases: Sequence[tuple[SyncProtocol | str, int]], *,
              deadline_s: float = 1800.0, return_params: bool = False,
              straggler_policy: StragglerPolicy | None = None,
              observe_every_steps: int = 2, servers: int = 1,
-             optimizer: str = "sgd") -> SyncRunResult | None:
+             optimizer: str = "sgd", comm: CommPolicy | str | None = None,
+             comm_order: str = "leader") -> SyncRunResult | None:
     """Train ``task`` on ``ranks`` workers of ``batch_per_rank`` samples each, phase by phase.
     ``task``: the built-in :class:`~trainsched.runtime.tasks.TeacherStudent`, or a zoo model on
     data generated in code (:class:`~trainsched.runtime.tasks.ZooTask`; a model it cannot train
@@ -132,12 +135,20 @@ def run_sync(task: Task, phases: Sequence[tuple[SyncProtocol | str, int]], *,
     shard of the flat parameter vector and running the phase's loop on it (world ``ranks +
     servers``); the result's server counters are shard 0's.
 
+    ``comm``: the comm policy (a :class:`~trainsched.comm.policy.CommPolicy` or a registered
+    name) the BSP phases reduce their gradients with, on the scheduled data-parallel runtime
+    (:mod:`trainsched.runtime.sync.worker`; ``ddp``: stock DDP), with ``comm_order``
+    (``leader`` or ``static``) as its collective order. ``None`` (default): one flat
+    all-reduce of the whole gradient after backward. The straggler policy's ``exclude``
+    episodes reduce among the fast workers with the flat all-reduce either way.
+
     Under ``torchrun`` (``torchrun --nproc-per-node ranks+servers``, or ``ranks`` when no phase
     needs a server) this process trains as its rank: ranks ``0 .. ranks-1`` are the workers,
     the rest the servers; worker 0 returns the result, every other rank ``None``.
     """
     if not is_int(servers) or servers < 1:
         raise TrainschedError(f"servers must be a whole number >= 1, got {servers!r}")
+    comm_doc = _comm_doc(comm, comm_order)
     if not isinstance(task, (TeacherStudent, ZooTask)):
         raise TrainschedError(f"task must be a built-in task (TeacherStudent) or a zoo model's "
                               f"(ZooTask), got {task!r}")
@@ -211,7 +222,10 @@ def run_sync(task: Task, phases: Sequence[tuple[SyncProtocol | str, int]], *,
               "deadline_s": deadline_s, "return_params": return_params,
               "straggler_policy": (format_straggler_policy(straggler_policy)
                                    if straggler_policy is not None else None),
-              "observe_every": observe_every_steps, "servers": servers}
+              "observe_every": observe_every_steps, "servers": servers,
+              "comm": comm_doc, "comm_order": comm_order,
+              "comm_name": (None if comm is None else comm.strip().lower()
+                            if isinstance(comm, str) else type(comm).__name__)}
     relax = straggler_policy is not None and straggler_policy.action == "relax"
     world = ranks + (servers if relax or any(needs_server(p) for p, _ in checked) else 0)
     launched = torchrun_rank()
@@ -245,6 +259,18 @@ def _run_here(config: dict[str, Any], launched: tuple[int, int], world: int,
     data = work({**config, "port": None, "rank": rank, "out": None})
     dist.destroy_process_group()
     return SyncRunResult.from_json(data) if data is not None else None
+
+
+def _comm_doc(comm: CommPolicy | str | None, order: str) -> dict[str, Any] | None:
+    """``comm`` checked, as the JSON data the workers rebuild it from."""
+    if order not in ("leader", "static"):
+        raise TrainschedError(f"comm_order must be leader or static, got {order!r}")
+    if comm is None:
+        return None
+    policy = comm_policy(comm) if isinstance(comm, str) else comm
+    check_policy(policy)
+    check_sizes(policy)
+    return policy_to_json(policy)
 
 
 def _check_online(policy: object, every: object, *, ranks: int, checkpoints: bool,

@@ -94,6 +94,20 @@ class Replica:
         for group in self.opt.param_groups:
             group["lr"] = lr
 
+    def optimizer_over(self, params: list[torch.Tensor]) -> torch.optim.Optimizer:
+        """An optimizer over ``params`` that shares this replica's state: the replica's own for
+        all of them, else one of its class and settings at its current learning rate whose
+        per-parameter state *is* the replica's (the same dicts, updated in place), so a wrapper
+        stepping parameters one by one (the scheduled data-parallel runtime) moves the state
+        that switches, digests and checkpoints read."""
+        if [id(p) for p in params] == [id(p) for p in self.params]:
+            return self.opt
+        opt = type(self.opt)(params, **{**self.opt.defaults,
+                                        "lr": self.opt.param_groups[0]["lr"]})
+        for p in params:
+            opt.state[p] = self.opt.state[p]
+        return opt
+
     def _views(self, flat: torch.Tensor) -> list[torch.Tensor]:
         out, offset = [], 0
         for p in self.params:

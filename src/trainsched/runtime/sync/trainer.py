@@ -151,7 +151,9 @@ class _Rank:
                                  replica=self.replica, task=self.task, data=self.data,
                                  group=self.workers_group, link=link,
                                  stragglers=[Straggler(**s) for s in cfg["stragglers"]],
-                                 die_at_batch=_fault(self.rank), on_progress=self._progress)
+                                 die_at_batch=_fault(self.rank), on_progress=self._progress,
+                                 comm=cfg.get("comm"), comm_order=cfg.get("comm_order", "leader"),
+                                 timeout_s=timeout_s)
         elif self.has_server:
             order = cfg["push_order"] if cfg["deterministic"] else None
             if cfg["deterministic"] and order is None:
@@ -282,12 +284,15 @@ class _Rank:
         assert self.worker is not None
         before, local_before = self.worker.position, self.worker.local_sum_s
         sent_before = dict(self.worker.sent)
+        self.worker.in_flight_bytes = 0.0
         try:
             counters = self._train_segment(segment, planned, protocol, watched, unit)
         finally:
             account = self.sent.setdefault(segment.phase, dict.fromkeys(SENT, 0))
             for key in SENT:
                 account[key] += self.worker.sent[key] - sent_before[key]
+            account["in_flight_bytes"] = max(account.get("in_flight_bytes", 0.0),
+                                             self.worker.in_flight_bytes)
         return {**counters, "batches": self.worker.position - before,
                 "local_s": self.worker.local_sum_s - local_before}
 
@@ -427,12 +432,13 @@ class _Rank:
         loss, accuracy = _evaluate(self.replica.model, self.task, self.data)
         params = (self.replica.params_into(torch.zeros(self.replica.numel)).tolist()
                   if self.cfg["return_params"] else None)
-        return self.ledger.result(task=self.task.describe(), batch_per_rank=self.b,
-                                  final=(loss, accuracy), wall_s=time.perf_counter() - self.t0,
-                                  params=params, protocols=[format_protocol(p)
-                                                            for p, _ in self.phases],
-                                  straggler_policy=self.cfg.get("straggler_policy"),
-                                  links=links)
+        result = self.ledger.result(task=self.task.describe(), batch_per_rank=self.b,
+                                    final=(loss, accuracy),
+                                    wall_s=time.perf_counter() - self.t0, params=params,
+                                    protocols=[format_protocol(p) for p, _ in self.phases],
+                                    straggler_policy=self.cfg.get("straggler_policy"),
+                                    links=links)
+        return {**result, "comm": self.cfg.get("comm_name")}
 
 
 def work(cfg: dict[str, Any]) -> dict[str, Any] | None:  # pragma: no cover - in the workers

@@ -1,8 +1,18 @@
 """A worker rank: its data, its batches, and the three ways it trains.
 
-* **BSP**: every rank's gradient is summed by one flat all-reduce over the workers' group and
-  divided by N, then every rank takes the same optimizer step (the plain all-reduce-average
-  loop; replicas stay bit-identical).
+* **BSP**, on the scheduled data-parallel runtime when the run has a comm policy
+  (``comm``): each BSP run of steps wraps the model in a
+  :class:`~trainsched.runtime.data_parallel.ScheduledDataParallel` over the workers' group
+  with that policy (``ddp``: its pass-through to stock DDP), whose per-parameter optimizers
+  share the replica's optimizer state (:meth:`Replica.optimizer_over`), so the gradients are
+  reduced while backward runs, in the policy's order, and each parameter is updated as soon as
+  its gradient is reduced. The wrapper is drained after every step, so a rank's local time
+  stays its own compute (the straggler detector compares them) and the wait is the step's
+  exposed communication (updates do not cross into the next forward here), and it is closed
+  when the run of steps ends (its hooks must not see the other protocols' backward passes).
+  Without a comm policy every rank's gradient is summed by one flat all-reduce after backward
+  and divided by N, then every rank takes the same optimizer step. Either way replicas stay
+  bit-identical (every rank receives the same sums).
 * **Local SGD** with period H: every rank steps on its own gradient; every H rounds of the
   phase the parameters are averaged over the workers' group (the optimizer state is averaged
   when the phase ends, at the synchronisation point).
@@ -14,7 +24,10 @@ average, a push to the servers, which also asks for the next weights, and the fi
 server phase) goes through :meth:`Worker.sending`: an injected delayed link
 (``Straggler(link=True)``, ``1:20ms@link``) holds it first, and the worker counts it, the time
 held and the time it took (:attr:`Worker.sent`). The synchronisation points' collectives and
-the final goodbye are not training messages and are neither held nor counted.
+the final goodbye are not training messages and are neither held nor counted. On the scheduled
+runtime a BSP step's gradient is one message however many collectives carry it: the delayed
+link holds the step's first collective (the wrapper's ``link_hold``), and its time is the
+step's exposed communication (the wait for the step's last updates after backward).
 
 Worker ``r``'s ``j``-th batch (``j``: its position, every batch it computed so far across
 phases, which is also the step a :class:`~trainsched.sync.faults.Straggler` counts) is
@@ -53,7 +66,8 @@ class Worker:
     def __init__(self, *, rank: int, workers: int, batch: int, replica: Replica,
                  task: Task, data: TaskData, group: Any, link: Link | None,
                  stragglers: Sequence[Straggler], die_at_batch: int | None,
-                 on_progress: Callable[[int], None]) -> None:
+                 on_progress: Callable[[int], None], comm: dict[str, Any] | None = None,
+                 comm_order: str = "leader", timeout_s: float = 60.0) -> None:
         self.rank, self.workers, self.batch = rank, workers, batch
         self.replica, self.task, self.data = replica, task, data
         self.group, self.link = group, link
@@ -66,27 +80,33 @@ class Worker:
         self.buffer = torch.zeros(replica.numel)
         self.local_s = 0.0  # the last batch's local time (compute + injected delay)
         self.local_sum_s = 0.0  # local times added up since the caller last reset it
+        self.comm, self.comm_order, self.timeout_s = comm, comm_order, timeout_s
+        self.net: Any = None  # the scheduled runtime's wrapper while a BSP run of steps lasts
+        self.in_flight_bytes = 0.0  # the most gradient bytes in flight at once in BSP steps
 
     # --- one batch ---------------------------------------------------------------------------
 
     def compute(self) -> None:
         """Forward and backward on this rank's next batch; the gradient lands in
-        ``replica.grad``. A straggler sleeps after computing; the batch's local time
-        (compute and sleep: until the gradient is ready) goes to :attr:`local_s`."""
+        ``replica.grad`` (through :attr:`net` when it is set: the wrapper takes the gradients
+        and updates the model itself). A straggler sleeps after computing; the batch's local
+        time (compute and sleep: until the gradient is ready) goes to :attr:`local_s`."""
         if self.die_at_batch is not None and self.position == self.die_at_batch:
             sys.stdout.flush()
             os._exit(3)
         start = time.perf_counter()
         block = self.position * self.workers + self.rank
         index = self.task.stream_indices(block * self.batch, self.batch)
-        model = self.replica.model
+        model = self.replica.model if self.net is None else self.net
         model.train()
-        for p in self.replica.params:
-            p.grad = None
+        if self.net is None:
+            for p in self.replica.params:
+                p.grad = None
         loss = self.task.loss(self.task.forward(model, self.data.x_train[index]),
                               self.data.y_train[index])
         loss.backward()
-        self.replica.grads_into(self.replica.grad)
+        if self.net is None:
+            self.replica.grads_into(self.replica.grad)
         elapsed = time.perf_counter() - start
         for s in self.stragglers:
             if s.active(self.position):
@@ -114,17 +134,61 @@ class Worker:
     def run_bsp(self, segment: Segment, first: int = 0, count: int | None = None) -> int:
         """Steps ``first .. first + count`` of the segment (default: all of them)."""
         unit = update_samples(segment.protocol, self.workers, self.batch)
-        grad = self.replica.grad
         last = segment.samples // unit if count is None else first + count
+        if self.comm is not None and self.workers > 1:
+            return self._run_bsp_scheduled(segment, unit, first, last)
+        grad = self.replica.grad
         for t in range(first, last):
             self.compute()
             with self.sending(self.position - 1), \
                     guard(f"worker {self.rank}'s gradient all-reduce"):
                 dist.all_reduce(grad, group=self.group)
+            self.in_flight_bytes = max(self.in_flight_bytes, grad.numel() * grad.element_size())
             grad.div_(self.workers)
             self.replica.step(grad, samples=segment.start + t * unit)
             self.on_progress(segment.start + (t + 1) * unit)
         return last - first
+
+    def _run_bsp_scheduled(self, segment: Segment, unit: int, first: int, last: int) -> int:
+        """:meth:`run_bsp` on the scheduled data-parallel runtime (module docstring)."""
+        from trainsched.comm.policy import DdpBucketPolicy, policy_from_json
+        from trainsched.runtime.data_parallel import ScheduledDataParallel
+
+        policy = policy_from_json(self.comm)
+        stock = isinstance(policy, DdpBucketPolicy)
+        base = self.position  # the wrapper counts its steps from 0
+        self.net = ScheduledDataParallel(
+            self.replica.model, policy, process_group=self.group,
+            optimizer=self.replica.optimizer_over, enabled=not stock, update="parameter",
+            order="leader" if stock else self.comm_order, timeout_s=self.timeout_s,
+            link_hold=(lambda step: self._hold(base + step)) if self.links else None)
+        lr = None
+        try:
+            for t in range(first, last):
+                samples = segment.start + t * unit
+                if self.replica.lr_at(samples) != lr:
+                    lr = self.replica.lr_at(samples)
+                    self.net.set_lr(lr)
+                self.compute()
+                start = time.perf_counter()
+                self.net.drain()  # what backward did not hide: the step's exposed communication
+                self.sent["messages"] += 1
+                self.sent["comm_s"] += time.perf_counter() - start
+                self.on_progress(segment.start + (t + 1) * unit)
+        finally:
+            net, self.net = self.net, None
+            net.close()
+            self.in_flight_bytes = max(self.in_flight_bytes, net.max_in_flight_bytes)
+        return last - first
+
+    def _hold(self, step: int) -> None:
+        """A delayed link's hold of step ``step``'s gradient (called by the wrapper)."""
+        hold = link_delay_s(self.links, self.rank, step)
+        if hold > 0:
+            start = time.perf_counter()
+            time.sleep(hold)
+            self.sent["delayed"] += 1
+            self.sent["delay_s"] += time.perf_counter() - start
 
     def run_local(self, segment: Segment, period: int, rounds_before: int) -> int:
         """Local steps; parameters averaged every ``period`` rounds of the phase
