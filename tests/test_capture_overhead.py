@@ -96,3 +96,43 @@ def test_a_real_eager_step_is_timed_and_the_model_left_as_it_was():
                                               rel=1e-9)
     assert torch.equal(model[1].running_mean, running_mean)
     assert all(p.grad is None for p in model.parameters())
+
+
+MODEL_FILE = ("import torch\n"
+              "def build(batch_size=4):\n"
+              "    torch.manual_seed(0)\n"
+              "    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(),\n"
+              "                                torch.nn.Linear(16, 2))\n"
+              "    return model, (torch.randn(batch_size, 8),)\n")
+
+
+def _profile(tmp_path, *flags):
+    from trainsched.cli import main
+    from trainsched.graph import Graph
+
+    source = tmp_path / "tiny.py"
+    source.write_text(MODEL_FILE)
+    out = tmp_path / "g.json"
+    code = main(["profile", f"{source}:build", "-q", "-o", str(out), *flags])
+    return code, Graph.load(out) if code == 0 else None
+
+
+def test_profile_charges_the_step_overhead_by_default(tmp_path, capsys):
+    code, graph = _profile(tmp_path)
+    assert code == 0
+    assert "step overhead    eager step" in capsys.readouterr().out
+    assert graph.meta["step_overhead"]["eager_steps"] >= 5
+
+
+def test_profile_no_step_overhead_keeps_the_ops_as_timed(tmp_path, capsys):
+    code, graph = _profile(tmp_path, "--no-step-overhead")
+    assert code == 0
+    assert "step_overhead" not in graph.meta
+    assert "step overhead" not in capsys.readouterr().out
+
+
+def test_no_step_overhead_applies_to_measured_costs_only(tmp_path, capsys):
+    code, _ = _profile(tmp_path, "--costs", "static", "--no-step-overhead")
+    assert code == 2
+    assert ("--no-step-overhead does not apply with --costs static: it applies only with "
+            "--costs measured") in capsys.readouterr().err

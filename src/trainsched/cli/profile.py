@@ -57,9 +57,9 @@ def add_parser(sub: Subcommands) -> None:
                    help="torch intra-op threads while measuring (default: 1 on the CPU, as "
                    "the runtime runs each rank; torch's own on a GPU)")
     p.add_argument("--no-step-overhead", action="store_true",
-                   help="measured costs: do not time whole eager training steps nor charge "
-                   "what the per-op times miss of them to the ops (charged by default; see "
-                   "docs/capture.md)")
+                   help="measured costs: keep each op's time as timed alone (by default "
+                   "whole eager training steps are timed too, and what the ops miss of them "
+                   "is charged to the ops; see docs/capture.md)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     p.add_argument("--top", type=int, default=10, help="heaviest ops to show")
     p.add_argument("-o", "--output", default=None, help="write the graph JSON here")
