@@ -3,7 +3,9 @@
 Costs come from one of three tiers (recorded in ``graph.meta["tier"]``):
 
 - ``measured``: every step runs for real on the device at hand (CPU here, CUDA where present) and
-  its forward, input-gradient and weight-gradient times are medians over repeats;
+  its forward, input-gradient and weight-gradient times are medians over repeats; whole eager
+  training steps are timed too, and what the ops miss of them is charged to the ops
+  (:mod:`trainsched.capture.step`, :mod:`trainsched.graph.overhead`);
 - ``roofline``: nothing runs; each phase costs max(FLOPs / (0.75 x peak), bytes / bandwidth) +
   launch overhead on a named device kind (``costs.roofline_s``);
 - ``static``: shapes, FLOPs and bytes only, every time zero.
