@@ -62,6 +62,17 @@ def test_the_eager_step_runs_with_the_capture_settings(scripted_step):
                               "inputs_require_grad": False}]
 
 
+def test_a_pipeline_stage_counts_the_dx_of_its_first_op(scripted_step):
+    model, x = _model()
+    graph = capture(model, x, costs="measured", device="cpu", repeats=1,
+                    inputs_require_grad=True)
+    assert scripted_step[0]["inputs_require_grad"] is True
+    # Linear, batch norm, relu, linear: each has a dX now (the first linear's input needs a
+    # gradient), and the three with parameters (batch norm's affine ones too) a dW.
+    assert graph.meta["step_overhead"]["backward_ops"] == 4 + 3
+    assert sum(_sums(graph)) == pytest.approx(1.0, rel=1e-9)
+
+
 def test_module_granularity_is_charged_per_op_before_grouping(scripted_step):
     model, x = _model()
     graph = capture(model, x, costs="measured", device="cpu", repeats=1,
