@@ -3,7 +3,9 @@
 Costs come from one of three tiers (recorded in ``graph.meta["tier"]``):
 
 - ``measured``: every step runs for real on the device at hand (CPU here, CUDA where present) and
-  its forward, input-gradient and weight-gradient times are medians over repeats;
+  its forward, input-gradient and weight-gradient times are medians over repeats; whole eager
+  training steps are timed too, and what the ops miss of them is charged to the ops
+  (:mod:`trainsched.capture.step`, :mod:`trainsched.graph.overhead`);
 - ``roofline``: nothing runs; each phase costs max(FLOPs / (0.75 x peak), bytes / bandwidth) +
   launch overhead on a named device kind (``costs.roofline_s``);
 - ``static``: shapes, FLOPs and bytes only, every time zero.
@@ -23,9 +25,11 @@ from typing import Any
 import torch
 
 from trainsched.capture.profile import Phase, Progress, StepCost, StepRunner
+from trainsched.capture.step import time_eager_step
 from trainsched.capture.trace import Traced, _tree_map, quiet_torch_logs, trace
 from trainsched.errors import TrainschedError
 from trainsched.graph import Edge, Graph, Op, coarsen_by_module
+from trainsched.graph.overhead import charge_step_overhead
 from trainsched.precision import check_precision
 
 TIERS = ("measured", "roofline", "static")
@@ -39,7 +43,8 @@ def capture(model: torch.nn.Module, example_inputs: tuple | Any = (), *,
             device: str | torch.device | None = None, warmup: int = 0, repeats: int = 10,
             method: str = "auto", name: str = "model", threads: int | None = None,
             precision: str = "fp32", meta: Mapping[str, Any] | None = None,
-            progress: Progress | None = None, inputs_require_grad: bool = False) -> Graph:
+            progress: Progress | None = None, inputs_require_grad: bool = False,
+            step_overhead: bool = True) -> Graph:
     """Capture ``model`` on an example batch into a forward :class:`~trainsched.graph.Graph`.
 
     ``example_inputs`` are the positional arguments of ``model.forward`` (a single tensor is
@@ -64,6 +69,10 @@ def capture(model: torch.nn.Module, example_inputs: tuple | Any = (), *,
     ``inputs_require_grad`` captures a pipeline stage on its own: its floating inputs are a
     previous stage's activations, so the ops reading them get (and are timed with) an input
     gradient; ``meta["grad_inputs"]`` names those inputs, which the training transform honours.
+    ``step_overhead`` (measured tier): also time whole eager training steps and charge what the
+    ops timed one by one miss (autograd engine, allocator, Python between ops) to the ops, per
+    op (:func:`trainsched.graph.overhead.charge_step_overhead`; ``meta["step_overhead"]``
+    records it).
     """
     if threads is not None and threads < 1:
         raise TrainschedError(f"threads must be at least 1, got {threads}")
@@ -78,7 +87,7 @@ def capture(model: torch.nn.Module, example_inputs: tuple | Any = (), *,
             return _capture(model, example_inputs, example_kwargs, granularity, module_depth,
                             costs, device_kind, device, warmup, repeats, method, name,
                             {**(meta or {}), "precision": precision}, progress,
-                            bool(inputs_require_grad))
+                            bool(inputs_require_grad), bool(step_overhead))
     finally:
         torch.set_num_threads(previous)
 
@@ -87,7 +96,7 @@ def _capture(model: torch.nn.Module, example_inputs: Any, example_kwargs: Any,
              granularity: str, module_depth: int | None, costs: str, device_kind: str | None,
              device: Any, warmup: int, repeats: int, method: str, name: str,
              meta: Mapping[str, Any] | None, progress: Progress | None,
-             inputs_require_grad: bool = False) -> Graph:
+             inputs_require_grad: bool = False, step_overhead: bool = True) -> Graph:
     if granularity not in GRANULARITIES:
         raise TrainschedError(f"unknown granularity {granularity!r}; use op or module")
     if costs not in TIERS:
@@ -175,6 +184,13 @@ def _capture(model: torch.nn.Module, example_inputs: Any, example_kwargs: Any,
                                      if isinstance(v, torch.Tensor) and v.is_floating_point()]
     graph_meta.update(dict(meta or {}))
     graph = _build_graph(traced, step_costs, phase_s, graph_meta)
+    if measure and step_overhead:
+        # After the per-op timings, on the same inputs, threads and precision.
+        with _math(precision, autocast_on):
+            eager = time_eager_step(model, args, kwargs, device=run_device, warmup=warmup,
+                                    repeats=repeats, inputs_require_grad=inputs_require_grad)
+        graph = charge_step_overhead(graph, step_s=eager.step_s, forward_s=eager.forward_s,
+                                     steps=eager.steps)
     if granularity == "module":
         graph = coarsen_by_module(graph, depth=module_depth)
     return graph

@@ -56,6 +56,10 @@ def add_parser(sub: Subcommands) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads while measuring (default: 1 on the CPU, as "
                    "the runtime runs each rank; torch's own on a GPU)")
+    p.add_argument("--no-step-overhead", action="store_true",
+                   help="measured costs: keep each op's time as timed alone (by default "
+                   "whole eager training steps are timed too, and what the ops miss of them "
+                   "is charged to the ops; see docs/capture.md)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     p.add_argument("--top", type=int, default=10, help="heaviest ops to show")
     p.add_argument("-o", "--output", default=None, help="write the graph JSON here")
@@ -80,7 +84,7 @@ def check_flags(args: argparse.Namespace) -> None:
                       where="with --granularity module"),
               Applies(flags=("device_kind",), when={"costs": ("roofline",)},
                       where="with --costs roofline"),
-              Applies(flags=("device", "repeats", "warmup", "threads"),
+              Applies(flags=("device", "repeats", "warmup", "threads", "no_step_overhead"),
                       when={"costs": ("measured",)}, where="with --costs measured")]
     facts.update(granularity=Fact(value=args.granularity,
                                   text=f"with --granularity {args.granularity}"),
@@ -113,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
                         costs=args.costs, device_kind=args.device_kind, device=args.device,
                         warmup=args.warmup, repeats=args.repeats, name=zoo.name, meta=meta,
                         threads=args.threads, precision=args.precision or "fp32",
-                        progress=bar.update)
+                        step_overhead=not args.no_step_overhead, progress=bar.update)
     elapsed = time.perf_counter() - started
     noisy = graph.meta.get("noisy_phases", 0)
     if noisy:

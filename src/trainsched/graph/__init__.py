@@ -5,9 +5,10 @@ immutable, deterministic orders), :mod:`~trainsched.graph.fields` their fields a
 :mod:`~trainsched.graph.io` the ``trainsched.graph/1`` JSON file, atomic writes and the JSON
 helpers of trainsched's other formats, :mod:`~trainsched.graph.fastread` the lean line-by-line
 reader ``Graph.load`` uses for large files;
-:mod:`~trainsched.graph.training` the forward-to-training transform (:func:`to_training`) and
-:mod:`~trainsched.graph.coarsen` op-to-module coarsening (:func:`coarsen_by_module`). Plain
-Python: no torch here.
+:mod:`~trainsched.graph.training` the forward-to-training transform (:func:`to_training`),
+:mod:`~trainsched.graph.coarsen` op-to-module coarsening (:func:`coarsen_by_module`) and
+:mod:`~trainsched.graph.overhead` the eager step's overhead charged to a measured graph's ops
+(:func:`charge_step_overhead`). Plain Python: no torch here.
 """
 
 from trainsched.graph.coarsen import coarsen_by_module
@@ -26,18 +27,21 @@ from trainsched.graph.io import (
     read_text_file,
     show_value,
 )
+from trainsched.graph.overhead import STEP_OVERHEAD, charge_step_overhead, spread_gap
 from trainsched.graph.training import OPTIMIZERS, to_training
 
 __all__ = [
     "FORMAT",
     "OPTIMIZERS",
     "OP_KINDS",
+    "STEP_OVERHEAD",
     "Edge",
     "Graph",
     "GraphTotals",
     "Op",
     "atomic_write_bytes",
     "atomic_write_text",
+    "charge_step_overhead",
     "check_keys",
     "coarsen_by_module",
     "dump_json",
@@ -48,5 +52,6 @@ __all__ = [
     "parse_json",
     "read_text_file",
     "show_value",
+    "spread_gap",
     "to_training",
 ]

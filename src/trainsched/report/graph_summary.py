@@ -67,6 +67,23 @@ def graph_summary(graph: Any, top: int = 10) -> dict[str, Any]:
     }
 
 
+def describe_step_overhead(record: dict[str, Any]) -> str:
+    """One line on a measured graph's ``meta["step_overhead"]``: the eager step against the
+    ops' sum before, and what each op was charged."""
+    step, ops = record.get("eager_step_s"), record.get("ops_s")
+    if not isinstance(step, int | float) or not isinstance(ops, int | float):
+        return "recorded without its times"
+    head = f"eager step {format_duration(step)}, ops {format_duration(ops)} before: "
+    if record.get("rule") == "none":
+        return head + "nothing charged (the ops already add up to the step)"
+    parts = []
+    for side in ("forward", "backward"):
+        per_op, count = record.get(f"{side}_per_op_s"), record.get(f"{side}_ops")
+        if isinstance(per_op, int | float) and per_op > 0:
+            parts.append(f"{format_duration(per_op)} to each of {count} {side} ops")
+    return head + f"+{format_duration(step - ops)} charged, " + " and ".join(parts)
+
+
 def describe_graph(s: dict[str, Any], top: int) -> str:
     """The text of a :func:`graph_summary`: a title line, then one line per fact."""
     meta = s["meta"]
@@ -89,6 +106,9 @@ def describe_graph(s: dict[str, Any], top: int) -> str:
                      f"{spread['phases']} measured phases; {spread['over_limit']} above "
                      f"{spread['limit']:g}x (widest {worst['ratio']:.1f}x: {worst['op']} "
                      f"{worst['phase']})")
+    overhead = meta.get("step_overhead")
+    if isinstance(overhead, dict):
+        lines.append(f"  step overhead    {describe_step_overhead(overhead)}")
     path = s["critical_path"]
     shown = " -> ".join(path if len(path) <= 6 else [*path[:3], "...", *path[-2:]])
     lines.append(f"  critical path    {format_duration(s['critical_path_s'])} over "
