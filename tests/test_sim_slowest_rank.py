@@ -151,3 +151,15 @@ def test_report_and_trace_are_silent_without_it(tmp_path, capsys):
                  "data", "--ranks", "2", "--trace", str(trace)]) == 0
     assert "slowest rank" not in capsys.readouterr().out
     assert "slowest_rank" not in json.loads(trace.read_text())["otherData"]
+
+
+def test_the_crossing_bound_is_stretched_like_the_simulation():
+    """Alone, L0 starts at 0 and L0:dW ends at 8 ms; its gradient's all-reduce takes 1 ms and
+    its SGD step 0.5 ms: 9.5 ms, the longest loop. Stretched by F = 1 + 0.1/√π: 8F + 1 + 0.5F.
+    FIFO stays above it (9.5F + 1: its barrier puts all three SGD steps after c0)."""
+    from trainsched.sim import crossing_bound_s
+
+    f = 1 + 0.1 / math.sqrt(math.pi)
+    bound, gradient = crossing_bound_s(three_layers(), two_ranks(0.1), ranks=2)
+    assert gradient == "L0:grad"
+    assert math.isclose(bound, (8.5 * f + 1) * MS, rel_tol=1e-9)

@@ -265,12 +265,14 @@ def crossing_bound_s(graph: Graph, cluster: Cluster, *, ranks: int, algorithm: s
         step >= end(dW_g) - start(f) + collective_s(size_g) + U_f
 
     with start and end taken from one device computing in ``order`` without communication
-    (:func:`simulate_single`) and U_f the longest optimizer op of f. A policy changes when
-    gradients are reduced, never what the compute stream runs between f and dW_g, so no policy
-    beats it (tested on random graphs for every policy, credit, partition and start-up
-    overlap); reordering the compute (out-of-order backprop) can. Returns the bound and the
-    gradient that sets it (``(0.0, None)`` for one rank or a training graph without gradients;
-    a forward-only graph is refused, as by :func:`simulate_data_parallel`).
+    (:func:`simulate_single`) and U_f the longest optimizer op of f, both stretched by the
+    slowest-rank factor of the device's ``step_cv`` as the simulation stretches them. A
+    policy changes when gradients are reduced, never what the compute stream runs between f
+    and dW_g, so no policy beats it (tested on random graphs for every policy, credit,
+    partition and start-up overlap); reordering the compute (out-of-order backprop) can.
+    Returns the bound and the gradient that sets it (``(0.0, None)`` for one rank or a
+    training graph without gradients; a forward-only graph is refused, as by
+    :func:`simulate_data_parallel`).
 
     It says what no communication schedule can hide: a gradient ready last in backward and
     needed first in forward (BERT's word embedding) pays its whole all-reduce in every step.
@@ -280,6 +282,7 @@ def crossing_bound_s(graph: Graph, cluster: Cluster, *, ranks: int, algorithm: s
     if ranks == 1:
         return 0.0, None
     single = simulate_single(graph, order=order)
+    stretch = slowest_rank_factor(cluster.device.step_cv, ranks)  # every op, as simulated
     start = {t.name: t.start_s for t in single.tasks}
     end = {t.name: t.end_s for t in single.tasks}
     updates: dict[str, float] = {}
@@ -291,9 +294,9 @@ def crossing_bound_s(graph: Graph, cluster: Cluster, *, ranks: int, algorithm: s
         forward = op.forward_op
         if op.kind != "backward_weight" or forward not in start:
             continue
-        chain = (end[op.name] - start[forward]
+        chain = (stretch * (end[op.name] - start[forward])
                  + collective_s(op.output_bytes, ranks, cluster, algorithm)
-                 + updates.get(forward, 0.0))
+                 + stretch * updates.get(forward, 0.0))
         name = f"{forward}:grad"
         if chain > best[0] or (chain == best[0] and best[1] is not None and name < best[1]):
             best = (chain, name)
