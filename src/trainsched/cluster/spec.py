@@ -38,8 +38,8 @@ COMM_MODES = ("sequential", "parallel")
 INTERFERENCE_MODELS = ("rates", "turns")
 #: The default ε of two compute streams (:class:`DeviceSpec`).
 STREAM_SLOWDOWN_DEFAULT = 0.1
-#: The largest ``step_cv`` accepted: a normal step time more than 3 standard deviations below
-#: its mean would be negative.
+#: The largest ``step_cv`` accepted: above it, a normal step time about 3 standard deviations
+#: below its mean (not rare among many ranks) would be negative.
 STEP_CV_MAX = 0.3
 
 
