@@ -6,15 +6,18 @@ published figure (a range where sources differ), its source, and prediction / pu
 midpoint of a range). Roofline costs assume 75 % of the dtype's peak and no fused kernels, so
 they are a first estimate: the table says how far that estimate is from what people measure.
 
-Usage: ``PYTHONPATH=src python benchmarks/public_figures.py [--out FILE]``. No torch compute
-runs (fake tensors only); the whole table takes about a minute.
+Usage: ``PYTHONPATH=src python benchmarks/public_figures.py [--out FILE] [--step-cv CV]``. No
+torch compute runs (fake tensors only); the whole table takes about a minute. ``--step-cv``
+is a what-if: every cluster's device as if each rank's step compute time varied by CV
+(coefficient of variation; ``DeviceSpec.step_cv``), which the catalogue has no measurement
+for.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from _common import write_results
 from trainsched.capture import build, capture
@@ -67,10 +70,13 @@ FIGURES = (
 )
 
 
-def predict(fig: Figure) -> tuple[float, float]:
-    """The predicted figure and the step's exposed communication (seconds)."""
+def predict(fig: Figure, step_cv: float = 0.0) -> tuple[float, float]:
+    """The predicted figure and the step's exposed communication (seconds); ``step_cv``
+    replaces the device's (what-if)."""
     zoo = build(fig.model, batch_size=fig.batch, seq_len=fig.seq_len)
     cluster = resolve_cluster(fig.cluster)
+    if step_cv:
+        cluster = replace(cluster, device=replace(cluster.device, step_cv=step_cv))
     meta = {"batch_size": zoo.batch_size, **({"seq_len": zoo.seq_len} if zoo.seq_len else {})}
     graph = capture(zoo.model, zoo.args, example_kwargs=zoo.kwargs, costs="roofline",
                     device_kind=cluster.device, name=zoo.name, meta=meta,
@@ -91,12 +97,15 @@ def _fmt(value: float) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/results/public_figures.json")
+    parser.add_argument("--step-cv", type=float, default=0.0,
+                        help="what-if: each rank's step compute time varies by this "
+                             "coefficient of variation (default: the catalogue's, 0)")
     args = parser.parse_args()
     rows = []
     print(f"{'figure':<56}{'published':>22}{'predicted':>12}{'pred/pub':>10}"
           f"{'exposed comm':>14}")
     for fig in FIGURES:
-        value, exposed = predict(fig)
+        value, exposed = predict(fig, args.step_cv)
         mid = (fig.low + fig.high) / 2
         published = (_fmt(fig.low) if fig.low == fig.high
                      else f"{_fmt(fig.low)}-{_fmt(fig.high)}")
@@ -105,7 +114,9 @@ def main() -> None:
         rows.append({**fig.__dict__, "predicted": value, "ratio_to_midpoint": value / mid,
                      "within_range": fig.low <= value <= fig.high,
                      "exposed_comm_s": exposed})
-    write_results(args.out, {"date": datetime.date.today().isoformat(), "rows": rows})
+    write_results(args.out, {"date": datetime.date.today().isoformat(),
+                             **({"step_cv": args.step_cv} if args.step_cv else {}),
+                             "rows": rows})
 
 
 if __name__ == "__main__":

@@ -367,10 +367,13 @@ def run(args: argparse.Namespace) -> int:
                           slots=choice.slots if choice is not None else ())
     with ProgressBar("simulating", enabled=not args.json) as bar:
         result = simulate(plan, graph, cluster, progress=bar.update)
+    slowest = (_slowest_rank_doc(cluster, _ranks(args, cluster))
+               if args.parallelism == "data" else None)
     if args.trace:
         write_trace(args.trace, result, title=f"{graph.meta.get('model', 'graph')} "
                     f"{args.parallelism}", meta={"parallelism": args.parallelism,
-                                                 "cluster": cluster.label})
+                                                 "cluster": cluster.label,
+                                                 **_slowest_meta(slowest)})
     doc = {
         "parallelism": args.parallelism,
         "cluster": cluster.label,
@@ -397,9 +400,27 @@ def run(args: argparse.Namespace) -> int:
                    policy=_policy_doc(policy), crossing_bound_s=bound,
                    crossing_bound_gradient=gradient, autotune=autotune,
                    backprop=_backprop_doc(plan, graph, sweep),
-                   sync=sync_doc(plan, graph, cluster, result, args))
+                   sync=sync_doc(plan, graph, cluster, result, args), **_slowest_meta(slowest))
     print(dump(doc) if args.json else simulate_report(doc, graph.meta.get("model", args.graph)))
     return 0
+
+
+def _slowest_rank_doc(cluster: Any, ranks: int) -> dict[str, Any] | None:
+    """The slowest-rank stretch a data-parallel simulation applied (``DeviceSpec.step_cv``):
+    None where it applied none (``step_cv`` 0, or one rank)."""
+    from trainsched.costs import expected_max_normal, slowest_rank_factor
+
+    cv = cluster.device.step_cv
+    if cv == 0 or ranks == 1:
+        return None
+    return {"step_cv": cv, "ranks": ranks, "expected_max": expected_max_normal(ranks),
+            "factor": slowest_rank_factor(cv, ranks)}
+
+
+def _slowest_meta(slowest: dict[str, Any] | None) -> dict[str, Any]:
+    """The ``slowest_rank`` entry of a report or trace header, only where it was applied (so
+    that runs without it keep their bytes)."""
+    return {} if slowest is None else {"slowest_rank": slowest}
 
 
 def _choose_k(graph: Any, cluster: Any, args: argparse.Namespace, policy: Any,
@@ -454,9 +475,12 @@ def _run_plan_file(args: argparse.Namespace) -> int:
     plan = load_plan(args.plan)
     with ProgressBar("simulating", enabled=not args.json) as bar:
         result = simulate(plan, graph, cluster, progress=bar.update)
+    slowest = (_slowest_rank_doc(cluster, plan.ranks)
+               if isinstance(plan, DataParallelPlan) else None)
     if args.trace:
         write_trace(args.trace, result, title=f"{graph.meta.get('model', 'graph')} {plan.kind}",
-                    meta={"parallelism": plan.kind, "cluster": cluster.label})
+                    meta={"parallelism": plan.kind, "cluster": cluster.label,
+                          **_slowest_meta(slowest)})
     doc = {"parallelism": plan.kind, "plan": args.plan, "cluster": cluster.label,
            "step_time_s": result.step_time_s, "dependency_bound_s": result.dependency_bound_s,
            "exposed_comm_s": result.exposed_comm_s, "bubble_fraction": bubble_fraction(result),
@@ -469,7 +493,7 @@ def _run_plan_file(args: argparse.Namespace) -> int:
                    policy=_policy_doc(plan.policy), crossing_bound_s=bound,
                    crossing_bound_gradient=gradient, autotune=None,
                    backprop=_backprop_doc(plan, graph, None),
-                   sync=sync_doc(plan, graph, cluster, result, args))
+                   sync=sync_doc(plan, graph, cluster, result, args), **_slowest_meta(slowest))
     elif given(args, list(SYNC_FLAGS)):
         raise TrainschedError(f"{', '.join(given(args, list(SYNC_FLAGS)))}: the plan in "
                               f"{args.plan} is a {plan.kind} plan; the protocol simulation "

@@ -38,6 +38,9 @@ COMM_MODES = ("sequential", "parallel")
 INTERFERENCE_MODELS = ("rates", "turns")
 #: The default ε of two compute streams (:class:`DeviceSpec`).
 STREAM_SLOWDOWN_DEFAULT = 0.1
+#: The largest ``step_cv`` accepted: above it, a normal step time about 3 standard deviations
+#: below its mean (not rare among many ranks) would be negative.
+STEP_CV_MAX = 0.3
 
 
 def _require(ok: bool, message: str) -> None:
@@ -93,6 +96,12 @@ class DeviceSpec:
 
     A rate below 1 or more than one slot makes the data-parallel simulator run collectives by
     rate (``sim.coupling``) instead of one at a time at full speed.
+
+    ``step_cv``: the coefficient of variation of one rank's compute time per step (clocks,
+    heat, host jitter), each rank's draw independent of the others'. A synchronous step waits
+    for the slowest of its N ranks, so the data-parallel simulator stretches every rank's
+    compute by ``1 + step_cv · E[max of N standard normals]`` (``costs.slowest_rank_factor``);
+    0 (the default) leaves it alone, as on one rank.
     """
 
     kind: str
@@ -110,6 +119,7 @@ class DeviceSpec:
     comm_rate_with_compute: float = 1.0
     collective_slots: int = 1
     collective_contention: float = 1.0
+    step_cv: float = 0.0
 
     def __post_init__(self) -> None:
         where = f"device {self.kind!r}"
@@ -165,6 +175,11 @@ class DeviceSpec:
                  f"collective rates (they share by rate) are two models of one effect; give "
                  f"one: comm_compute_share 0, or compute_rate_with_comm, comm_rate_with_compute "
                  f"and collective_slots 1")
+        _require(_finite(self.step_cv) and 0 <= self.step_cv <= STEP_CV_MAX,
+                 f"{where}: step_cv must be a number in [0, {STEP_CV_MAX}] (the coefficient "
+                 f"of variation of one rank's compute time per step: 0.01 for 1%), got "
+                 f"{self.step_cv!r}")
+        object.__setattr__(self, "step_cv", float(self.step_cv))
         object.__setattr__(self, "collective_overhead_s", float(self.collective_overhead_s))
         object.__setattr__(self, "collective_contention", float(self.collective_contention))
         ordered = {d: float(flops[d]) for d in DTYPES if d in flops}
@@ -191,7 +206,7 @@ class DeviceSpec:
                      self.microbatch_overhead_s, self.message_host_s,
                      self.collective_overhead_s, self.compute_rate_with_comm,
                      self.comm_rate_with_compute, self.collective_slots,
-                     self.collective_contention))
+                     self.collective_contention, self.step_cv))
 
     def __reduce__(self) -> tuple[Any, ...]:
         # A mappingproxy cannot be pickled; rebuild from a plain dict instead.
@@ -359,6 +374,7 @@ class Cluster:
                    if dev.collective_overhead_s else {}),
                 **{key: getattr(dev, key) for key in _COLLECTIVE_KEYS
                    if getattr(dev, key) != _COLLECTIVE_DEFAULTS[key]},
+                **({"step_cv": dev.step_cv} if dev.step_cv else {}),
             },
             "intra_node": _link_dict(self.intra_node),
         }
@@ -415,6 +431,9 @@ class Cluster:
                f"{dev.collective_contention:.2f}), "
                f"{format_duration(dev.collective_overhead_s)} overhead each"]
               if dev.collective_overhead_s or dev.comm_by_rate else []),
+            *([f"  step jitter each rank's step compute varies by {100 * dev.step_cv:.2f}% "
+               f"(coefficient of variation); a synchronous step waits for the slowest rank"]
+              if dev.step_cv else []),
             f"  peak        {flops}",
             f"  intra-node  {self.intra_node.describe()} (per device, per direction)",
             *([f"  collectives {self.collectives.describe()} (per rank, ring formula; "

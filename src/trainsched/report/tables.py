@@ -63,6 +63,11 @@ def data_plan_lines(doc: Mapping[str, Any]) -> list[str]:
     steady = f", steady step of {doc['steps']}" if doc["steps"] > 1 else ""
     lines.append(f"  policy           {', '.join(what)}; {doc['ranks']} ranks, "
                  f"{doc['algorithm']}{steady}")
+    slowest = doc.get("slowest_rank")
+    if slowest is not None:
+        lines.append(f"  slowest rank     compute x {slowest['factor']:.4f} every step (step "
+                     f"time varies by {100 * slowest['step_cv']:.2f}% per rank; E[max of "
+                     f"{slowest['ranks']} normals] = {slowest['expected_max']:.4f})")
     lines += backprop_lines(doc.get("backprop"))
     return lines
 

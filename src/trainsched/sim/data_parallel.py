@@ -54,6 +54,16 @@ and is refused here (several slots overlap start-ups by themselves). A collectiv
 differently on two representatives (a straggler computes longer) frees its slot when it
 ended on both.
 
+**Slowest rank.** A device with ``step_cv`` > 0 (the coefficient of variation of one rank's
+compute time per step, ``DeviceSpec``) stretches every op of every rank by
+``costs.slowest_rank_factor(step_cv, ranks)`` = ``1 + step_cv · E[max of ranks standard
+normals]``: each rank's step compute is one normal draw, independent across ranks and steps,
+and a synchronous step runs at the pace of the slowest, so every rank is simulated as that
+expected slowest one. The draw is per step, not per op: one factor for all the step's ops (the
+rendezvous of each collective then sees the slowest rank's times; nothing compounds), the same
+in every step (the expected maximum: deterministic). Bucket copies and host tasks are not
+stretched. It multiplies the ``stragglers`` factors; one rank, or ``step_cv`` 0, is untouched.
+
 **Symmetry.** Ranks identical in device, costs, schedule and straggler state form a class
 (:func:`rank_classes`); only one representative per class is simulated (the lowest rank), the
 collective's rendezvous is the latest representative issue time and its cost uses all
@@ -103,6 +113,7 @@ from trainsched.costs import (
     parameter_server_s,
     ring_allreduce_nodes_s,
     ring_allreduce_s,
+    slowest_rank_factor,
     tree_allreduce_s,
 )
 from trainsched.errors import TrainschedError
@@ -254,12 +265,14 @@ def crossing_bound_s(graph: Graph, cluster: Cluster, *, ranks: int, algorithm: s
         step >= end(dW_g) - start(f) + collective_s(size_g) + U_f
 
     with start and end taken from one device computing in ``order`` without communication
-    (:func:`simulate_single`) and U_f the longest optimizer op of f. A policy changes when
-    gradients are reduced, never what the compute stream runs between f and dW_g, so no policy
-    beats it (tested on random graphs for every policy, credit, partition and start-up
-    overlap); reordering the compute (out-of-order backprop) can. Returns the bound and the
-    gradient that sets it (``(0.0, None)`` for one rank or a training graph without gradients;
-    a forward-only graph is refused, as by :func:`simulate_data_parallel`).
+    (:func:`simulate_single`) and U_f the longest optimizer op of f, both stretched by the
+    slowest-rank factor of the device's ``step_cv`` as the simulation stretches them. A
+    policy changes when gradients are reduced, never what the compute stream runs between f
+    and dW_g, so no policy beats it (tested on random graphs for every policy, credit,
+    partition and start-up overlap); reordering the compute (out-of-order backprop) can.
+    Returns the bound and the gradient that sets it (``(0.0, None)`` for one rank or a
+    training graph without gradients; a forward-only graph is refused, as by
+    :func:`simulate_data_parallel`).
 
     It says what no communication schedule can hide: a gradient ready last in backward and
     needed first in forward (BERT's word embedding) pays its whole all-reduce in every step.
@@ -269,6 +282,7 @@ def crossing_bound_s(graph: Graph, cluster: Cluster, *, ranks: int, algorithm: s
     if ranks == 1:
         return 0.0, None
     single = simulate_single(graph, order=order)
+    stretch = slowest_rank_factor(cluster.device.step_cv, ranks)  # every op, as simulated
     start = {t.name: t.start_s for t in single.tasks}
     end = {t.name: t.end_s for t in single.tasks}
     updates: dict[str, float] = {}
@@ -280,9 +294,9 @@ def crossing_bound_s(graph: Graph, cluster: Cluster, *, ranks: int, algorithm: s
         forward = op.forward_op
         if op.kind != "backward_weight" or forward not in start:
             continue
-        chain = (end[op.name] - start[forward]
+        chain = (stretch * (end[op.name] - start[forward])
                  + collective_s(op.output_bytes, ranks, cluster, algorithm)
-                 + updates.get(forward, 0.0))
+                 + stretch * updates.get(forward, 0.0))
         name = f"{forward}:grad"
         if chain > best[0] or (chain == best[0] and best[1] is not None and name < best[1]):
             best = (chain, name)
@@ -297,7 +311,9 @@ def simulate_data_parallel(graph: Graph, cluster: Cluster, *, ranks: int,
     """One data-parallel step of training graph ``graph`` over ``ranks`` ranks (rank r on
     device r of ``cluster``), gradients reduced as ``policy`` (a :class:`CommPolicy` or a
     registered name such as ``"fifo"``, ``"ddp"``) says with ``algorithm`` (``ring``, ``tree``,
-    ``ps``). ``stragglers`` maps ranks to compute slowdown factors. The result holds one
+    ``ps``). ``stragglers`` maps ranks to compute slowdown factors; the device's ``step_cv``
+stretches every rank's compute by the slowest rank's expected factor (module docstring,
+*Slowest rank*). The result holds one
     representative rank per class (``expand=True``: every rank), named by its device.
     ``order`` (a topological order of all ops) sets the compute priority; default the graph's
     topological order.
@@ -339,6 +355,7 @@ def simulate_data_parallel(graph: Graph, cluster: Cluster, *, ranks: int,
     check_policy(policy)
     classes = rank_classes(ranks, stragglers, expand=expand)
     factor = _straggler_factors(ranks, stragglers)
+    slowest = slowest_rank_factor(cluster.device.step_cv, ranks)
     with _gc_paused():
         order = graph.topological_order() if order is None else _checked_order(graph, order)
         gradients = graph_gradients(graph, order)
@@ -349,8 +366,8 @@ def simulate_data_parallel(graph: Graph, cluster: Cluster, *, ranks: int,
         reps = [members[0] for members in classes]
         low = _Lowering(cluster, reps)
         lowered = _lower(low, graph, order, plan, gradients, policy, algorithm, ranks,
-                         [factor.get(r, 1.0) for r in reps], reps, [len(m) for m in classes],
-                         steps)
+                         [factor.get(r, 1.0) * slowest for r in reps], reps,
+                         [len(m) for m in classes], steps)
         if startup_overlap and plan:
             alpha = collective_startup_s(ranks, cluster, algorithm)
             lowered.startups = [min(alpha, low.tasks.duration_s[row[0]])
