@@ -66,7 +66,7 @@ def test_the_sync_flags_reach_run_sync(monkeypatch, capsys):
     assert json.loads(capsys.readouterr().out)["final_loss"] == 1.0
     # 100 samples rounded down to ASP's update of 8: 96
     assert [s for _, s in seen["phases"]] == [96]
-    assert seen["comm"] == "ddp"  # the BSP phases' default with --sync: stock DDP
+    assert seen["comm"] is None  # without --comm-policy: the flat all-reduce
     assert main(["train", "teacher-student", "--sync", "bsp", "--comm-policy", "priority",
                  "--json"]) == 0
     assert seen["comm"] == "priority"

@@ -13,15 +13,17 @@ from trainsched.errors import TrainschedError
 from trainsched.runtime.sync import run_sync
 from trainsched.runtime.tasks import ZooTask
 from trainsched.sync import Straggler
-from trainsched.sync.protocols import Bsp, LocalSgd
+from trainsched.sync.protocols import Bsp, KOfN, LocalSgd
 
 N, B, LR = 2, 8, 0.05
 MLP = ZooTask(model="mlp", train_samples=256, test_samples=64, seed=3)
 # the mlp's gradient is 199,946 fp32 values (781 KiB); this policy holds at most 32 KiB of it
 # in flight (strict credit), in 16 KiB partitions
 SMALL = PriorityPolicy(partition_bytes=16 << 10, credit_bytes=32 << 10, credit_mode="strict")
-# BSP, then local SGD with H = 1 (which equals BSP), then BSP again: 4 + 2 + 4 steps of N·B
-PHASES = [(Bsp(), 4 * N * B), (LocalSgd(1), 2 * N * B), (Bsp(), 4 * N * B)]
+# BSP, then local SGD with H = 1 and k-of-N with k = N (each equals BSP), then BSP again:
+# 4 + 2 + 2 + 2 steps of N·B (the server phase leaves every worker's last gradient behind)
+PHASES = [(Bsp(), 4 * N * B), (LocalSgd(1), 2 * N * B), (KOfN(N), 2 * N * B),
+          (Bsp(), 2 * N * B)]
 
 
 def reference(optimizer: str) -> torch.Tensor:
@@ -53,11 +55,12 @@ def test_bsp_on_the_scheduled_runtime_equals_full_batch_training_across_switches
 @pytest.mark.timeout(300)
 def test_the_bsp_phases_hold_no_more_than_the_policys_credit_in_flight(scheduled):
     # the scheduled runtime ran them: the flat all-reduce would hold the whole 799,784 bytes
-    for phase in (0, 2):
+    for phase in (0, 3):
         for r in range(N):
             assert 0 < scheduled.link(r, phase).in_flight_bytes <= 32 << 10
-    # local SGD averages parameters, no gradient in flight
-    assert [scheduled.link(r, 1).in_flight_bytes for r in range(N)] == [0.0, 0.0]
+    # local SGD averages parameters, k-of-N pushes to the server: no gradient all-reduced
+    for phase in (1, 2):
+        assert [scheduled.link(r, phase).in_flight_bytes for r in range(N)] == [0.0, 0.0]
     assert scheduled.comm == "PriorityPolicy"
 
 

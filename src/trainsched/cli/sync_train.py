@@ -5,8 +5,9 @@ The flags ``--sync``, ``--straggler``, ``--samples`` and ``--momentum`` (added t
 generated in code (:class:`~trainsched.runtime.tasks.ZooTask`, at ``--image-size`` and
 ``--seq-len``) on N workers (plus a server rank for the ASP, SSP and k-of-N phases) through
 the policy's phases, switched in process, and print each phase, each switch's cost and the
-held-out loss and accuracy. The BSP phases reduce their gradients on the scheduled
-data-parallel runtime with ``--comm-policy`` (default ``ddp``: its pass-through to stock DDP).
+held-out loss and accuracy. The BSP phases average the gradients with one flat all-reduce
+after backward, or, with ``--comm-policy NAME``, reduce them on the scheduled data-parallel
+runtime with that policy (``ddp``: its pass-through to stock DDP).
 A zoo model is built and run once here first, so one the sync
 runtime cannot train (an input it cannot feed, an output that is not scores) is refused in one
 line before any rank starts. A policy's straggler part (``bsp;straggler(relax)``,
@@ -31,8 +32,6 @@ from trainsched.units import format_duration
 
 #: ``--samples``' default: samples applied to the shared model over the whole run.
 SAMPLES = 32768
-#: ``--comm-policy``'s default with ``--sync``: the BSP phases on stock DDP.
-SYNC_COMM = "ddp"
 #: The flags that apply with ``--sync`` only.
 SYNC_FLAGS = ("straggler", "samples", "momentum", "servers", "deterministic")
 
@@ -43,8 +42,9 @@ def add_sync_args(p: argparse.ArgumentParser) -> None:
                    "k-of-n:K, local:H, or phases such as bsp:0.125,asp:0.875 or "
                    "bsp:0.5,ssp(s=4):0.5 (a parameter in parentheses among several phases; "
                    "docs/sync.md); the model is a built-in task (teacher-student) or a zoo "
-                   "model on data generated in code; the BSP phases reduce gradients on the "
-                   f"scheduled runtime with --comm-policy (default {SYNC_COMM}: stock DDP)")
+                   "model on data generated in code; its BSP phases average gradients with "
+                   "one flat all-reduce after backward, or on the scheduled runtime with "
+                   "--comm-policy NAME")
     p.add_argument("--straggler", action="append", default=None, metavar="RANK:DELAY[:FROM-TO]",
                    help="--sync: slow a worker by a delay (1:50ms) or a factor (1:3x), or "
                    "hold every message it sends (1:20ms@link), optionally in steps FROM to "
@@ -101,7 +101,7 @@ def run_sync_cli(args: argparse.Namespace) -> int:
                       straggler_policy=policy.straggler,
                       timeout_s=min(args.timeout, 120.0), deadline_s=args.timeout,
                       servers=servers, deterministic=bool(args.deterministic),
-                      optimizer=args.optimizer, comm=args.comm_policy or SYNC_COMM)
+                      optimizer=args.optimizer, comm=args.comm_policy)
     if result is None:  # a rank of a torchrun job other than worker 0
         return 0
     if args.json:

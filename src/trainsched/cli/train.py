@@ -236,9 +236,8 @@ def _check_sync_flags(args: argparse.Namespace) -> None:
     given = [f for f in NOT_WITH_SYNC if getattr(args, f) not in (None, False)]
     if given:
         raise TrainschedError(f"--{given[0].replace('_', '-')} does not apply with --sync (the "
-                              f"sync runtime trains the model under the policy, its BSP "
-                              f"phases on the scheduled runtime with --comm-policy at its "
-                              f"defaults); drop it")
+                              f"sync runtime trains the model under the policy; only "
+                              f"--comm-policy applies, at the policy's defaults); drop it")
     if args.comm_policy == "auto":
         raise TrainschedError("--comm-policy auto times strategies against each other before "
                               "training; with --sync name the BSP phases' policy (e.g. ddp "

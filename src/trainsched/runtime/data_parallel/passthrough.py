@@ -75,7 +75,7 @@ class PassThrough:
         bucket (in the autograd thread: a held bucket holds the backward too)."""
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-        def hook(group: Any, bucket: Any) -> Any:
+        def hook(group, bucket):  # type: ignore[no-untyped-def]  # DDP reads the annotations
             if bucket.index() == 0:
                 hold(self._stepped)
             return allreduce_hook(group, bucket)

@@ -55,6 +55,7 @@ def exclude_episode(online: Any, slow: tuple[int, ...], samples: int, left: int)
     at most ``left`` samples; returns the samples it applied (0: no whole number of BSP steps
     fits in ``left``, the controller is told it stayed in BSP)."""
     me, worker = online.me, online.me.worker
+    worker.release()  # the scheduled runtime's hooks reduce over every worker
     n, b = me.n, me.b
     fast = tuple(r for r in range(n) if r not in slow)
     k = len(fast)

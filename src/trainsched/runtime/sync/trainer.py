@@ -206,6 +206,12 @@ class _Rank:
             local_done = time.perf_counter()
             following = self.segments[index + 1] if index + 1 < len(self.segments) else None
             self.synchronise(segment.protocol, following.protocol if following else None)
+            if (following is not None and segment.last_of_phase and self.is_worker
+                    and self.n > 1 and self.cfg.get("comm") is not None
+                    and isinstance(following.protocol, Bsp)):
+                assert self.worker is not None
+                with guard(f"worker {self.rank} building the scheduled runtime for BSP"):
+                    self.worker.open_scheduled()  # part of the switch's cost
             if self.rank == 0:
                 self.ledger.add(segment, counters, lr=peak,
                                 wall_s=local_done - start, batches=counters["batches"])
@@ -291,6 +297,7 @@ class _Rank:
             account = self.sent.setdefault(segment.phase, dict.fromkeys(SENT, 0))
             for key in SENT:
                 account[key] += self.worker.sent[key] - sent_before[key]
+            self.worker.release()
             account["in_flight_bytes"] = max(account.get("in_flight_bytes", 0.0),
                                              self.worker.in_flight_bytes)
         return {**counters, "batches": self.worker.position - before,

@@ -8,8 +8,11 @@
   reduced while backward runs, in the policy's order, and each parameter is updated as soon as
   its gradient is reduced. The wrapper is drained after every step, so a rank's local time
   stays its own compute (the straggler detector compares them) and the wait is the step's
-  exposed communication (updates do not cross into the next forward here), and it is closed
-  when the run of steps ends (its hooks must not see the other protocols' backward passes).
+  exposed communication (updates do not cross into the next forward here). It stays open
+  across the runs of BSP steps of a segment (:meth:`Worker.open_scheduled`; the trainer opens
+  it during a switch into BSP, so the switch's cost includes building it) and is closed
+  (:meth:`Worker.release`) at the segment's end and before any other way of training: its
+  hooks must never see another protocol's backward.
   Without a comm policy every rank's gradient is summed by one flat all-reduce after backward
   and divided by N, then every rank takes the same optimizer step. Either way replicas stay
   bit-identical (every rank receives the same sums).
@@ -81,31 +84,32 @@ class Worker:
         self.local_s = 0.0  # the last batch's local time (compute + injected delay)
         self.local_sum_s = 0.0  # local times added up since the caller last reset it
         self.comm, self.comm_order, self.timeout_s = comm, comm_order, timeout_s
-        self.net: Any = None  # the scheduled runtime's wrapper while a BSP run of steps lasts
+        self.net: Any = None  # the scheduled runtime's wrapper while open (open_scheduled)
         self.in_flight_bytes = 0.0  # the most gradient bytes in flight at once in BSP steps
 
     # --- one batch ---------------------------------------------------------------------------
 
-    def compute(self) -> None:
+    def compute(self, net: Any = None) -> None:
         """Forward and backward on this rank's next batch; the gradient lands in
-        ``replica.grad`` (through :attr:`net` when it is set: the wrapper takes the gradients
-        and updates the model itself). A straggler sleeps after computing; the batch's local
-        time (compute and sleep: until the gradient is ready) goes to :attr:`local_s`."""
+        ``replica.grad`` (through ``net``, the scheduled runtime's wrapper, when given: it takes
+        the gradients and updates the model itself). A straggler sleeps after computing; the
+        batch's local time (compute and sleep: until the gradient is ready) goes to
+        :attr:`local_s`."""
         if self.die_at_batch is not None and self.position == self.die_at_batch:
             sys.stdout.flush()
             os._exit(3)
         start = time.perf_counter()
         block = self.position * self.workers + self.rank
         index = self.task.stream_indices(block * self.batch, self.batch)
-        model = self.replica.model if self.net is None else self.net
+        model = self.replica.model if net is None else net
         model.train()
-        if self.net is None:
+        if net is None:
             for p in self.replica.params:
                 p.grad = None
         loss = self.task.loss(self.task.forward(model, self.data.x_train[index]),
                               self.data.y_train[index])
         loss.backward()
-        if self.net is None:
+        if net is None:
             self.replica.grads_into(self.replica.grad)
         elapsed = time.perf_counter() - start
         for s in self.stragglers:
@@ -151,35 +155,49 @@ class Worker:
 
     def _run_bsp_scheduled(self, segment: Segment, unit: int, first: int, last: int) -> int:
         """:meth:`run_bsp` on the scheduled data-parallel runtime (module docstring)."""
-        from trainsched.comm.policy import DdpBucketPolicy, policy_from_json
-        from trainsched.runtime.data_parallel import ScheduledDataParallel
-
-        policy = policy_from_json(self.comm)
-        stock = isinstance(policy, DdpBucketPolicy)
-        base = self.position  # the wrapper counts its steps from 0
-        self.net = ScheduledDataParallel(
-            self.replica.model, policy, process_group=self.group,
-            optimizer=self.replica.optimizer_over, enabled=not stock, update="parameter",
-            order="leader" if stock else self.comm_order, timeout_s=self.timeout_s,
-            link_hold=(lambda step: self._hold(base + step)) if self.links else None)
+        net = self.open_scheduled()
         lr = None
-        try:
-            for t in range(first, last):
-                samples = segment.start + t * unit
-                if self.replica.lr_at(samples) != lr:
-                    lr = self.replica.lr_at(samples)
-                    self.net.set_lr(lr)
-                self.compute()
-                start = time.perf_counter()
-                self.net.drain()  # what backward did not hide: the step's exposed communication
-                self.sent["messages"] += 1
-                self.sent["comm_s"] += time.perf_counter() - start
-                self.on_progress(segment.start + (t + 1) * unit)
-        finally:
+        for t in range(first, last):
+            samples = segment.start + t * unit
+            if self.replica.lr_at(samples) != lr:
+                lr = self.replica.lr_at(samples)
+                net.set_lr(lr)
+            self.compute(net)
+            start = time.perf_counter()
+            net.drain()  # what backward did not hide: the step's exposed communication
+            self.sent["messages"] += 1
+            self.sent["comm_s"] += time.perf_counter() - start
+            self.on_progress(segment.start + (t + 1) * unit)
+        return last - first
+
+    def open_scheduled(self) -> Any:
+        """The scheduled runtime's wrapper around the model over the workers' group (built
+        now if none is open: collective over the workers). It stays open across runs of BSP
+        steps until :meth:`release`, which every other way of training calls first."""
+        if self.net is None:
+            from trainsched.comm.policy import DdpBucketPolicy, policy_from_json
+            from trainsched.runtime.data_parallel import ScheduledDataParallel
+
+            assert self.comm is not None
+            for p in self.replica.params:  # a server phase's last gradient: not this step's
+                p.grad = None
+            policy = policy_from_json(self.comm)
+            stock = isinstance(policy, DdpBucketPolicy)
+            base = self.position  # the wrapper counts its steps from 0
+            self.net = ScheduledDataParallel(
+                self.replica.model, policy, process_group=self.group,
+                optimizer=self.replica.optimizer_over, enabled=not stock, update="parameter",
+                order="leader" if stock else self.comm_order, timeout_s=self.timeout_s,
+                link_hold=(lambda step: self._hold(base + step)) if self.links else None)
+        return self.net
+
+    def release(self) -> None:
+        """Close the scheduled runtime's wrapper if one is open (drained; its hooks removed, so
+        the next backward of another protocol is the model's own)."""
+        if self.net is not None:
             net, self.net = self.net, None
             net.close()
             self.in_flight_bytes = max(self.in_flight_bytes, net.max_in_flight_bytes)
-        return last - first
 
     def _hold(self, step: int) -> None:
         """A delayed link's hold of step ``step``'s gradient (called by the wrapper)."""
@@ -193,6 +211,7 @@ class Worker:
     def run_local(self, segment: Segment, period: int, rounds_before: int) -> int:
         """Local steps; parameters averaged every ``period`` rounds of the phase
         (``rounds_before``: rounds of this phase done in earlier segments)."""
+        self.release()
         unit = update_samples(segment.protocol, self.workers, self.batch)
         for t in range(segment.samples // unit):
             self.compute()
@@ -216,6 +235,7 @@ class Worker:
         parameters while the others go on (sharded ASP: the shards' quotas fill
         independently)."""
         assert self.link is not None
+        self.release()
         link, grad = self.link, self.replica.grad
         shards = len(link.servers)
         with self.sending(self.position):
