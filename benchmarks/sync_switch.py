@@ -16,6 +16,10 @@ process groups, data), the price a restart-based switch pays at least.
 
     python benchmarks/sync_switch.py            # widths 64 and 512, 3 repeats, about 2 minutes
     python benchmarks/sync_switch.py --quick    # width 64, 1 repeat
+    python benchmarks/sync_switch.py --comm ddp # BSP phases on the scheduled runtime (stock DDP)
+
+With ``--comm`` the BSP phases reduce on the scheduled data-parallel runtime with that policy,
+and a switch into BSP includes building its wrapper.
 """
 
 from __future__ import annotations
@@ -36,12 +40,12 @@ PROTOCOLS = ["bsp", "asp", "bsp", "ssp(s=2)", "bsp", "local(h=4)", "bsp", "k-of-
 RANKS = 2
 
 
-def one_run(width: int, batch: int, steps: int) -> tuple[dict, float]:
+def one_run(width: int, batch: int, steps: int, comm: str | None) -> tuple[dict, float]:
     task = TeacherStudent(student_hidden=width, train_samples=8192)
     phases = [(p, steps * RANKS * batch) for p in PROTOCOLS]
     began = time.perf_counter()
     result = run_sync(task, phases, ranks=RANKS, batch_per_rank=batch, lr=0.02, momentum=0.9,
-                      timeout_s=120, deadline_s=1200)
+                      timeout_s=120, deadline_s=1200, comm=comm)
     total = time.perf_counter() - began
     bsp = [p for p in result.phases if p.protocol == "bsp"]
     step_s = sum(p.wall_s for p in bsp) / sum(p.batches for p in bsp)
@@ -59,6 +63,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=40, help="BSP steps' worth per phase")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="width 64, 1 repeat")
+    parser.add_argument("--comm", default=None,
+                        help="the BSP phases' comm policy (default: the flat all-reduce)")
     parser.add_argument("--out", default="benchmarks/results/sync_switch.json")
     args = parser.parse_args()
     widths = [64] if args.quick else [int(w) for w in args.widths.split(",")]
@@ -69,12 +75,13 @@ def main() -> int:
                "host": {"cpu": cpu_model(), "cpu_count": os.cpu_count(),
                         "python": platform.python_version(), "loadavg_before": load_before},
                "ranks": RANKS, "batch_per_rank": args.batch, "steps_per_phase": args.steps,
+               "comm": args.comm,
                "widths": {}}
     print(f"{RANKS} workers + 1 server rank, batch {args.batch} per rank, {args.steps} BSP steps "
           f"per phase; load before: {load_before[0]:.2f}")
     print(f"{'width':>6} {'switch':<22} {'cost ms':>9} {'BSP step ms':>12} {'steps':>7}")
     for width in widths:
-        runs = [one_run(width, args.batch, args.steps)[0] for _ in range(repeats)]
+        runs = [one_run(width, args.batch, args.steps, args.comm)[0] for _ in range(repeats)]
         by_switch: dict[str, list[dict]] = {}
         for run in runs:
             for s in run["switches"]:
