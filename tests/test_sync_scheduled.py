@@ -64,13 +64,6 @@ def test_the_bsp_phases_hold_no_more_than_the_policys_credit_in_flight(scheduled
     assert scheduled.comm == "PriorityPolicy"
 
 
-@pytest.mark.timeout(300)
-def test_the_flat_all_reduce_holds_the_whole_gradient_in_flight():
-    result = train(None)
-    assert result.comm is None
-    assert [result.link(r, 0).in_flight_bytes for r in range(N)] == [199946 * 4] * N
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_bsp_on_stock_ddp_equals_full_batch_training_and_its_comm_hook_holds_a_link():
@@ -93,6 +86,9 @@ def test_adam_stepped_parameter_by_parameter_equals_the_flat_all_reduces_adam_bi
                      comm=comm) for comm in (None, SMALL)]
     flat, scheduled = (torch.tensor(r.params, dtype=torch.float32) for r in runs)
     assert torch.equal(flat, scheduled)
+    # each ran its own way: the flat all-reduce holds the whole gradient in flight at once
+    assert [runs[0].link(r, 0).in_flight_bytes for r in range(N)] == [199946 * 4] * N
+    assert all(0 < runs[1].link(r, 0).in_flight_bytes <= 32 << 10 for r in range(N))
     assert float((scheduled - reference("adam")).abs().max()) <= 1e-4
 
 
