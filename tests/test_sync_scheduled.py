@@ -113,3 +113,22 @@ def test_a_comm_order_other_than_leader_or_static_is_refused():
     with pytest.raises(TrainschedError, match="comm_order must be leader or static"):
         run_sync(MLP, PHASES, ranks=N, batch_per_rank=B, lr=LR, comm="priority",
                  comm_order="local")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_relaxed_episode_releases_the_scheduled_runtime_and_bsp_resumes_on_it():
+    # BSP under watch on stock DDP, worker 1 slowed 4x for its steps 10-29: the policy relaxes
+    # to ASP (the wrapper closed first, its hooks gone), comes back, and BSP reopens it; the
+    # digest check after the phase passes only if both workers stepped alike throughout
+    from trainsched.runtime.tasks import TeacherStudent
+    from trainsched.sync import parse_policy
+
+    policy = parse_policy("bsp;straggler(relax)")
+    result = run_sync(TeacherStudent(seed=1), [(Bsp(), 64 * 40)], ranks=N, batch_per_rank=32,
+                      lr=0.05, straggler_policy=policy.straggler, timeout_s=30, deadline_s=300,
+                      stragglers=[Straggler(rank=1, factor=4.0, from_step=10, to_step=30)],
+                      comm="ddp")
+    assert [(s.from_protocol, s.to_protocol, s.reason) for s in result.switches] == [
+        ("bsp", "asp", "straggler"), ("asp", "bsp", "straggler")]
+    assert len(result.episodes) == 1
