@@ -1,12 +1,15 @@
-"""Read a graph file in the layout trainsched writes, one line at a time, fast and lean.
+"""``Graph.load``; and a ``trainsched.graph/1`` file in its writer's layout, read one line at a
+time, fast and lean.
 
-:func:`trainsched.graph.io.graph_to_json` writes one op or edge per line with every field in
-sorted order. A file in that layout (every file trainsched wrote, and hand-written files that
-keep it) is read here line by line: no copy of the whole text and no list of parsed records is
-ever held, so memory grows with the graph, not with the file; each record becomes an Op or Edge
-through a straight-line check of its fields (no dataclass ``__init__`` per op), and repeated
-strings (targets, module paths, names an edge or a derived op refers to) are shared rather than
-held once per op. A graph of a million ops is read in seconds instead of a minute.
+:func:`trainsched.graph.io.graph_to_json` (asked for ``trainsched.graph/1``, as trainsched wrote
+every graph before the compact ``trainsched.graph/2``) writes one op or edge per line with every
+field in sorted order. A file in that layout (every file trainsched wrote before, and hand-
+written files that keep it) is read here line by line: no copy of the whole text and no list of
+parsed records is ever held, so memory grows with the graph, not with the file; each record
+becomes an Op or Edge through a straight-line check of its fields (no dataclass ``__init__`` per
+op), and repeated strings (targets, module paths, names an edge or a derived op refers to) are
+shared rather than held once per op. A graph of a million ops is read in seconds instead of a
+minute.
 
 Nothing here decides what a file means or words an error: anything unusual (another layout, a
 malformed line, a field of the wrong type, a graph the constructor refuses) makes
@@ -267,10 +270,21 @@ def read_layout(path: str | os.PathLike[str], progress: Progress | None = None
 
 
 def load_graph(path: str | os.PathLike[str], progress: Progress | None = None) -> Graph:
-    """Read graph file ``path``: in the writer's layout line by line (:func:`read_layout`),
-    else, or to word an error, the whole text at once. ``progress`` as for
-    :func:`read_layout`."""
+    """Read graph file ``path``: a ``trainsched.graph/1`` file in the writer's layout line by
+    line (:func:`read_layout`); any other (the compact ``trainsched.graph/2`` that trainsched
+    writes, a hand-written file), or to word an error, the whole text at once. ``progress`` as
+    for :func:`read_layout`."""
     graph = read_layout(path, progress)
-    if graph is None:
+    if graph is not None:
+        return graph
+    paused = gc.isenabled()
+    gc.disable()  # as in read_layout: millions of new objects, no cycles
+    try:
         graph = graph_from_json(read_text_file(path, "graph"), source=str(path))
+    finally:
+        if paused:
+            gc.enable()
+    if progress is not None:
+        size = os.path.getsize(path)
+        progress(size, size, "")
     return graph
