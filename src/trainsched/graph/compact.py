@@ -48,6 +48,7 @@ _OP_NAMES = ("group", "forward_op")
 _DEFAULTS = {field: Op.__dataclass_fields__[field].default for field in _OP_SPECS
              if field != "name"}  # fmt: skip
 _EDGE_COLUMNS = ("dst", "size_bytes", "src", "tensor")
+_EDGE_FIELDS = ("src", "dst", "size_bytes", "tensor")
 
 
 # --- writing ------------------------------------------------------------------------------------
@@ -62,31 +63,29 @@ def compact_to_json(graph: Graph, meta_text: str) -> str:
     def tabled(values: Sequence[str]) -> list[int]:
         return [strings.setdefault(s, len(strings)) for s in values]
 
-    def op_ref(name: str | None) -> int | str | None:
-        return None if name is None else index.get(name, name)
-
     op_columns: dict[str, list[Any]] = {}
     for field in sorted(_OP_SPECS):
         values = list(map(operator.attrgetter(field), ops))
-        if field != "name" and all(v == _DEFAULTS[field] and type(v) is type(_DEFAULTS[field])
-                                   for v in values):
+        # (an Op holds each field in its own type: equal to the default is the default)
+        if field != "name" and values.count(_DEFAULTS[field]) == len(values):
             continue  # every op has the default: the column is left out
         if field in _TABLED:
             values = tabled(values)
         elif field in _OP_NAMES:
-            values = list(map(op_ref, values))
+            values = [None if v is None else index.get(v, v) for v in values]
         elif _OP_SPECS[field][0] == "strs":
             values = list(map(list, values))
         op_columns[field] = values
-    src = [index[e.src] for e in edges]
+    src, dst = graph.edge_ends()
     edge_columns: dict[str, list[Any]] = {
-        "dst": [index[e.dst] for e in edges],
-        "size_bytes": [e.size_bytes for e in edges],
+        "dst": dst,
+        "size_bytes": list(map(operator.attrgetter("size_bytes"), edges)),
         "src": src,
     }
-    if any(e.tensor != e.src for e in edges):
-        edge_columns["tensor"] = [None if e.tensor == e.src else strings.setdefault(
-            e.tensor, len(strings)) for e in edges]
+    tensors = list(map(operator.attrgetter("tensor"), edges))
+    if any(map(operator.ne, tensors, map(operator.attrgetter("src"), edges))):
+        edge_columns["tensor"] = [None if t == e.src else strings.setdefault(t, len(strings))
+                                  for t, e in zip(tensors, edges, strict=True)]
     return (f'{{"format": {dump_json(FORMAT)},\n"meta": {meta_text},\n'
             f'"strings": {dump_json(list(strings))},\n'
             f'"ops": {_columns(op_columns)},\n'
@@ -128,8 +127,8 @@ def compact_from_doc(doc: dict[str, Any], source: str, meta: dict[str, Any]) -> 
     m = len(reader.column(edges_doc, "edges", "src", None))
     edge_cols = {field: reader.column(edges_doc, "edges", field, m) for field in edges_doc}
     edges = reader.edges(edge_cols, names)
-    try:
-        return Graph(ops, edges, meta)
+    try:  # the ends' indices are checked: the graph need not look the names up again
+        return Graph._with_ends(ops, edges, meta, edge_cols["src"], edge_cols["dst"])
     except TrainschedError as exc:
         raise TrainschedError(f"{source}: {exc}") from None
 
@@ -234,13 +233,14 @@ class _Columns:
             tensors = [strings[t] or s if t is not None else s
                        for s, t in zip(srcs, tensors, strict=True)]
         if not _plain_column(sizes, "int", False):
-            sizes = [_json_value(v, "int", False, f"{self.source}: edges.size_bytes[{k}]")
+            sizes = [v if type(v) is int else
+                     _json_value(v, "int", False, f"{self.source}: edges.size_bytes[{k}]")
                      for k, v in enumerate(sizes)]
             for k, (a, b, size) in enumerate(zip(srcs, dsts, sizes, strict=True)):
                 if size < 0:
                     raise self.fail(f"edges[{k}]", f"edge {a!r} -> {b!r}: size_bytes must be "
                                     f">= 0, got {size!r}")
-        return list(map(_new_edge, srcs, dsts, sizes, tensors))
+        return _build_edges(srcs, dsts, sizes, tensors)
 
 
 _KINDS = frozenset(OP_KINDS)
@@ -268,23 +268,29 @@ def _plain_column(values: list[Any], base: str, optional: bool) -> bool:
         return False
 
 
-def _make_builder() -> Callable[..., list[Op]]:
-    """``build(v0, ..., vN)``: the Ops whose field values (``_OP_SPECS`` order) are the rows of
-    the iterables ``v0..vN``, made without ``__init__`` (the columns are checked already)."""
-    fields = list(_OP_SPECS)
+def _make_builder(cls: type, fields: Sequence[str]) -> Callable[..., list[Any]]:
+    """``build(c0, ..., cN)``: the ``cls`` records (a frozen dataclass with slots) whose field
+    values (``fields`` order) are the rows of the iterables ``c0..cN``, made without
+    ``__init__`` (the columns are checked already).
+
+    Each is filled as an object of a plain class with the same slots (a slot store is the
+    fastest way Python has to set a field) and then becomes a ``cls``: the layouts are the
+    same, so the class can be swapped, after which the record is frozen like any other."""
+    plain = type(f"_Plain{cls.__name__}", (), {"__slots__": cls.__slots__})
     args = ", ".join(f"c{k}" for k in range(len(fields)))
     row = ", ".join(f"v{k}" for k in range(len(fields)))
     lines = [f"def build({args}):", "    out = []", "    add = out.append",
-             f"    for {row} in zip({args}):", "        op = new(Op)"]
-    lines += [f"        S{k}(op, v{k})" for k in range(len(fields))]
-    lines += ["        add(op)", "    return out"]
-    scope: dict[str, Any] = {"new": object.__new__, "Op": Op,
-                             **{f"S{k}": getattr(Op, f).__set__ for k, f in enumerate(fields)}}
-    exec("\n".join(lines) + "\n", scope)  # our own text, built from the field table
+             f"    for {row} in zip({args}):", "        x = Plain()"]
+    lines += [f"        x.{field} = v{k}" for k, field in enumerate(fields)]
+    lines += ["        x.__class__ = cls", "        add(x)", "    return out"]
+    scope: dict[str, Any] = {"Plain": plain, "cls": cls}
+    exec("\n".join(lines) + "\n", scope)  # our own text, built from the field names
     return scope["build"]
 
 
-_build = _make_builder()
+_build = _make_builder(Op, list(_OP_SPECS))
+_build_edges = _make_builder(Edge, _EDGE_FIELDS)
+assert set(Op.__slots__) == set(_OP_SPECS) and set(Edge.__slots__) == set(_EDGE_FIELDS)
 
 
 def _build_ops(n: int, decoded: dict[str, Any]) -> list[Op]:
@@ -299,16 +305,3 @@ def _build_ops(n: int, decoded: dict[str, Any]) -> list[Op]:
         else:
             columns.append(values)
     return _build(*columns)
-
-
-_set_src, _set_dst = Edge.src.__set__, Edge.dst.__set__  # type: ignore[attr-defined]
-_set_size, _set_tensor = Edge.size_bytes.__set__, Edge.tensor.__set__  # type: ignore[attr-defined]
-
-
-def _new_edge(src: str, dst: str, size: int, tensor: str) -> Edge:
-    e = object.__new__(Edge)
-    _set_src(e, src)
-    _set_dst(e, dst)
-    _set_size(e, size)
-    _set_tensor(e, tensor)
-    return e

@@ -175,6 +175,19 @@ class Graph:
     def __init__(
         self, ops: Iterable[Op], edges: Iterable[Edge], meta: Mapping[str, Any] | None = None
     ) -> None:
+        self._build(ops, edges, meta, None)
+
+    @classmethod
+    def _with_ends(cls, ops: Iterable[Op], edges: Iterable[Edge], meta: Mapping[str, Any],
+                   src: list[int], dst: list[int]) -> Graph:
+        """``Graph(ops, edges, meta)`` where edge k is known to run from ``ops[src[k]]`` to
+        ``ops[dst[k]]`` (a reader that has the positions already); checked all the same."""
+        graph = cls.__new__(cls)
+        graph._build(ops, edges, meta, (src, dst))
+        return graph
+
+    def _build(self, ops: Iterable[Op], edges: Iterable[Edge], meta: Mapping[str, Any] | None,
+               ends: tuple[list[int], list[int]] | None) -> None:
         self._ops: tuple[Op, ...] = tuple(ops)
         self._edges: tuple[Edge, ...] = tuple(edges)
         self._meta: dict[str, Any] = copy.deepcopy(dict(meta or {}))
@@ -192,18 +205,22 @@ class Graph:
         # Per edge the positions of its ends; per op the edges into and out of it.
         self._src: list[int] = []
         self._dst: list[int] = []
-        self._link_edges()
+        self._link_edges(ends)
         self._topo: Sequence[int] = self._sort()
 
-    def _link_edges(self) -> None:
-        """Positions of every edge's ends and the per-op edge lists; the first problem in edge
-        order (not an Edge, an unknown end, a self-loop, a duplicate) is an error."""
+    def _link_edges(self, ends: tuple[list[int], list[int]] | None) -> None:
+        """Positions of every edge's ends (``ends`` when known) and the per-op edge lists; the
+        first problem in edge order (not an Edge, an unknown end, a self-loop, a duplicate) is
+        an error."""
         index, edges = self._index, self._edges
         try:  # the common case, every end known, in C
             if not all(map(isinstance, edges, itertools.repeat(Edge))):
                 raise KeyError
-            self._src = list(map(index.__getitem__, map(_src_of, edges)))
-            self._dst = list(map(index.__getitem__, map(_dst_of, edges)))
+            if ends is not None:
+                self._src, self._dst = list(ends[0]), list(ends[1])
+            else:
+                self._src = list(map(index.__getitem__, map(_src_of, edges)))
+                self._dst = list(map(index.__getitem__, map(_dst_of, edges)))
             loop = any(map(operator.eq, self._src, self._dst))
         except (KeyError, TypeError):
             loop = True
@@ -250,9 +267,9 @@ class Graph:
         edges, dst = self._edges, self._dst
         found: tuple[int, int] | None = None
         if len(edges) and before == len(edges):  # no two edges join one pair: no duplicates
-            keys = numpy.array(self._src, dtype=numpy.int64) * len(self._ops) + numpy.array(
-                dst, dtype=numpy.int64)
-            if len(numpy.unique(keys)) == len(keys):
+            keys = numpy.sort(numpy.array(self._src, dtype=numpy.int64) * len(self._ops)
+                              + numpy.array(dst, dtype=numpy.int64))
+            if not (keys[1:] == keys[:-1]).any():
                 return None
         several = map(operator.gt, self._out.degrees(), itertools.repeat(1))
         for i in itertools.compress(range(len(self._ops)), several):
@@ -395,6 +412,16 @@ class Graph:
         A graph listed in program order therefore keeps that order.
         """
         return tuple(self._ops[i].name for i in self._topo)
+
+    def topological_indices(self) -> Sequence[int]:
+        """:meth:`topological_order` as positions in ``ops`` (a ``range`` when the listing is
+        itself the order, as in every saved graph)."""
+        return self._topo
+
+    def edge_ends(self) -> tuple[list[int], list[int]]:
+        """Per edge, in edge order, the positions in ``ops`` of its source and of its
+        destination (copies)."""
+        return list(self._src), list(self._dst)
 
     def ordered_by(self, key: Callable[[str], Any]) -> tuple[str, ...]:
         """Op names, every edge forward; among ready ops the smallest ``key(name)`` goes first,
