@@ -21,8 +21,10 @@ got "fast"``; ``g.json: ops[0]: op 'a': compute_s must be >= 0, got -1.0``).
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import operator
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -39,7 +41,7 @@ from trainsched.graph.io import (
     show_value,
 )
 
-__all__ = ["compact_from_doc", "compact_to_json"]
+__all__ = ["compact_from_doc", "compact_to_json", "read_lines"]
 
 _MAX_FLOAT = 1.7976931348623157e308
 #: Fields written as indices into ``strings``; fields written as op indices (or names).
@@ -101,10 +103,52 @@ def _columns(columns: dict[str, list[Any]]) -> str:
 
 # --- reading ------------------------------------------------------------------------------------
 
+_HEAD = '{"format": "trainsched.graph/2",\n'
+_PARTS = {'"ops": {\n': "ops", '"edges": {\n': "edges"}
+
+
+def read_lines(file: Any, progress: Callable[[int, int], None] | None = None
+               ) -> dict[str, Any] | None:
+    """The document of a file in the writer's layout (one key per line), parsed line by line
+    so that the whole text is never held: at most one line (one column) is. None when the
+    layout is another (or the JSON is malformed): the caller parses the whole text, which
+    gives the same document or words the error. ``progress(done, total)`` hears the bytes
+    read after each line (``file`` is a text file over a binary one)."""
+    if file.readline() != _HEAD:
+        return None
+    doc: dict[str, Any] = {"format": FORMAT}
+    part: dict[str, Any] | None = None
+    total = os.fstat(file.fileno()).st_size
+    for line in file:
+        if progress is not None:
+            progress(min(file.buffer.tell(), total), total)
+        if part is None and line in _PARTS:
+            part = doc[_PARTS[line]] = {}
+            continue
+        if part is not None and line in ("},\n", "}}\n"):
+            part = None
+            if line == "}}\n":
+                break
+            continue
+        if not line.endswith(",\n" if part is None else "\n"):
+            return None
+        body = line[:-2] if line.endswith(",\n") else line[:-1]
+        pair = json.loads("{" + body + "}")
+        if len(pair) != 1:
+            return None
+        (doc if part is None else part).update(pair)
+    else:
+        return None  # no closing line: truncated
+    if any(line.strip() for line in file):
+        return None
+    return doc
+
+
 
 def compact_from_doc(doc: dict[str, Any], source: str, meta: dict[str, Any]) -> Graph:
     """The graph of a parsed ``trainsched.graph/2`` document whose top-level keys and meta are
-    checked; every problem is a TrainschedError starting with ``source``."""
+    checked; every problem is a TrainschedError starting with ``source``. The document's
+    ``ops`` and ``edges`` are emptied as their columns are read."""
     strings = doc.get("strings", [])
     if type(strings) is not list:
         raise TrainschedError(f"{source}: strings: expected a list, got {kind_of(strings)}")
@@ -123,12 +167,17 @@ def compact_from_doc(doc: dict[str, Any], source: str, meta: dict[str, Any]) -> 
     names = reader.column(ops_doc, "ops", "name", None)
     n = len(names)
     columns = {field: reader.column(ops_doc, "ops", field, n) for field in ops_doc}
-    ops = reader.ops(columns, names)
     m = len(reader.column(edges_doc, "edges", "src", None))
     edge_cols = {field: reader.column(edges_doc, "edges", field, m) for field in edges_doc}
+    # The document is consumed: each column goes once it is read (on a large graph, the lists
+    # would hold hundreds of MB beside the ops).
+    ops_doc.clear()
+    edges_doc.clear()
+    ops = reader.ops(columns, names)
+    src, dst = edge_cols["src"], edge_cols["dst"]
     edges = reader.edges(edge_cols, names)
     try:  # the ends' indices are checked: the graph need not look the names up again
-        return Graph._with_ends(ops, edges, meta, edge_cols["src"], edge_cols["dst"])
+        return Graph._with_ends(ops, edges, meta, src, dst)
     except TrainschedError as exc:
         raise TrainschedError(f"{source}: {exc}") from None
 
@@ -179,7 +228,8 @@ class _Columns:
         strings = self.strings
         decoded: dict[str, Any] = {}
         plain = True  # every column of its writer's type and in range: no per-op check
-        for field, values in columns.items():
+        for field in list(columns):
+            values = columns.pop(field)  # the raw column goes once decoded
             where = f"ops.{field}"
             if field in _TABLED:
                 self.indices(values, where, len(strings), "strings")
@@ -219,12 +269,12 @@ class _Columns:
         """The Edge of each row (its ops' indices checked; sizes through the Edge checks when
         not plain)."""
         n, strings = len(names), self.strings
-        src, dst, sizes = columns["src"], columns["dst"], columns["size_bytes"]
+        src, dst, sizes = columns.pop("src"), columns.pop("dst"), columns.pop("size_bytes")
         self.indices(src, "edges.src", n, "ops")
         self.indices(dst, "edges.dst", n, "ops")
         srcs = list(map(names.__getitem__, src))
         dsts = list(map(names.__getitem__, dst))
-        tensors = columns.get("tensor")
+        tensors = columns.pop("tensor", None)
         if tensors is None:
             tensors = srcs
         else:

@@ -216,8 +216,10 @@ class Graph:
         try:  # the common case, every end known, in C
             if not all(map(isinstance, edges, itertools.repeat(Edge))):
                 raise KeyError
-            if ends is not None:
-                self._src, self._dst = list(ends[0]), list(ends[1])
+            if ends is not None:  # the index's own ints, shared rather than copies
+                at = list(index.values())
+                self._src = list(map(at.__getitem__, ends[0]))
+                self._dst = list(map(at.__getitem__, ends[1]))
             else:
                 self._src = list(map(index.__getitem__, map(_src_of, edges)))
                 self._dst = list(map(index.__getitem__, map(_dst_of, edges)))

@@ -29,9 +29,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from trainsched.errors import TrainschedError
+from trainsched.graph.compact import read_lines
 from trainsched.graph.core import Edge, Graph, Op
 from trainsched.graph.fields import _EDGE_SPECS, _OP_SPECS, OP_KINDS, _numbers_of, _plain_numbers
-from trainsched.graph.io import _read_record, graph_from_json, read_text_file
+from trainsched.graph.io import _graph_from_doc, _read_record, graph_from_json, read_text_file
 
 __all__ = ["Progress", "load_graph", "read_layout"]
 
@@ -269,17 +270,32 @@ def read_layout(path: str | os.PathLike[str], progress: Progress | None = None
             gc.enable()
 
 
+def _compact_lines(path: str | os.PathLike[str], progress: Progress | None
+                   ) -> dict[str, Any] | None:
+    """A compact file's document read line by line (:func:`trainsched.graph.compact.read_lines`),
+    or None (another layout, or anything wrong: the whole text says what)."""
+    report = None if progress is None else (lambda done, total: progress(done, total, ""))
+    try:
+        with open(path, encoding="utf-8-sig", newline="\n") as file:
+            return read_lines(file, report)
+    except (OSError, ValueError, RecursionError):
+        return None
+
+
 def load_graph(path: str | os.PathLike[str], progress: Progress | None = None) -> Graph:
-    """Read graph file ``path``: a ``trainsched.graph/1`` file in the writer's layout line by
-    line (:func:`read_layout`); any other (the compact ``trainsched.graph/2`` that trainsched
-    writes, a hand-written file), or to word an error, the whole text at once. ``progress`` as
-    for :func:`read_layout`."""
+    """Read graph file ``path``: a file in its writer's layout line by line (a
+    ``trainsched.graph/1`` file by :func:`read_layout`, a compact ``trainsched.graph/2`` one a
+    column per line); any other (a hand-written file), or to word an error, the whole text at
+    once. ``progress`` as for :func:`read_layout`."""
     graph = read_layout(path, progress)
     if graph is not None:
         return graph
     paused = gc.isenabled()
     gc.disable()  # as in read_layout: millions of new objects, no cycles
     try:
+        doc = _compact_lines(path, progress)
+        if doc is not None:  # the same document the whole text gives, so the same errors
+            return _graph_from_doc(doc, str(path))
         graph = graph_from_json(read_text_file(path, "graph"), source=str(path))
     finally:
         if paused:
