@@ -338,20 +338,21 @@ def _edges_in_order(graph: Graph, at: Sequence[int]) -> tuple[list[int], list[in
     return order, src[order].tolist(), dst[order].tolist()
 
 
-_allocation_setters = tuple(getattr(Allocation, f).__set__
-                            for f in ("device", "size_bytes", "at_task", "until_tasks"))
+_PlainAllocation = type("_PlainAllocation", (), {"__slots__": Allocation.__slots__})
+assert set(Allocation.__slots__) == {"device", "size_bytes", "at_task", "until_tasks"}
 
 
 def _allocation(device: int, size_bytes: int, at_task: int, until_tasks: tuple[int, ...]
                 ) -> Allocation:
     """``Allocation(...)`` of checked values, made without the frozen ``__init__`` (one per op
-    of a million-op graph)."""
-    a = object.__new__(Allocation)
-    set_device, set_size, set_at, set_until = _allocation_setters
-    set_device(a, device)
-    set_size(a, size_bytes)
-    set_at(a, at_task)
-    set_until(a, until_tasks)
+    of a million-op graph): filled as a plain object with its slots, then made an Allocation
+    (same layout, so the class can be swapped; frozen from then on)."""
+    a = _PlainAllocation()
+    a.device = device
+    a.size_bytes = size_bytes
+    a.at_task = at_task
+    a.until_tasks = until_tasks
+    a.__class__ = Allocation
     return a
 
 
