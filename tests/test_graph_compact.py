@@ -157,3 +157,25 @@ def test_the_compact_file_is_much_smaller():
     graph = resnet_like(40)
     # every field of every op, against the fields some op sets, names written once
     assert len(graph.to_json()) * 3 < len(graph.to_json(format=FORMAT_V1))
+
+
+@pytest.mark.parametrize(("old", "new", "message"), [
+    ('"src": [0]', '"src": [7]', "edges.src[0]: expected an index into ops (0..1), got 7"),
+    ('"compute_s": [0.5, 0.25]', '"compute_s": [0.5]', "ops.compute_s: 1 values, but ops.name"),
+    ('"compute_s": [0.5, 0.25]', '"compute_s": [-0.5, 0.25]', "compute_s must be >= 0"),
+    ('"dst": [1]', '"dst": [1', "malformed JSON at line 16, column 13"),
+    ('"tensor": [5]\n}}\n', '"tensor": [5]\n}', "malformed JSON"),  # truncated
+])  # fmt: skip
+def test_a_file_in_the_writers_layout_read_by_lines_gets_the_whole_texts_error(
+        tmp_path, old, new, message):
+    text = (GOLDEN / "two-ops.v2.json").read_text()
+    assert old in text
+    text = text.replace(old, new)
+    path = tmp_path / "g.json"
+    path.write_text(text)
+    with pytest.raises(TrainschedError) as by_lines:
+        Graph.load(path)
+    with pytest.raises(TrainschedError) as whole:
+        Graph.from_json(text, source=str(path))
+    assert str(by_lines.value) == str(whole.value)
+    assert message in str(by_lines.value)

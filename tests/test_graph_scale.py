@@ -246,3 +246,14 @@ def test_cli_is_silent_on_stderr_when_it_is_not_a_terminal(tmp_path, mid_graph, 
     assert main(["simulate", str(path), "--cluster", "cpu"]) == 0
     assert main(["show", str(path)]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_critical_path_steps_read_lazily_equal_the_tuple_of_them():
+    g = Graph([Op(name="a", compute_s=1.0), Op(name="b", compute_s=2.0)],
+              [Edge(src="a", dst="b", size_bytes=1)])
+    path = simulate_single(g, allow_forward_only=True).critical_path
+    # a from 0 to 1, then b from 1 to 3, back to back
+    assert [(s.name, s.start_s, s.end_s, s.wait_s) for s in path] == [
+        ("a", 0.0, 1.0, 0.0), ("b", 1.0, 3.0, 0.0)]
+    assert path[0].via == "start" and len(path) == 2
+    assert path == tuple(path) and path[-1] == path[1] and path[:1] == (path[0],)
