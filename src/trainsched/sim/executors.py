@@ -314,6 +314,8 @@ _name_of = operator.attrgetter("name")
 _output_of = operator.attrgetter("output_bytes")
 _compute_of = operator.attrgetter("compute_s")
 _kind_of = operator.attrgetter("kind")
+_temp_of = operator.attrgetter("temp_bytes")
+_held_of = operator.attrgetter("param_bytes", "buffer_bytes", "optimizer_state_bytes")
 
 
 def _edges_in_order(graph: Graph, at: Sequence[int]) -> tuple[list[int], list[int], list[int]]:
@@ -445,20 +447,28 @@ def _simulate(graph: Graph, cluster: Cluster | None, device_of: Mapping[str, int
 
     resident = [0] * len(used)
     allocations = low.allocations
-    for t, op in enumerate(ops):
+    outputs = list(map(_output_of, ops))
+    gradient = [kind == "backward_weight" for kind in map(_kind_of, ops)]
+    # What stays all step: parameters, buffers, optimizer state, and the gradients dW ops make.
+    for d, held, out, grad in zip(dev, map(sum, map(_held_of, ops)), outputs, gradient,
+                                  strict=True):
+        resident[d] += (held + out) if grad else held
+    # The rest, in task order: its output (0 bytes changes nothing: not made), its workspace.
+    temps = list(map(_temp_of, ops))
+    made = [(out > 0 and not grad) or temp > 0
+            for out, grad, temp in zip(outputs, gradient, temps, strict=True)]
+    for t in itertools.compress(range(n), made):
         d = dev[t]
-        resident[d] += op.param_bytes + op.buffer_bytes + op.optimizer_state_bytes
-        if op.kind == "backward_weight":
-            resident[d] += op.output_bytes  # the gradient lives all step
-        elif op.output_bytes:  # (an allocation of 0 bytes changes nothing: not made)
+        if outputs[t] and not gradient[t]:
             until = (*(users[t] or ()), *sent.get(t, ()))
-            allocations.append(_allocation(d, op.output_bytes, t, until))
-        if op.temp_bytes:
-            allocations.append(_allocation(d, op.temp_bytes, t, (t,)))
+            allocations.append(_allocation(d, outputs[t], t, until))
+        if temps[t]:
+            allocations.append(_allocation(d, temps[t], t, (t,)))
     for x, (dst_device, size, consumers) in received.items():
         allocations.append(Allocation(device=dst_device, size_bytes=size, at_task=x,
                                       until_tasks=tuple(consumers)))
     allocations += [Allocation(device=d, size_bytes=b) for d, b in enumerate(resident)]
     # What only the lowering needed goes before the replay: on a large graph, hundreds of MB.
-    del ops, edges, edge_order, src, dst, users, transfers, sent, received, size_of
+    del ops, edges, edge_order, src, dst, users, transfers, sent, received, size_of, outputs
+    del gradient, temps, made
     return low.run(began, progress)
