@@ -144,7 +144,6 @@ def read_lines(file: Any, progress: Callable[[int, int], None] | None = None
     return doc
 
 
-
 def compact_from_doc(doc: dict[str, Any], source: str, meta: dict[str, Any]) -> Graph:
     """The graph of a parsed ``trainsched.graph/2`` document whose top-level keys and meta are
     checked; every problem is a TrainschedError starting with ``source``. The document's
