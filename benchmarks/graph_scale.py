@@ -1,7 +1,7 @@
 """How long loading, ``show`` and a one-device simulation take on graphs of 10k to 1M ops.
 
-The workload is a synthetic training graph written without torch, as ``trainsched profile``
-and ``Graph.save`` would write it (every field of every op, one op or edge per line): a deep
+The workload is a synthetic training graph written without torch, as ``Graph.save`` wrote it
+in the ``trainsched.graph/1`` format (every field of every op, one op or edge per line): a deep
 pre-norm transformer, block after block of ``ln1 -> qkv -> attn -> proj -> add1 (skip from the
 block input) -> ln2 -> fc1 -> gelu -> fc2 -> add2 (skip from add1)``, GPT-2-small sized (hidden
 768, 12 heads, batch 8 x 1,024 tokens, fp32), between an embedding and a head. Matmuls cost
@@ -9,6 +9,11 @@ their FLOPs at 60 TFLOP/s, the other ops their bytes at 3 TB/s (H100-like, roofl
 training ops follow the rules of :func:`trainsched.graph.to_training` (``v:dX`` for every op
 after the embedding, ``v:dW`` and ``v:opt`` for every op with parameters, saved-activation,
 gradient and update edges): 32 ops per block, so a graph of N ops has about N / 32 blocks.
+
+Each graph is measured in two files: ``compact``, the ``trainsched.graph/2`` file
+``Graph.save`` writes (columns, strings once, default columns left out), made from the generated
+file by ``Graph.load`` + ``Graph.save``; and ``v1``, the generated ``trainsched.graph/1`` file,
+as trainsched wrote graphs before (``--formats`` picks).
 
 Cases, each in a fresh Python process (wall and CPU time measured inside it, imports included:
 on a shared machine the CPU time is the steadier figure; peak memory
@@ -52,6 +57,7 @@ SIZES = (10_000, 100_000)
 BIG = 1_000_000
 CLUSTER = "dgx-h100"
 CASES = ("load", "show", "simulate-cli", "simulate-lib")
+FORMATS = ("compact", "v1")
 
 # Every Op field with its default, in the order the file sorts them (the writer sorts keys).
 _DEFAULTS = {
@@ -224,6 +230,16 @@ def check_layout(path: Path) -> None:
     assert Graph.from_json(text).to_json() == text, f"{path}: not in Graph.save's layout"
 
 
+def write_compact(v1: Path, path: Path) -> None:
+    """The graph of ``v1`` saved as ``Graph.save`` writes it (the compact format), in a fresh
+    process (its memory goes when it ends)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    code = ("import sys\nfrom trainsched.graph import Graph\n"
+            "Graph.load(sys.argv[1]).save(sys.argv[2])\n")
+    subprocess.run([sys.executable, "-c", code, str(v1), str(path)], env=env, check=True)
+
+
 _CHILD = r"""
 import io, json, resource, sys, time, contextlib
 began = time.perf_counter()
@@ -287,6 +303,8 @@ def main() -> int:
     p.add_argument("--big", action="store_true", help="also the 1M-op graph")
     p.add_argument("--sizes", type=int, nargs="*", default=None, help="graph sizes (ops)")
     p.add_argument("--cases", nargs="*", default=list(CASES), choices=CASES)
+    p.add_argument("--formats", nargs="*", default=list(FORMATS), choices=FORMATS,
+                   help="graph files to read: compact (trainsched.graph/2), v1 (the old one)")
     p.add_argument("--dir", default=None, help="where the graph files go (default: a temp dir)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per case")
     p.add_argument("--label", default="", help="a note stored with the results (e.g. before)")
@@ -296,31 +314,36 @@ def main() -> int:
     work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="graph_scale."))
     work.mkdir(parents=True, exist_ok=True)
     rows = []
-    print(f"{'ops':>9} {'edges':>9} {'file':>8} {'case':<13} {'wall s':>8} {'cpu s':>7} "
-          f"{'peak RSS':>9} {'RSS/file':>8} {'load':>5}  answer")
+    print(f"{'ops':>9} {'edges':>9} {'format':<7} {'file':>8} {'case':<13} {'wall s':>8} "
+          f"{'cpu s':>7} {'peak RSS':>9} {'RSS/file':>8} {'load':>5}  answer")
     for size in sizes:
-        path = work / f"transformer_{size}.json"
-        if not path.exists():
-            write_training_graph(size, path)
+        v1 = work / f"transformer_{size}.v1.json"
+        if not v1.exists():
+            write_training_graph(size, v1)
         if size <= 10_000:
-            check_layout(path)
-        meta_ops = json.loads(path.read_text())["ops"] if size <= 10_000 else None
-        num_ops = len(meta_ops) if meta_ops is not None else sum(
-            1 for line in path.open() if line.startswith('  {"backward_input_flops"'))
-        num_edges = sum(1 for line in path.open() if line.startswith('  {"dst"'))
-        file_bytes = path.stat().st_size
-        for case in args.cases:
-            load_before = _load()
-            r = run_case(case, path, args.timeout)
-            rss = r["peak_rss_bytes"]
-            rows.append({"ops": num_ops, "edges": num_edges, "file_bytes": file_bytes,
-                         "case": case, "load_before": float(load_before), **r})
-            wall = f"{r['wall_s']:.2f}" if r["wall_s"] is not None else "-"
-            cpu = f"{r['cpu_s']:.2f}" if r.get("cpu_s") is not None else "-"
-            mem = f"{rss / 2**20:.0f}Mi" if rss else "-"
-            ratio = f"{rss / file_bytes:.2f}" if rss else "-"
-            print(f"{num_ops:>9} {num_edges:>9} {file_bytes / 2**20:>6.0f}Mi {case:<13} "
-                  f"{wall:>8} {cpu:>7} {mem:>9} {ratio:>8} {load_before:>5}  {r['answer']}")
+            check_layout(v1)
+        paths = {"v1": v1, "compact": work / f"transformer_{size}.json"}
+        if "compact" in args.formats and not paths["compact"].exists():
+            write_compact(v1, paths["compact"])
+        num_ops = sum(1 for line in v1.open() if line.startswith('  {"backward_input_flops"'))
+        num_edges = sum(1 for line in v1.open() if line.startswith('  {"dst"'))
+        for form in args.formats:
+            path = paths[form]
+            file_bytes = path.stat().st_size
+            for case in args.cases:
+                load_before = _load()
+                r = run_case(case, path, args.timeout)
+                rss = r["peak_rss_bytes"]
+                rows.append({"ops": num_ops, "edges": num_edges, "format": form,
+                             "file_bytes": file_bytes, "case": case,
+                             "load_before": float(load_before), **r})
+                wall = f"{r['wall_s']:.2f}" if r["wall_s"] is not None else "-"
+                cpu = f"{r['cpu_s']:.2f}" if r.get("cpu_s") is not None else "-"
+                mem = f"{rss / 2**20:.0f}Mi" if rss else "-"
+                ratio = f"{rss / file_bytes:.2f}" if rss else "-"
+                print(f"{num_ops:>9} {num_edges:>9} {form:<7} {file_bytes / 2**20:>6.0f}Mi "
+                      f"{case:<13} {wall:>8} {cpu:>7} {mem:>9} {ratio:>8} {load_before:>5}  "
+                      f"{r['answer']}")
     write_results(args.out, {
         "benchmark": "graph_scale", "label": args.label,
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),

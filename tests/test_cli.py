@@ -118,7 +118,8 @@ def test_bad_graph_files_exit_2_without_traceback(tmp_path):
 
     cyclic = tmp_path / "cyclic.json"
     doc = json.loads(_graph(tmp_path).read_text())
-    doc["edges"].append({"src": "c", "dst": "a", "size_bytes": 1, "tensor": "c"})
+    for column, value in (("src", 2), ("dst", 0), ("size_bytes", 1)):  # an edge c -> a
+        doc["edges"][column].append(value)
     cyclic.write_text(json.dumps(doc))
     assert_user_error(run_cli("show", str(cyclic)), "cycle", "a -> b -> c -> a")
 

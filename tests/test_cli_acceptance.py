@@ -155,8 +155,7 @@ def test_cluster_refuses_flags_its_source_does_not_use(capsys, argv, message):
 # -- strict JSON --------------------------------------------------------------------------------
 def test_costs_whose_sum_overflows_are_refused_when_the_graph_is_read(tmp_path, capsys):
     doc = json.loads(Path(chain(tmp_path)).read_text())
-    for op in doc["ops"][:2]:
-        op["compute_s"] = 1e308  # each finite, the two together not
+    doc["ops"]["compute_s"][:2] = [1e308, 1e308]  # each finite, the two together not
     path = tmp_path / "overflow.json"
     path.write_text(json.dumps(doc))
     refused(capsys, ["show", str(path), "--json"], "overflow.json",

@@ -10,7 +10,16 @@ import re
 import pytest
 
 from trainsched.errors import TrainschedError
-from trainsched.graph import FORMAT, OP_KINDS, Edge, Graph, GraphTotals, Op, atomic_write_text
+from trainsched.graph import (
+    FORMAT,
+    FORMAT_V1,
+    OP_KINDS,
+    Edge,
+    Graph,
+    GraphTotals,
+    Op,
+    atomic_write_text,
+)
 
 
 def chain(*costs: float) -> Graph:
@@ -305,22 +314,52 @@ def test_json_round_trip_is_exact(tmp_path):
     assert loaded == g and loaded.to_json() == text
     assert path.read_text(encoding="utf-8") == text
     doc = json.loads(text)
-    assert doc["format"] == FORMAT
-    assert list(doc) == ["format", "meta", "ops", "edges"]
-    assert doc["ops"][0]["members"] == ["conv1.a", "conv1.b"]
+    assert doc["format"] == FORMAT == "trainsched.graph/2"
+    assert list(doc) == ["format", "meta", "strings", "ops", "edges"]
+    assert doc["ops"]["members"] == [["conv1.a", "conv1.b"], [], []]
+
+
+def test_compact_file_leaves_out_columns_of_defaults_and_writes_strings_once():
+    doc = json.loads(rich_graph().to_json())
+    # tied_to, buffer_bytes, ... are at their defaults on every op: no column
+    assert "tied_to" not in doc["ops"] and "buffer_bytes" not in doc["ops"]
+    assert doc["strings"][doc["ops"]["kind"][2]] == "optimizer"
+    assert doc["ops"]["forward_op"] == [None, None, 0]  # op 0, conv1
+    assert doc["ops"]["group"] == ["blk0", None, None]  # a group that is no op: its name
+    assert doc["edges"]["src"] == [0, 0, 1] and doc["edges"]["dst"] == [1, 2, 2]
+    assert doc["edges"]["tensor"][:2] == [None, None]  # the producer's output
+    assert doc["strings"][doc["edges"]["tensor"][2]] == "relü:out"
+
+
+def test_old_format_is_written_on_request_with_every_field():
+    g = rich_graph()
+    text = g.to_json(format=FORMAT_V1)
+    doc = json.loads(text)
+    assert doc["format"] == "trainsched.graph/1"
     assert len(doc["ops"][0]) == len(Op.__dataclass_fields__)  # every field written
+    assert doc["ops"][0]["members"] == ["conv1.a", "conv1.b"]
+    assert Graph.from_json(text) == g
+
+
+def test_unknown_format_to_write_is_refused():
+    with pytest.raises(TrainschedError, match=r"unknown graph format 'trainsched\.graph/9'"):
+        rich_graph().to_json(format="trainsched.graph/9")
 
 
 def test_json_of_equal_graphs_is_byte_identical():
     assert rich_graph().to_json() == rich_graph().to_json()
-    empty = '{"format": "trainsched.graph/1",\n"meta": {},\n"ops": [],\n"edges": []}\n'
+    empty = ('{"format": "trainsched.graph/2",\n"meta": {},\n"strings": [],\n'
+             '"ops": {\n"name": []\n},\n"edges": {\n"dst": [],\n"size_bytes": [],\n'
+             '"src": []\n}}\n')
     assert Graph([], []).to_json() == empty
+    old = '{"format": "trainsched.graph/1",\n"meta": {},\n"ops": [],\n"edges": []}\n'
+    assert Graph([], []).to_json(format=FORMAT_V1) == old
 
 
 def test_json_hand_written_file_uses_defaults():
     text = json.dumps(
         {
-            "format": FORMAT,
+            "format": FORMAT_V1,
             "ops": [{"name": "a", "param_bytes": 4e6}, {"name": "b", "compute_s": 1}],
             "edges": [{"src": "a", "dst": "b", "size_bytes": 16}],
         }
@@ -338,7 +377,7 @@ def write(tmp_path, content) -> str:
 
 def doc(**overrides):
     base = {
-        "format": FORMAT,
+        "format": FORMAT_V1,
         "meta": {},
         "ops": [{"name": "a"}, {"name": "b"}],
         "edges": [{"src": "a", "dst": "b", "size_bytes": 1}],
@@ -370,7 +409,7 @@ CYCLE = [{"src": "a", "dst": "b", "size_bytes": 1}, {"src": "b", "dst": "a", "si
         ("[1, 2]", "expected a JSON object, got a list"),
         ({"ops": [], "edges": []}, "no 'format' field; this reader supports 'trainsched.graph/1'"),
         (doc(format="g/9"), "unsupported format 'g/9'; this reader supports 'trainsched.graph/1'"),
-        ({"format": FORMAT, "ops": []}, "missing required field 'edges'"),
+        ({"format": FORMAT_V1, "ops": []}, "missing required field 'edges'"),
         (doc(extra=1), "unknown field 'extra'"),
         (doc(meta=[1]), "meta: expected an object, got [1]"),
         (doc(ops={"a": 1}), "ops: expected a list, got an object"),

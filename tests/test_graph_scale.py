@@ -1,6 +1,7 @@
 """Large graphs (issue 16): the line-by-line reader, the lean simulation results, progress.
 
-The reader of the writer's layout (:mod:`trainsched.graph.fastread`) must give exactly the graph
+The reader of the ``trainsched.graph/1`` writer's layout (:mod:`trainsched.graph.fastread`) must
+give exactly the graph
 the ordinary reader gives, or step aside so that the ordinary reader words the error; the
 single-device simulation must give the step a hand computation gives, the same result however
 the graph was read, and the same task records as built one by one. Speed is the benchmark's
@@ -20,7 +21,7 @@ from hypothesis import given, settings
 
 from test_graph_properties import forward_dags
 from trainsched.errors import TrainschedError
-from trainsched.graph import Edge, Graph, Op, to_training
+from trainsched.graph import FORMAT_V1, Edge, Graph, Op, to_training
 from trainsched.graph.fastread import read_layout
 from trainsched.report.progress import ProgressBar
 from trainsched.sim import simulate_single
@@ -58,11 +59,11 @@ def mid_graph() -> Graph:
 
 def test_fast_reader_gives_the_graph_the_ordinary_reader_gives(tmp_path, mid_graph):
     path = tmp_path / "g.json"
-    mid_graph.save(path)
+    mid_graph.save(path, format=FORMAT_V1)
     fast = read_layout(path)
     assert fast is not None  # the file is in the writer's layout: read line by line
     assert fast == Graph.from_json(path.read_text()) == mid_graph
-    assert fast.to_json() == path.read_text()
+    assert fast.to_json(format=FORMAT_V1) == path.read_text()
     assert fast.topological_order() == mid_graph.topological_order()
 
 
@@ -74,7 +75,7 @@ def test_fast_reader_equals_the_ordinary_reader_on_random_graphs(forward):
         fd, name = tempfile.mkstemp(suffix=".json")
         os.close(fd)
         try:
-            graph.save(name)
+            graph.save(name, format=FORMAT_V1)
             fast = read_layout(name)
             text = Path(name).read_text()
         finally:
@@ -88,7 +89,7 @@ def test_fast_reader_equals_the_ordinary_reader_on_random_graphs(forward):
 
 
 def test_fast_reader_shares_repeated_strings(tmp_path, mid_graph):
-    mid_graph.save(tmp_path / "g.json")
+    mid_graph.save(tmp_path / "g.json", format=FORMAT_V1)
     g = read_layout(tmp_path / "g.json")
     convs = [op for op in g.ops if op.target == "aten.conv2d.default"]
     assert len(convs) > 2 and all(op.target is convs[0].target for op in convs)
@@ -100,7 +101,7 @@ def test_fast_reader_shares_repeated_strings(tmp_path, mid_graph):
 
 def test_fast_reader_takes_records_in_other_valid_types(tmp_path):
     text = Graph([Op(name="a", compute_s=1.5), Op(name="b")],
-                 [Edge(src="a", dst="b", size_bytes=4)]).to_json()
+                 [Edge(src="a", dst="b", size_bytes=4)]).to_json(format=FORMAT_V1)
     text = text.replace('"compute_s": 1.5', '"compute_s": 2')  # an int for a float field
     path = tmp_path / "g.json"
     path.write_text(text)
@@ -118,7 +119,7 @@ def test_fast_reader_takes_records_in_other_valid_types(tmp_path):
 ])
 def test_a_bad_file_gets_the_ordinary_readers_error(tmp_path, edit, message):
     text = edit(Graph([Op(name="a", compute_s=1.5), Op(name="b")],
-                      [Edge(src="a", dst="b", size_bytes=4)]).to_json())
+                      [Edge(src="a", dst="b", size_bytes=4)]).to_json(format=FORMAT_V1))
     path = tmp_path / "g.json"
     path.write_text(text)
     assert read_layout(path) is None  # the line reader steps aside ...
@@ -191,9 +192,10 @@ def test_task_records_read_lazily_equal_records_built_one_by_one(mid_graph):
         r.tasks[len(order)]
 
 
-def test_simulation_is_the_same_however_the_graph_was_read(tmp_path, mid_graph):
+@pytest.mark.parametrize("form", ["trainsched.graph/1", "trainsched.graph/2"])
+def test_simulation_is_the_same_however_the_graph_was_read(tmp_path, mid_graph, form):
     path = tmp_path / "g.json"
-    mid_graph.save(path)
+    mid_graph.save(path, format=form)
     fast = simulate_single(Graph.load(path))
     ordinary = simulate_single(Graph.from_json(path.read_text()))
     again = simulate_single(mid_graph)
@@ -244,3 +246,14 @@ def test_cli_is_silent_on_stderr_when_it_is_not_a_terminal(tmp_path, mid_graph, 
     assert main(["simulate", str(path), "--cluster", "cpu"]) == 0
     assert main(["show", str(path)]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_critical_path_steps_read_lazily_equal_the_tuple_of_them():
+    g = Graph([Op(name="a", compute_s=1.0), Op(name="b", compute_s=2.0)],
+              [Edge(src="a", dst="b", size_bytes=1)])
+    path = simulate_single(g, allow_forward_only=True).critical_path
+    # a from 0 to 1, then b from 1 to 3, back to back
+    assert [(s.name, s.start_s, s.end_s, s.wait_s) for s in path] == [
+        ("a", 0.0, 1.0, 0.0), ("b", 1.0, 3.0, 0.0)]
+    assert path[0].via == "start" and len(path) == 2
+    assert path == tuple(path) and path[-1] == path[1] and path[:1] == (path[0],)

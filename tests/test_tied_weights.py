@@ -47,7 +47,7 @@ def test_tied_to_round_trips_through_the_graph_file():
     graph = _tied_graph()
     again = Graph.from_json(graph.to_json())
     assert again.op("head").tied_to == ("emb",)
-    assert json.loads(graph.to_json())["ops"][2]["tied_to"] == ["emb"]
+    assert json.loads(graph.to_json())["ops"]["tied_to"][2] == ["emb"]
 
 
 def test_tied_to_an_op_without_parameters_is_a_clear_error():

@@ -2,9 +2,10 @@
 
 :mod:`~trainsched.graph.core` holds :class:`Op`, :class:`Edge` and :class:`Graph` (validated,
 immutable, deterministic orders), :mod:`~trainsched.graph.fields` their fields and checks;
-:mod:`~trainsched.graph.io` the ``trainsched.graph/1`` JSON file, atomic writes and the JSON
-helpers of trainsched's other formats, :mod:`~trainsched.graph.fastread` the lean line-by-line
-reader ``Graph.load`` uses for large files;
+:mod:`~trainsched.graph.io` the graph JSON files, atomic writes and the JSON helpers of
+trainsched's other formats, :mod:`~trainsched.graph.compact` the compact by-column file graphs
+are written in (``trainsched.graph/2``), :mod:`~trainsched.graph.fastread` ``Graph.load`` (and
+its lean line-by-line reader of large ``trainsched.graph/1`` files);
 :mod:`~trainsched.graph.training` the forward-to-training transform (:func:`to_training`),
 :mod:`~trainsched.graph.coarsen` op-to-module coarsening (:func:`coarsen_by_module`) and
 :mod:`~trainsched.graph.overhead` the eager step's overhead charged to a measured graph's ops
@@ -15,6 +16,8 @@ from trainsched.graph.coarsen import coarsen_by_module
 from trainsched.graph.core import OP_KINDS, Edge, Graph, GraphTotals, Op
 from trainsched.graph.io import (
     FORMAT,
+    FORMAT_V1,
+    FORMATS,
     atomic_write_bytes,
     atomic_write_text,
     check_keys,
@@ -32,6 +35,8 @@ from trainsched.graph.training import OPTIMIZERS, to_training
 
 __all__ = [
     "FORMAT",
+    "FORMATS",
+    "FORMAT_V1",
     "OPTIMIZERS",
     "OP_KINDS",
     "STEP_OVERHEAD",

@@ -5,8 +5,8 @@ A graph is a DAG of ops (units of computation with costs and memory sizes) joine
 :func:`trainsched.graph.training.to_training` turns them into training graphs. A Graph is
 immutable and validated once, when it is built, so every consumer can trust it: unique names,
 known kinds, finite non-negative numbers, edges between existing ops, no cycles. It round-trips
-exactly through a versioned JSON file (:mod:`trainsched.graph.io`) whose fields are documented in
-``docs/graph-format.md``.
+exactly through a versioned JSON file (:mod:`trainsched.graph.io`,
+:mod:`trainsched.graph.compact`) whose fields are documented in ``docs/graph-format.md``.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
+
+import numpy
 
 from trainsched.errors import TrainschedError
 from trainsched.graph.fields import _FIELD_TYPES, OP_KINDS, _check_op, _check_sums, _number
@@ -130,6 +132,8 @@ assert set(_FIELD_TYPES) == set(_OP_FIELDS)
 _name_of = operator.attrgetter("name")
 _kind_of = operator.attrgetter("kind")
 _compute_of = operator.attrgetter("compute_s")
+_src_of = operator.attrgetter("src")
+_dst_of = operator.attrgetter("dst")
 
 
 class _Adjacency:
@@ -139,19 +143,15 @@ class _Adjacency:
 
     __slots__ = ("at", "edges")
 
-    def __init__(self, ends: list[int], count: int) -> None:
+    def __init__(self, ends: Sequence[int], count: int) -> None:
         """``ends[k]``: the op at this end of edge k; ``count``: the number of ops."""
-        at = [0] * (count + 1)
-        for x in ends:
-            at[x + 1] += 1
-        at = list(itertools.accumulate(at))
-        slot = at[:-1]
-        order = [0] * len(ends)
-        for k, x in enumerate(ends):  # a counting sort, stable: edge order within an op
-            order[slot[x]] = k
-            slot[x] += 1
-        self.at = array("q", at)
-        self.edges = array("q", order)
+        x = numpy.array(ends, dtype=numpy.int64)
+        at = numpy.zeros(count + 1, dtype=numpy.int64)
+        numpy.cumsum(numpy.bincount(x, minlength=count), out=at[1:])
+        # a stable sort by op keeps edge order within an op (a counting sort, done in C)
+        order = numpy.argsort(x, kind="stable")
+        self.at = array("q", at.tobytes())
+        self.edges = array("q", order.astype(numpy.int64).tobytes())
 
     def __getitem__(self, i: int) -> array[int]:
         return self.edges[self.at[i] : self.at[i + 1]]
@@ -175,6 +175,19 @@ class Graph:
     def __init__(
         self, ops: Iterable[Op], edges: Iterable[Edge], meta: Mapping[str, Any] | None = None
     ) -> None:
+        self._build(ops, edges, meta, None)
+
+    @classmethod
+    def _with_ends(cls, ops: Iterable[Op], edges: Iterable[Edge], meta: Mapping[str, Any],
+                   src: list[int], dst: list[int]) -> Graph:
+        """``Graph(ops, edges, meta)`` where edge k is known to run from ``ops[src[k]]`` to
+        ``ops[dst[k]]`` (a reader that has the positions already); checked all the same."""
+        graph = cls.__new__(cls)
+        graph._build(ops, edges, meta, (src, dst))
+        return graph
+
+    def _build(self, ops: Iterable[Op], edges: Iterable[Edge], meta: Mapping[str, Any] | None,
+               ends: tuple[list[int], list[int]] | None) -> None:
         self._ops: tuple[Op, ...] = tuple(ops)
         self._edges: tuple[Edge, ...] = tuple(edges)
         self._meta: dict[str, Any] = copy.deepcopy(dict(meta or {}))
@@ -192,25 +205,33 @@ class Graph:
         # Per edge the positions of its ends; per op the edges into and out of it.
         self._src: list[int] = []
         self._dst: list[int] = []
-        self._link_edges()
+        self._link_edges(ends)
         self._topo: Sequence[int] = self._sort()
 
-    def _link_edges(self) -> None:
-        """Positions of every edge's ends and the per-op edge lists; the first problem in edge
-        order (not an Edge, an unknown end, a self-loop, a duplicate) is an error."""
-        index, edges, src, dst = self._index, self._edges, self._src, self._dst
-        bad = len(edges)  # the first edge that is not an Edge or has a bad end
-        for k, e in enumerate(edges):
-            if type(e) is not Edge and not isinstance(e, Edge):
-                bad = k
-                break
-            a = index.get(e.src)
-            b = index.get(e.dst)
-            if a is None or b is None or a == b:
-                bad = k
-                break
-            src.append(a)
-            dst.append(b)
+    def _link_edges(self, ends: tuple[list[int], list[int]] | None) -> None:
+        """Positions of every edge's ends (``ends`` when known) and the per-op edge lists; the
+        first problem in edge order (not an Edge, an unknown end, a self-loop, a duplicate) is
+        an error."""
+        index, edges = self._index, self._edges
+        try:  # the common case, every end known, in C
+            if not all(map(isinstance, edges, itertools.repeat(Edge))):
+                raise KeyError
+            if ends is not None:  # the index's own ints, shared rather than copies
+                at = list(index.values())
+                self._src = list(map(at.__getitem__, ends[0]))
+                self._dst = list(map(at.__getitem__, ends[1]))
+            else:
+                self._src = list(map(index.__getitem__, map(_src_of, edges)))
+                self._dst = list(map(index.__getitem__, map(_dst_of, edges)))
+            loop = any(map(operator.eq, self._src, self._dst))
+        except (KeyError, TypeError):
+            loop = True
+        if loop:  # find the first problem, one edge at a time
+            self._src, self._dst = [], []
+            bad = self._first_bad_edge()
+        else:
+            bad = len(edges)
+        src, dst = self._src, self._dst
         self._in = _Adjacency(dst, len(self._ops))
         self._out = _Adjacency(src, len(self._ops))
         twins = self._first_duplicate(bad)
@@ -227,11 +248,31 @@ class Graph:
                 raise TrainschedError(f"edges[{bad}] is a {type(e).__name__}, not an Edge")
             raise TrainschedError(self._edge_problem(bad, e))
 
+    def _first_bad_edge(self) -> int:
+        """Fill ``_src`` and ``_dst`` up to the first edge that is not an Edge or has a bad end
+        (unknown, a self-loop); its index (``len(edges)`` if none)."""
+        index, edges, src, dst = self._index, self._edges, self._src, self._dst
+        for k, e in enumerate(edges):
+            if type(e) is not Edge and not isinstance(e, Edge):
+                return k
+            a = index.get(e.src)
+            b = index.get(e.dst)
+            if a is None or b is None or a == b:
+                return k
+            src.append(a)
+            dst.append(b)
+        return len(edges)
+
     def _first_duplicate(self, before: int) -> tuple[int, int] | None:
         """Among edges ``0..before-1``: the earliest edge repeating an earlier one's source,
         destination and tensor, with that earlier one; None if there is none."""
         edges, dst = self._edges, self._dst
         found: tuple[int, int] | None = None
+        if len(edges) and before == len(edges):  # no two edges join one pair: no duplicates
+            keys = numpy.sort(numpy.array(self._src, dtype=numpy.int64) * len(self._ops)
+                              + numpy.array(dst, dtype=numpy.int64))
+            if not (keys[1:] == keys[:-1]).any():
+                return None
         several = map(operator.gt, self._out.degrees(), itertools.repeat(1))
         for i in itertools.compress(range(len(self._ops)), several):
             outs = self._out[i]
@@ -374,6 +415,16 @@ class Graph:
         """
         return tuple(self._ops[i].name for i in self._topo)
 
+    def topological_indices(self) -> Sequence[int]:
+        """:meth:`topological_order` as positions in ``ops`` (a ``range`` when the listing is
+        itself the order, as in every saved graph)."""
+        return self._topo
+
+    def edge_ends(self) -> tuple[list[int], list[int]]:
+        """Per edge, in edge order, the positions in ``ops`` of its source and of its
+        destination (copies)."""
+        return list(self._src), list(self._dst)
+
     def ordered_by(self, key: Callable[[str], Any]) -> tuple[str, ...]:
         """Op names, every edge forward; among ready ops the smallest ``key(name)`` goes first,
         then the earliest in ``ops``: a priority order a schedule may follow."""
@@ -454,11 +505,12 @@ class Graph:
 
     # --- JSON (the format lives in trainsched.graph.io, which builds on this module) ----------
 
-    def to_json(self) -> str:
-        """The file text (format ``trainsched.graph/1``): byte-identical for equal graphs."""
-        from trainsched.graph.io import graph_to_json
+    def to_json(self, *, format: str | None = None) -> str:
+        """The file text, byte-identical for equal graphs: the compact ``trainsched.graph/2``,
+        or ``format="trainsched.graph/1"`` (one object per op and edge, every field)."""
+        from trainsched.graph.io import FORMAT, graph_to_json
 
-        return graph_to_json(self)
+        return graph_to_json(self, format=format or FORMAT)
 
     @classmethod
     def from_json(cls, text: str, source: str = "<string>") -> Graph:
@@ -467,11 +519,12 @@ class Graph:
 
         return graph_from_json(text, source)
 
-    def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the JSON file atomically (see :func:`trainsched.graph.io.atomic_write_text`)."""
+    def save(self, path: str | os.PathLike[str], *, format: str | None = None) -> None:
+        """Write the JSON file (:meth:`to_json`, ``format`` as there) atomically (see
+        :func:`trainsched.graph.io.atomic_write_text`)."""
         from trainsched.graph.io import atomic_write_text
 
-        atomic_write_text(path, self.to_json())
+        atomic_write_text(path, self.to_json(format=format))
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], *,

@@ -1,12 +1,15 @@
-"""Read a graph file in the layout trainsched writes, one line at a time, fast and lean.
+"""``Graph.load``; and a ``trainsched.graph/1`` file in its writer's layout, read one line at a
+time, fast and lean.
 
-:func:`trainsched.graph.io.graph_to_json` writes one op or edge per line with every field in
-sorted order. A file in that layout (every file trainsched wrote, and hand-written files that
-keep it) is read here line by line: no copy of the whole text and no list of parsed records is
-ever held, so memory grows with the graph, not with the file; each record becomes an Op or Edge
-through a straight-line check of its fields (no dataclass ``__init__`` per op), and repeated
-strings (targets, module paths, names an edge or a derived op refers to) are shared rather than
-held once per op. A graph of a million ops is read in seconds instead of a minute.
+:func:`trainsched.graph.io.graph_to_json` (asked for ``trainsched.graph/1``, as trainsched wrote
+every graph before the compact ``trainsched.graph/2``) writes one op or edge per line with every
+field in sorted order. A file in that layout (every file trainsched wrote before, and hand-
+written files that keep it) is read here line by line: no copy of the whole text and no list of
+parsed records is ever held, so memory grows with the graph, not with the file; each record
+becomes an Op or Edge through a straight-line check of its fields (no dataclass ``__init__`` per
+op), and repeated strings (targets, module paths, names an edge or a derived op refers to) are
+shared rather than held once per op. A graph of a million ops is read in seconds instead of a
+minute.
 
 Nothing here decides what a file means or words an error: anything unusual (another layout, a
 malformed line, a field of the wrong type, a graph the constructor refuses) makes
@@ -26,9 +29,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from trainsched.errors import TrainschedError
+from trainsched.graph.compact import read_lines
 from trainsched.graph.core import Edge, Graph, Op
 from trainsched.graph.fields import _EDGE_SPECS, _OP_SPECS, OP_KINDS, _numbers_of, _plain_numbers
-from trainsched.graph.io import _read_record, graph_from_json, read_text_file
+from trainsched.graph.io import _graph_from_doc, _read_record, graph_from_json, read_text_file
 
 __all__ = ["Progress", "load_graph", "read_layout"]
 
@@ -266,11 +270,37 @@ def read_layout(path: str | os.PathLike[str], progress: Progress | None = None
             gc.enable()
 
 
+def _compact_lines(path: str | os.PathLike[str], progress: Progress | None
+                   ) -> dict[str, Any] | None:
+    """A compact file's document read line by line (:func:`trainsched.graph.compact.read_lines`),
+    or None (another layout, or anything wrong: the whole text says what)."""
+    report = None if progress is None else (lambda done, total: progress(done, total, ""))
+    try:
+        with open(path, encoding="utf-8-sig", newline="\n") as file:
+            return read_lines(file, report)
+    except (OSError, ValueError, RecursionError):
+        return None
+
+
 def load_graph(path: str | os.PathLike[str], progress: Progress | None = None) -> Graph:
-    """Read graph file ``path``: in the writer's layout line by line (:func:`read_layout`),
-    else, or to word an error, the whole text at once. ``progress`` as for
-    :func:`read_layout`."""
+    """Read graph file ``path``: a file in its writer's layout line by line (a
+    ``trainsched.graph/1`` file by :func:`read_layout`, a compact ``trainsched.graph/2`` one a
+    column per line); any other (a hand-written file), or to word an error, the whole text at
+    once. ``progress`` as for :func:`read_layout`."""
     graph = read_layout(path, progress)
-    if graph is None:
+    if graph is not None:
+        return graph
+    paused = gc.isenabled()
+    gc.disable()  # as in read_layout: millions of new objects, no cycles
+    try:
+        doc = _compact_lines(path, progress)
+        if doc is not None:  # the same document the whole text gives, so the same errors
+            return _graph_from_doc(doc, str(path))
         graph = graph_from_json(read_text_file(path, "graph"), source=str(path))
+    finally:
+        if paused:
+            gc.enable()
+    if progress is not None:
+        size = os.path.getsize(path)
+        progress(size, size, "")
     return graph

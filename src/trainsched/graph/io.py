@@ -1,9 +1,11 @@
-"""The ``trainsched.graph/1`` JSON file, atomic file writes and the JSON helpers of every format.
+"""The graph JSON files, atomic file writes and the JSON helpers of every format.
 
-A graph's file text is deterministic (sorted keys, fixed separators, one op or edge per line), so
-equal graphs give byte-identical files; the reader names the field of every problem
-(``g.json: ops[3].compute_s: expected a number, got "fast"``). The fields are documented in
-``docs/graph-format.md``.
+Graphs are written in the compact ``trainsched.graph/2`` (by columns,
+:mod:`trainsched.graph.compact`); ``trainsched.graph/1`` (one object per op and per edge, every
+field written) is still read, and written on request. Either text is deterministic (sorted keys,
+fixed separators), so equal graphs give byte-identical files; the reader names the field of every
+problem (``g.json: ops[3].compute_s: expected a number, got "fast"``). The fields are documented
+in ``docs/graph-format.md``.
 
 The helpers here are shared by trainsched's other file formats (plans, clusters, traces):
 :func:`atomic_write_bytes` never leaves a partial file, :func:`read_text_file` turns a missing,
@@ -31,6 +33,8 @@ from trainsched.graph.fields import _EDGE_SPECS, _OP_SPECS
 
 __all__ = [
     "FORMAT",
+    "FORMATS",
+    "FORMAT_V1",
     "atomic_write_bytes",
     "atomic_write_text",
     "check_keys",
@@ -44,7 +48,11 @@ __all__ = [
     "show_value",
 ]
 
-FORMAT = "trainsched.graph/1"
+#: The format graphs are written in (compact, :mod:`trainsched.graph.compact`), the older one
+#: (one object per op and per edge), and every format read.
+FORMAT = "trainsched.graph/2"
+FORMAT_V1 = "trainsched.graph/1"
+FORMATS = (FORMAT_V1, FORMAT)
 
 _ENCODER = json.JSONEncoder(sort_keys=True, separators=(", ", ": "), allow_nan=False)
 
@@ -55,17 +63,26 @@ def dump_json(value: Any) -> str:
     return _ENCODER.encode(value)
 
 
-def graph_to_json(graph: Graph) -> str:
-    """The file text (format ``trainsched.graph/1``): byte-identical for equal graphs."""
+def graph_to_json(graph: Graph, *, format: str = FORMAT) -> str:
+    """The file text, byte-identical for equal graphs: in ``format``, the compact
+    ``trainsched.graph/2`` (:data:`FORMAT`) unless ``trainsched.graph/1`` (:data:`FORMAT_V1`,
+    one object per op and per edge with every field) is asked for."""
+    if format not in FORMATS:
+        raise TrainschedError(f"unknown graph format {format!r}; expected one of "
+                              f"{', '.join(map(repr, FORMATS))}")
     try:
         meta = dump_json(graph.meta)
     except (TypeError, ValueError) as exc:
         raise TrainschedError(f"graph meta is not JSON-serialisable: {exc}") from None
+    if format == FORMAT:
+        from trainsched.graph.compact import compact_to_json
+
+        return compact_to_json(graph, meta)
     ops = [dump_json({f: getattr(op, f) for f in _OP_FIELDS} | {"members": list(op.members)})
            for op in graph.ops]  # fmt: skip
     edges = [dump_json({f: getattr(e, f) for f in _EDGE_FIELDS}) for e in graph.edges]
     return (
-        f'{{"format": {dump_json(FORMAT)},\n"meta": {meta},\n'
+        f'{{"format": {dump_json(FORMAT_V1)},\n"meta": {meta},\n'
         f'"ops": [{_lines(ops)}],\n"edges": [{_lines(edges)}]}}\n'
     )
 
@@ -79,16 +96,23 @@ def graph_from_json(text: str, source: str = "<string>") -> Graph:
 def _graph_from_doc(doc: Any, source: str) -> Graph:
     if not isinstance(doc, dict):
         raise TrainschedError(f"{source}: expected a JSON object, got {kind_of(doc)}")
+    supported = " and ".join(map(repr, FORMATS))
     if "format" not in doc:
-        raise TrainschedError(f"{source}: no 'format' field; this reader supports {FORMAT!r}")
-    if doc["format"] != FORMAT:
+        raise TrainschedError(f"{source}: no 'format' field; this reader supports {supported}")
+    if doc["format"] not in FORMATS:
         raise TrainschedError(
-            f"{source}: unsupported format {doc['format']!r}; this reader supports {FORMAT!r}"
+            f"{source}: unsupported format {doc['format']!r}; this reader supports {supported}"
         )
-    check_keys(doc, {"format", "meta", "ops", "edges"}, {"ops", "edges"}, source, "")
+    compact = doc["format"] == FORMAT
+    known = {"format", "meta", "ops", "edges", *(("strings",) if compact else ())}
+    check_keys(doc, known, {"ops", "edges"}, source, "")
     meta = doc.get("meta", {})
     if not isinstance(meta, dict):
         raise TrainschedError(f"{source}: meta: expected an object, got {show_value(meta)}")
+    if compact:
+        from trainsched.graph.compact import compact_from_doc
+
+        return compact_from_doc(doc, source, meta)
     ops = [_read_record(Op, _OP_SPECS, item, source, f"ops[{i}]")
            for i, item in enumerate(_list(doc, "ops", source))]  # fmt: skip
     edges = [_read_record(Edge, _EDGE_SPECS, item, source, f"edges[{i}]")

@@ -43,6 +43,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+import numpy
+
 from trainsched.cluster import Cluster
 from trainsched.costs import p2p_s
 from trainsched.errors import TrainschedError
@@ -99,8 +101,7 @@ def simulate_single(graph: Graph, cluster: Cluster | None = None, *, device: int
     elif not (isinstance(device, int) and device >= 0):
         raise TrainschedError(f"device must be an index >= 0, got {device!r}")
     with _gc_paused():
-        order = graph.topological_order() if order is None else _checked_order(graph, order)
-        return _simulate(graph, cluster, None, order, [device], began, progress)
+        return _simulate(graph, cluster, None, _positions(graph, order), [device], began, progress)
 
 
 def simulate_placed(graph: Graph, cluster: Cluster, placement: Any, *,
@@ -122,9 +123,8 @@ def simulate_placed(graph: Graph, cluster: Cluster, placement: Any, *,
         device_of = _checked_placement(graph, cluster, placement)
         if order is None:
             order = getattr(placement, "order", None)
-        order = graph.topological_order() if order is None else _checked_order(graph, order)
-        return _simulate(graph, cluster, device_of, order, sorted(set(device_of.values())),
-                         began, progress)
+        return _simulate(graph, cluster, device_of, _positions(graph, order),
+                         sorted(set(device_of.values())), began, progress)
 
 
 @contextlib.contextmanager
@@ -201,6 +201,14 @@ def _checked_order(graph: Graph, order: Sequence[str]) -> tuple[str, ...]:
             raise TrainschedError(f"order is not topological: {e.dst!r} comes before "
                                   f"{e.src!r}, which it depends on")
     return order
+
+
+def _positions(graph: Graph, order: Sequence[str] | None) -> Sequence[int]:
+    """The positions in ``graph.ops`` of the ops of ``order`` (checked: a topological order of
+    all ops), or of the graph's own topological order."""
+    if order is None:
+        return graph.topological_indices()
+    return list(map(graph.index, _checked_order(graph, order)))
 
 
 class _Lowering:
@@ -304,42 +312,73 @@ class OpArgs(Mapping[str, Any]):
 
 _name_of = operator.attrgetter("name")
 _output_of = operator.attrgetter("output_bytes")
-_src_of = operator.attrgetter("src")
-_dst_of = operator.attrgetter("dst")
+_compute_of = operator.attrgetter("compute_s")
+_kind_of = operator.attrgetter("kind")
+_temp_of = operator.attrgetter("temp_bytes")
+_held_of = operator.attrgetter("param_bytes", "buffer_bytes", "optimizer_state_bytes")
 
 
-def _edges_in_order(graph: Graph, position: Mapping[str, int]) -> list[Any]:
-    """The graph's edges by producer, consumer and tensor (their positions in the order): an
-    order that does not depend on how the graph lists them."""
-    edges = graph.edges
-    src = list(map(position.__getitem__, map(_src_of, edges)))
-    dst = list(map(position.__getitem__, map(_dst_of, edges)))
-    keys = list(map(operator.add, map(operator.mul, src, itertools.repeat(len(position))), dst))
-    if len(set(keys)) < len(keys):  # two edges between one pair: the tensor decides
-        return sorted(edges, key=lambda e: (position[e.src], position[e.dst], e.tensor))
-    return list(map(edges.__getitem__, sorted(range(len(edges)), key=keys.__getitem__)))
+def _edges_in_order(graph: Graph, at: Sequence[int]) -> tuple[list[int], list[int], list[int]]:
+    """The graph's edges by producer, consumer and tensor (their positions in the order ``at``,
+    positions in ``graph.ops``): an order that does not depend on how the graph lists them.
+    Returns the edges' indices in that order, and their producers' and consumers' positions."""
+    n = len(at)
+    src, dst = (numpy.array(ends, dtype=numpy.int64) for ends in graph.edge_ends())
+    if not (isinstance(at, range) and at == range(n)):  # positions in the order, not in ops
+        position = numpy.empty(n, dtype=numpy.int64)
+        position[numpy.array(at, dtype=numpy.int64)] = numpy.arange(n, dtype=numpy.int64)
+        src, dst = position[src], position[dst]
+    keys = src * n + dst
+    perm = numpy.argsort(keys, kind="stable")
+    ordered = keys[perm]
+    if len(ordered) > 1 and bool((ordered[1:] == ordered[:-1]).any()):
+        # two edges between one pair: the tensor decides
+        edges, a, b = graph.edges, src.tolist(), dst.tolist()
+        order = sorted(range(len(edges)), key=lambda k: (a[k], b[k], edges[k].tensor))
+    else:
+        order = perm.tolist()
+    return order, src[order].tolist(), dst[order].tolist()
+
+
+_PlainAllocation = type("_PlainAllocation", (), {"__slots__": Allocation.__slots__})
+assert set(Allocation.__slots__) == {"device", "size_bytes", "at_task", "until_tasks"}
+
+
+def _allocation(device: int, size_bytes: int, at_task: int, until_tasks: tuple[int, ...]
+                ) -> Allocation:
+    """``Allocation(...)`` of checked values, made without the frozen ``__init__`` (one per op
+    of a million-op graph): filled as a plain object with its slots, then made an Allocation
+    (same layout, so the class can be swapped; frozen from then on)."""
+    a = _PlainAllocation()
+    a.device = device
+    a.size_bytes = size_bytes
+    a.at_task = at_task
+    a.until_tasks = until_tasks
+    a.__class__ = Allocation
+    return a
 
 
 def _simulate(graph: Graph, cluster: Cluster | None, device_of: Mapping[str, int] | None,
-              order: Sequence[str], used: Sequence[int], began: float,
+              at: Sequence[int], used: Sequence[int], began: float,
               progress: Progress | None = None) -> SimResult:
     """Lower ops (compute), edges (dependencies or transfers) and memory, then run: each
-    device's ops and each channel's transfers chained in ``order`` (the replay rule).
-    ``device_of`` None: every op on ``used[0]``."""
+    device's ops and each channel's transfers chained in the order ``at`` (positions in
+    ``graph.ops``; the replay rule). ``device_of`` None: every op on ``used[0]``."""
     if progress is not None:
         progress(0, len(PHASES), PHASES[0])
     low = _Lowering(cluster, used)
     local = {d: k for k, d in enumerate(used)}
-    n = len(order)
-    position = dict(zip(order, range(n), strict=True))
+    n = len(at)
+    every = graph.ops
+    ops = list(every) if isinstance(at, range) and at == range(n) else list(
+        map(every.__getitem__, at))
+    order = list(map(_name_of, ops))
     dev = [0] * n if device_of is None else [local[device_of[name]] for name in order]
-    op_of = dict(zip(map(_name_of, graph.ops), graph.ops, strict=True))
-    ops = list(map(op_of.__getitem__, order))
     # The op at position k is task k.
     tasks = low.tasks
-    tasks.add_tasks(list(order), [op.compute_s for op in ops],
+    tasks.add_tasks(order, list(map(_compute_of, ops)),
                     list(map(low.stream_needs.__getitem__, dev)),
-                    priorities=list(range(n)), categories=[op.kind for op in ops],
+                    priorities=list(range(n)), categories=list(map(_kind_of, ops)),
                     devices=dev, args=list(map(OpArgs, order, map(_output_of, ops))))
     if len(used) == 1:  # one device: its ops chained in order
         tasks.add_dependencies(range(n - 1), range(1, n))
@@ -349,11 +388,11 @@ def _simulate(graph: Graph, cluster: Cluster | None, device_of: Mapping[str, int
             if d in last_on:
                 tasks.add_dependency(last_on[d], t)
             last_on[d] = t
-    edges = _edges_in_order(graph, position)
-    src = list(map(position.__getitem__, map(_src_of, edges)))
-    dst = list(map(position.__getitem__, map(_dst_of, edges)))
-    low.add_channels([(dev[a], dev[b]) for a, b in zip(src, dst, strict=True)
-                      if dev[a] != dev[b]])
+    edge_order, src, dst = _edges_in_order(graph, at)
+    edges = [] if len(used) == 1 else list(map(graph.edges.__getitem__, edge_order))
+    if len(used) > 1:
+        low.add_channels([(dev[a], dev[b]) for a, b in zip(src, dst, strict=True)
+                          if dev[a] != dev[b]])
     transfers: dict[tuple[int, str, int], int] = {}  # (producer, tensor, device) -> transfer
     users: list[list[int] | None] = [None] * n  # consumers on the producer's device
     sent: dict[int, list[int]] = {}  # producer -> its transfers
@@ -373,7 +412,6 @@ def _simulate(graph: Graph, cluster: Cluster | None, device_of: Mapping[str, int
                 len(src)]
         for first, last in itertools.pairwise(cuts):
             users[src[first]] = dst[first:last]
-        edges = []  # nothing left for the loop below
     for e, a, b in zip(edges, src, dst, strict=False):
         da, db = dev[a], dev[b]
         if da == db:
@@ -409,22 +447,28 @@ def _simulate(graph: Graph, cluster: Cluster | None, device_of: Mapping[str, int
 
     resident = [0] * len(used)
     allocations = low.allocations
-    for t, op in enumerate(ops):
+    outputs = list(map(_output_of, ops))
+    gradient = [kind == "backward_weight" for kind in map(_kind_of, ops)]
+    # What stays all step: parameters, buffers, optimizer state, and the gradients dW ops make.
+    for d, held, out, grad in zip(dev, map(sum, map(_held_of, ops)), outputs, gradient,
+                                  strict=True):
+        resident[d] += (held + out) if grad else held
+    # The rest, in task order: its output (0 bytes changes nothing: not made), its workspace.
+    temps = list(map(_temp_of, ops))
+    made = [(out > 0 and not grad) or temp > 0
+            for out, grad, temp in zip(outputs, gradient, temps, strict=True)]
+    for t in itertools.compress(range(n), made):
         d = dev[t]
-        resident[d] += op.param_bytes + op.buffer_bytes + op.optimizer_state_bytes
-        if op.kind == "backward_weight":
-            resident[d] += op.output_bytes  # the gradient lives all step
-        elif op.output_bytes:  # (an allocation of 0 bytes changes nothing: not made)
+        if outputs[t] and not gradient[t]:
             until = (*(users[t] or ()), *sent.get(t, ()))
-            allocations.append(Allocation(device=d, size_bytes=op.output_bytes, at_task=t,
-                                          until_tasks=until))
-        if op.temp_bytes:
-            allocations.append(Allocation(device=d, size_bytes=op.temp_bytes, at_task=t,
-                                          until_tasks=(t,)))
+            allocations.append(_allocation(d, outputs[t], t, until))
+        if temps[t]:
+            allocations.append(_allocation(d, temps[t], t, (t,)))
     for x, (dst_device, size, consumers) in received.items():
         allocations.append(Allocation(device=dst_device, size_bytes=size, at_task=x,
                                       until_tasks=tuple(consumers)))
     allocations += [Allocation(device=d, size_bytes=b) for d, b in enumerate(resident)]
     # What only the lowering needed goes before the replay: on a large graph, hundreds of MB.
-    del position, op_of, ops, edges, src, dst, users, transfers, sent, received, size_of
+    del ops, edges, edge_order, src, dst, users, transfers, sent, received, size_of, outputs
+    del gradient, temps, made
     return low.run(began, progress)

@@ -35,8 +35,8 @@ from typing import Any
 
 from trainsched.sim.engine import Replay, TaskGraph, longest_path_s
 
-__all__ = ["Allocation", "Dependencies", "PathStep", "ResourceRecord", "SimResult", "TaskRecord",
-           "TaskRecords", "build_result"]
+__all__ = ["Allocation", "Dependencies", "PathStep", "PathSteps", "ResourceRecord", "SimResult",
+           "TaskRecord", "TaskRecords", "build_result"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -115,7 +115,7 @@ class SimResult:
     peak_op: Mapping[str, str | None]
     oom: Mapping[str, bool]
     memory_timeline: Mapping[str, tuple[tuple[float, int], ...]]
-    critical_path: tuple[PathStep, ...]
+    critical_path: Sequence[PathStep]  # a PathSteps or a tuple: equal when their steps are
     tasks: Sequence[TaskRecord]  # a TaskRecords or a tuple: equal when their records are
     dependencies: Sequence[tuple[int, int]]  # a Dependencies or a tuple, likewise
     wall_s: float = field(default=0.0, compare=False)
@@ -217,7 +217,7 @@ def _plain(value: Any) -> Any:
         return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
     if isinstance(value, Mapping):
         return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, tuple | list | TaskRecords | Dependencies):
+    if isinstance(value, tuple | list | TaskRecords | Dependencies | PathSteps):
         return [_plain(v) for v in value]
     return value
 
@@ -261,41 +261,61 @@ def build_result(tasks: TaskGraph, replay: Replay, *, devices: Sequence[str],
     )
 
 
-def _critical_path(tasks: TaskGraph, replay: Replay) -> tuple[PathStep, ...]:
+def _critical_path(tasks: TaskGraph, replay: Replay) -> PathSteps:
     """Walk back from the last finish (ties: the lowest task index) through ``fixed_by``."""
     if not len(tasks):
-        return ()
+        return PathSteps([], tasks, replay)
     end = replay.end_s
     t = end.index(max(end))  # the last finish; ties: the lowest index
     chain = []
+    fixed_by = replay.fixed_by
     while t >= 0:
         chain.append(t)
-        t = replay.fixed_by[t]
+        t = fixed_by[t]
     chain.reverse()
-    label, category = tasks.label, tasks.category
-    start_s, by_resource = replay.start_s, replay.by_resource
-    # Made as the dataclass would, less its per-field checks (a chain may be a million steps).
-    new, name_, category_, start_, end_, wait_, via_ = _PATH_STEP_SETTERS
-    steps = []
-    previous_end = 0.0
-    for k, t in enumerate(chain):
-        step = new(PathStep)
-        start = start_s[t]
-        name_(step, label[t])
-        category_(step, category[t])
-        start_(step, start)
-        end_(step, end[t])
-        wait_(step, start - previous_end)
-        via_(step, "start" if k == 0 else "resource" if by_resource[t] else "dependency")
-        steps.append(step)
-        previous_end = end[t]
-    return tuple(steps)
+    return PathSteps(chain, tasks, replay)
+
+
+class PathSteps(_EqualsTuple, Sequence[PathStep]):
+    """The realised critical path as :class:`PathStep` s, made when read: a read-only sequence
+    that equals the tuple of the same steps (on one device the path of a million-op step is a
+    million steps, which a summary never reads)."""
+
+    __slots__ = ("_by_resource", "_category", "_chain", "_end", "_label", "_start")
+
+    def __init__(self, chain: list[int], tasks: TaskGraph, replay: Replay) -> None:
+        self._chain = chain
+        self._label, self._category = list(tasks.label), list(tasks.category)
+        self._start, self._end = replay.start_s, replay.end_s
+        self._by_resource = replay.by_resource
+
+    def __len__(self) -> int:
+        return len(self._chain)
+
+    def _step(self, k: int) -> PathStep:
+        chain = self._chain
+        t = chain[k]
+        start = self._start[t]
+        return PathStep(name=self._label[t], category=self._category[t], start_s=start,
+                        end_s=self._end[t],
+                        wait_s=start - (self._end[chain[k - 1]] if k else 0.0),
+                        via="start" if k == 0 else "resource" if self._by_resource[t]
+                        else "dependency")
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return tuple(map(self._step, range(len(self))[index]))
+        return self._step(range(len(self))[index])
+
+    def __iter__(self) -> Iterator[PathStep]:
+        return map(self._step, range(len(self)))
+
+    def __repr__(self) -> str:
+        return f"PathSteps({len(self)} steps)"
 
 
 _first = operator.itemgetter(0)
-_PATH_STEP_FIELDS = ("name", "category", "start_s", "end_s", "wait_s", "via")
-assert tuple(f.name for f in fields(PathStep)) == _PATH_STEP_FIELDS  # every field set below
-_PATH_STEP_SETTERS = (object.__new__, *(getattr(PathStep, f).__set__ for f in _PATH_STEP_FIELDS))
+
 
 
 def _merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
