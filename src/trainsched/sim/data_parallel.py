@@ -312,11 +312,10 @@ def simulate_data_parallel(graph: Graph, cluster: Cluster, *, ranks: int,
     device r of ``cluster``), gradients reduced as ``policy`` (a :class:`CommPolicy` or a
     registered name such as ``"fifo"``, ``"ddp"``) says with ``algorithm`` (``ring``, ``tree``,
     ``ps``). ``stragglers`` maps ranks to compute slowdown factors; the device's ``step_cv``
-stretches every rank's compute by the slowest rank's expected factor (module docstring,
-*Slowest rank*). The result holds one
-    representative rank per class (``expand=True``: every rank), named by its device.
-    ``order`` (a topological order of all ops) sets the compute priority; default the graph's
-    topological order.
+    stretches every rank's compute by the slowest rank's expected factor (module docstring,
+    *Slowest rank*). The result holds one representative rank per class (``expand=True``:
+    every rank), named by its device. ``order`` (a topological order of all ops) sets the
+    compute priority; default the graph's topological order.
 
     ``steps`` > 1 simulates that many consecutive steps, each layer's forward waiting for the
     update of its parameters in the step before (module docstring, *Steps*); the result holds
