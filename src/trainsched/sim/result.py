@@ -144,7 +144,25 @@ class _EqualsTuple:
     __hash__ = None  # type: ignore[assignment]
 
 
-class TaskRecords(_EqualsTuple, Sequence[TaskRecord]):
+class _MadeWhenRead(_EqualsTuple):
+    """A sequence whose k-th item :meth:`_item` makes when it is read (indexing, slices as
+    tuples, iteration); subclasses give ``__len__`` and ``_item``."""
+
+    __slots__ = ()
+
+    def _item(self, k: int) -> Any:
+        raise NotImplementedError
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return tuple(map(self._item, range(len(self))[index]))  # type: ignore[arg-type]
+        return self._item(range(len(self))[index])  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[Any]:
+        return map(self._item, range(len(self)))  # type: ignore[arg-type]
+
+
+class TaskRecords(_MadeWhenRead, Sequence[TaskRecord]):
     """The tasks of a replay as :class:`TaskRecord` s, made when read: a read-only sequence
     that equals the tuple of the same records (a million-task result need not hold a million
     records, with a copy of each one's trace arguments, that nobody reads)."""
@@ -164,21 +182,13 @@ class TaskRecords(_EqualsTuple, Sequence[TaskRecord]):
     def __len__(self) -> int:
         return len(self._label)
 
-    def _record(self, t: int) -> TaskRecord:
+    def _item(self, t: int) -> TaskRecord:
         names = self._resources
         return TaskRecord(name=self._label[t], category=self._category[t],
                           device=self._device[t],
                           resources=tuple(names[x] for x in self._needs[t]),
                           start_s=self._start[t], end_s=self._end[t],
                           args=MappingProxyType(dict(self._args[t])))
-
-    def __getitem__(self, index: Any) -> Any:
-        if isinstance(index, slice):
-            return tuple(map(self._record, range(len(self))[index]))
-        return self._record(range(len(self))[index])
-
-    def __iter__(self) -> Iterator[TaskRecord]:
-        return map(self._record, range(len(self)))
 
     def __repr__(self) -> str:
         return f"TaskRecords({len(self)} tasks)"
@@ -276,7 +286,7 @@ def _critical_path(tasks: TaskGraph, replay: Replay) -> PathSteps:
     return PathSteps(chain, tasks, replay)
 
 
-class PathSteps(_EqualsTuple, Sequence[PathStep]):
+class PathSteps(_MadeWhenRead, Sequence[PathStep]):
     """The realised critical path as :class:`PathStep` s, made when read: a read-only sequence
     that equals the tuple of the same steps (on one device the path of a million-op step is a
     million steps, which a summary never reads)."""
@@ -292,7 +302,7 @@ class PathSteps(_EqualsTuple, Sequence[PathStep]):
     def __len__(self) -> int:
         return len(self._chain)
 
-    def _step(self, k: int) -> PathStep:
+    def _item(self, k: int) -> PathStep:
         chain = self._chain
         t = chain[k]
         start = self._start[t]
@@ -301,14 +311,6 @@ class PathSteps(_EqualsTuple, Sequence[PathStep]):
                         wait_s=start - (self._end[chain[k - 1]] if k else 0.0),
                         via="start" if k == 0 else "resource" if self._by_resource[t]
                         else "dependency")
-
-    def __getitem__(self, index: Any) -> Any:
-        if isinstance(index, slice):
-            return tuple(map(self._step, range(len(self))[index]))
-        return self._step(range(len(self))[index])
-
-    def __iter__(self) -> Iterator[PathStep]:
-        return map(self._step, range(len(self)))
 
     def __repr__(self) -> str:
         return f"PathSteps({len(self)} steps)"

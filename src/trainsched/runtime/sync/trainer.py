@@ -206,10 +206,8 @@ class _Rank:
             local_done = time.perf_counter()
             following = self.segments[index + 1] if index + 1 < len(self.segments) else None
             self.synchronise(segment.protocol, following.protocol if following else None)
-            if (following is not None and segment.last_of_phase and self.is_worker
-                    and self.n > 1 and self.cfg.get("comm") is not None
-                    and isinstance(following.protocol, Bsp)):
-                assert self.worker is not None
+            if (following is not None and segment.last_of_phase and self.worker is not None
+                    and self.worker.scheduled and isinstance(following.protocol, Bsp)):
                 with guard(f"worker {self.rank} building the scheduled runtime for BSP"):
                     self.worker.open_scheduled()  # part of the switch's cost
             if self.rank == 0:

@@ -139,7 +139,7 @@ class Worker:
         """Steps ``first .. first + count`` of the segment (default: all of them)."""
         unit = update_samples(segment.protocol, self.workers, self.batch)
         last = segment.samples // unit if count is None else first + count
-        if self.comm is not None and self.workers > 1:
+        if self.scheduled:
             return self._run_bsp_scheduled(segment, unit, first, last)
         grad = self.replica.grad
         for t in range(first, last):
@@ -169,6 +169,11 @@ class Worker:
             self.sent["comm_s"] += time.perf_counter() - start
             self.on_progress(segment.start + (t + 1) * unit)
         return last - first
+
+    @property
+    def scheduled(self) -> bool:
+        """BSP runs on the scheduled runtime: a comm policy was given and there are peers."""
+        return self.comm is not None and self.workers > 1
 
     def open_scheduled(self) -> Any:
         """The scheduled runtime's wrapper around the model over the workers' group (built
