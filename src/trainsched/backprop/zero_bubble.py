@@ -20,10 +20,16 @@ memory limit holds it back). The scheduler runs each of
 the 8 flag sets (:data:`FLAG_SETS`) and keeps the shortest replayed step (ties: the first set).
 
 Memory follows the simulator's model (:mod:`trainsched.sim.pipeline`): ``F(s, m)`` takes
-``saved_bytes[s]``, ``I`` frees the share ``input_grad_only_fraction`` (rounded down to whole
-bytes) and ``W`` the rest. A rank must hold at least one micro-batch's activations of its
-stage, so a limit below ``max(saved_bytes)`` is refused, naming that smallest limit: one micro-
-batch in flight per rank always completes.
+``saved_bytes[s]``; ``I`` frees the share ``input_grad_only_fraction`` (rounded down to whole
+bytes) and ``W`` the rest. Stages that say what a waiting ``W`` keeps
+(``weight_input_bytes[s]``: each weight op's input and output gradient) are counted as the
+simulator counts them: ``I`` frees all of ``saved_bytes[s]`` and takes ``weight_input_bytes[s]``
+until that ``W``. Where that is more than ``I`` frees, an ``I`` can raise the memory in use, so
+two rules keep every rank under its limit: an ``F`` starts only if the larger of the two still
+fits after it (its own ``I`` will need it), and an ``I`` that would go over runs the oldest
+pending ``W`` first. A rank must hold one micro-batch through ``F``, ``I`` and ``W``, so a limit
+below the larger of ``saved_bytes[r]`` and ``weight_input_bytes[r]`` is refused, naming the
+smallest limit any schedule meets: one micro-batch in flight per rank always completes.
 
 **ZB-H2** (:func:`zb_h2`) is this scheduler at equal unit costs with every rank allowed
 ``2p − 1`` micro-batches in flight (from their ``F`` to their ``W``; ZB-H2's first stage holds
@@ -103,14 +109,22 @@ def greedy_order(stages: StageCosts, num_microbatches: int, flags: GreedyFlags, 
     comm = _boundaries(p2p_s, p)
     limit = _per_rank("memory_limit_bytes", memory_limit_bytes, p)
     saved = stages.saved_bytes
-    at_input = [int(b * input_grad_only_fraction) for b in saved]
+    if stages.weight_input_bytes:   # I frees the graph, W keeps its inputs (module docstring)
+        kept = list(stages.weight_input_bytes)
+        at_input = [b - k for b, k in zip(saved, kept, strict=True)]   # what I frees, net
+    else:
+        at_input = [int(b * input_grad_only_fraction) for b in saved]
+        kept = [b - a for b, a in zip(saved, at_input, strict=True)]
+    need = [max(b, k) for b, k in zip(saved, kept, strict=True)]   # one micro-batch's peak
     for r in range(p):
-        if limit[r] < saved[r]:
-            need = max(saved)
+        if limit[r] < need[r]:
+            what = f"the {saved[r]} bytes one micro-batch of stage {r} saves" \
+                if need[r] == saved[r] else \
+                f"the {kept[r]} bytes a waiting W of stage {r} keeps per micro-batch"
             raise TrainschedError(
-                f"memory limit {int(limit[r])} bytes on rank {r} is below the {saved[r]} bytes "
-                f"one micro-batch of stage {r} saves: no schedule fits; the smallest limit any "
-                f"schedule meets is {need} bytes (one micro-batch in flight per rank)")
+                f"memory limit {int(limit[r])} bytes on rank {r} is below {what}: no schedule "
+                f"fits; the smallest limit any schedule meets is {max(need)} bytes (one "
+                f"micro-batch in flight per rank)")
     cost = {"F": stages.forward_s, "I": stages.backward_input_s, "W": stages.backward_weight_s}
     end: dict[tuple[str, int, int], float] = {}  # (kind, stage, mb) -> end time, once placed
     next_f, next_i = [0] * p, [0] * p
@@ -162,14 +176,16 @@ def greedy_order(stages: StageCosts, num_microbatches: int, flags: GreedyFlags, 
             next_i[r] += 1
             pending_w[r].append(k)
         else:
-            used[r] -= saved[r] - at_input[r]
+            used[r] -= kept[r]
 
     def choose(r: int, t: float) -> bool:
         fr, ir = f_ready(r), i_ready(r)
-        room = used[r] + saved[r] <= limit[r] and (next_i[r] > 0 or next_f[r] < warmup[r])
+        room = used[r] + need[r] <= limit[r] and (next_i[r] > 0 or next_f[r] < warmup[r])
         f_ok = fr is not None and fr <= t and room
         i_ok = ir is not None and ir <= t
-        if i_ok and (not f_ok or flags.i_first):
+        if i_ok and pending_w[r] and used[r] - at_input[r] > limit[r]:
+            place(r, "W", pending_w[r].pop(0), t)   # the I would go over: make room first
+        elif i_ok and (not f_ok or flags.i_first):
             place(r, "I", next_i[r], t)
         elif f_ok:
             place(r, "F", next_f[r], t)
