@@ -6,11 +6,13 @@ published figure (a range where sources differ), its source, and prediction / pu
 midpoint of a range). Roofline costs assume 75 % of the dtype's peak and no fused kernels, so
 they are a first estimate: the table says how far that estimate is from what people measure.
 
-Usage: ``PYTHONPATH=src python benchmarks/public_figures.py [--out FILE] [--step-cv CV]``. No
-torch compute runs (fake tensors only); the whole table takes about a minute. ``--step-cv``
-is a what-if: every cluster's device as if each rank's step compute time varied by CV
-(coefficient of variation; ``DeviceSpec.step_cv``), which the catalogue has no measurement
-for.
+Usage: ``PYTHONPATH=src python benchmarks/public_figures.py [--out FILE] [--step-cv CV]
+[--device-cv CV]``. No torch compute runs (fake tensors only); the whole table takes about a
+minute. ``--step-cv`` is a what-if: every cluster's device as if each rank's step compute time
+varied by CV (coefficient of variation; ``DeviceSpec.step_cv``), which the catalogue has no
+measurement for. ``--device-cv`` replaces the spread of speed across devices
+(``DeviceSpec.device_cv``; the catalogue's V100: 0.0148, from published measurements) on every
+cluster's device, to show how the predictions move with it.
 """
 
 from __future__ import annotations
@@ -70,13 +72,16 @@ FIGURES = (
 )
 
 
-def predict(fig: Figure, step_cv: float = 0.0) -> tuple[float, float]:
-    """The predicted figure and the step's exposed communication (seconds); ``step_cv``
-    replaces the device's (what-if)."""
+def predict(fig: Figure, step_cv: float = 0.0,
+            device_cv: float | None = None) -> tuple[float, float]:
+    """The predicted figure and the step's exposed communication (seconds); ``step_cv`` and
+    ``device_cv`` (None: the catalogue's) replace the device's (what-if)."""
     zoo = build(fig.model, batch_size=fig.batch, seq_len=fig.seq_len)
     cluster = resolve_cluster(fig.cluster)
     if step_cv:
         cluster = replace(cluster, device=replace(cluster.device, step_cv=step_cv))
+    if device_cv is not None:
+        cluster = replace(cluster, device=replace(cluster.device, device_cv=device_cv))
     meta = {"batch_size": zoo.batch_size, **({"seq_len": zoo.seq_len} if zoo.seq_len else {})}
     graph = capture(zoo.model, zoo.args, example_kwargs=zoo.kwargs, costs="roofline",
                     device_kind=cluster.device, name=zoo.name, meta=meta,
@@ -100,12 +105,15 @@ def main() -> None:
     parser.add_argument("--step-cv", type=float, default=0.0,
                         help="what-if: each rank's step compute time varies by this "
                              "coefficient of variation (default: the catalogue's, 0)")
+    parser.add_argument("--device-cv", type=float, default=None,
+                        help="what-if: devices of a kind differ in speed by this coefficient "
+                             "of variation (default: the catalogue's; V100 0.0148, others 0)")
     args = parser.parse_args()
     rows = []
     print(f"{'figure':<56}{'published':>22}{'predicted':>12}{'pred/pub':>10}"
           f"{'exposed comm':>14}")
     for fig in FIGURES:
-        value, exposed = predict(fig, args.step_cv)
+        value, exposed = predict(fig, args.step_cv, args.device_cv)
         mid = (fig.low + fig.high) / 2
         published = (_fmt(fig.low) if fig.low == fig.high
                      else f"{_fmt(fig.low)}-{_fmt(fig.high)}")
@@ -116,6 +124,8 @@ def main() -> None:
                      "exposed_comm_s": exposed})
     write_results(args.out, {"date": datetime.date.today().isoformat(),
                              **({"step_cv": args.step_cv} if args.step_cv else {}),
+                             **({"device_cv": args.device_cv}
+                                if args.device_cv is not None else {}),
                              "rows": rows})
 
 

@@ -277,7 +277,8 @@ def test_same_dispatch_order_and_times_as_the_simulator(overlap):
     at the same times, with and without start-up overlap (the latency large enough here,
     0.5 ms per hop, that overlapping it changes the schedules)."""
     rng = random.Random(21)
-    plain = dataclasses.replace(device_kind("V100"), compute_rate_with_comm=1.0)  # FIFO wire
+    plain = dataclasses.replace(device_kind("V100"), compute_rate_with_comm=1.0,
+                                device_cv=0.0)  # FIFO wire, no spread
     cluster = Cluster(name="t", device=plain, devices_per_node=2, num_nodes=1,
                       intra_node=Link(bandwidth_bytes_per_s=1e9,
                                       latency_s=500e-6 if overlap else 50e-6))

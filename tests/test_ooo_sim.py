@@ -52,7 +52,8 @@ def hand_graph(*sizes: int, dw: tuple[float, ...] | None = None) -> Graph:
 
 
 def two_ranks(bandwidth: float = 1e9) -> Cluster:
-    plain = dataclasses.replace(device_kind("V100"), compute_rate_with_comm=1.0)  # FIFO wire
+    plain = dataclasses.replace(device_kind("V100"), compute_rate_with_comm=1.0,
+                                device_cv=0.0)  # FIFO wire, no spread
     return Cluster(name="t", device=plain, devices_per_node=2, num_nodes=1,
                    intra_node=Link(bandwidth_bytes_per_s=bandwidth, latency_s=0.0))
 

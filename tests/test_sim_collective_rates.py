@@ -27,7 +27,7 @@ def close(actual: float, expected: float) -> bool:
 
 def two_ranks(**device: float) -> Cluster:
     """Two ranks, 1 GB/s, no latency: a ring all-reduce of S bytes takes S / 1 GB/s."""
-    base = replace(device_kind("V100"), compute_rate_with_comm=1.0)
+    base = replace(device_kind("V100"), compute_rate_with_comm=1.0, device_cv=0.0)
     return Cluster(name="t", device=replace(base, **device), devices_per_node=2,
                    intra_node=Link(bandwidth_bytes_per_s=1e9, latency_s=0.0))
 

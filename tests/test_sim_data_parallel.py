@@ -38,8 +38,9 @@ def close(actual: float, expected: float) -> bool:
 
 def plain_v100():
     """A V100 whose collectives run one at a time beside full-speed compute: the rules of the
-    wire by hand here (collectives by rate: tests/test_sim_collective_rates.py)."""
-    return replace(device_kind("V100"), compute_rate_with_comm=1.0)
+    wire by hand here (collectives by rate: tests/test_sim_collective_rates.py), every rank
+    as fast as the others (no spread across devices)."""
+    return replace(device_kind("V100"), compute_rate_with_comm=1.0, device_cv=0.0)
 
 
 def make_cluster(per_node: int = 4, nodes: int = 1, servers: int = 0) -> Cluster:

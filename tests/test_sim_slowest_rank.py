@@ -23,9 +23,10 @@ MS = 1e-3
 MB = 1_000_000  # 1 ms on the 1 GB/s two-rank ring below
 
 
-def two_ranks(step_cv: float) -> Cluster:
+def two_ranks(step_cv: float, device_cv: float = 0.0) -> Cluster:
     """Two ranks, 1 GB/s, no latency, collectives at full speed: S bytes take S / 1 GB/s."""
-    device = replace(device_kind("V100"), compute_rate_with_comm=1.0, step_cv=step_cv)
+    device = replace(device_kind("V100"), compute_rate_with_comm=1.0, step_cv=step_cv,
+                     device_cv=device_cv)
     return Cluster(name="t", device=device, devices_per_node=2,
                    intra_node=Link(bandwidth_bytes_per_s=1e9, latency_s=0.0))
 
@@ -127,7 +128,7 @@ def _cli_files(tmp_path, step_cv):
     Graph(list(graph.ops), list(graph.edges), {"model": "hand"}).save(graph_path)
     cluster = tmp_path / "c.toml"
     cluster.write_text(f'[device]\nkind = "V100"\ncount = 2\nstep_cv = {step_cv}\n'
-                       '[intra_node]\nbandwidth = "1GB/s"\nlatency = "0s"\n')
+                       'device_cv = 0\n[intra_node]\nbandwidth = "1GB/s"\nlatency = "0s"\n')
     return graph_path, cluster
 
 

@@ -406,14 +406,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _slowest_rank_doc(cluster: Any, ranks: int) -> dict[str, Any] | None:
-    """The slowest-rank stretch a data-parallel simulation applied (``DeviceSpec.step_cv``):
-    None where it applied none (``step_cv`` 0, or one rank)."""
+    """The slowest-rank stretch a data-parallel simulation applied (``DeviceSpec.step_cv`` and
+    ``device_cv``): None where it applied none (both 0, or one rank)."""
     from trainsched.costs import expected_max_normal, slowest_rank_factor
 
-    cv = cluster.device.step_cv
+    device = cluster.device
+    cv = device.slowest_rank_cv
     if cv == 0 or ranks == 1:
         return None
-    return {"step_cv": cv, "ranks": ranks, "expected_max": expected_max_normal(ranks),
+    return {"step_cv": device.step_cv, "device_cv": device.device_cv, "cv": cv,
+            "ranks": ranks, "expected_max": expected_max_normal(ranks),
             "factor": slowest_rank_factor(cv, ranks)}
 
 

@@ -9,6 +9,7 @@ import re
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from statistics import NormalDist
 from types import MappingProxyType
 
 from trainsched.cluster.spec import Cluster, DeviceSpec, Link, _require
@@ -33,19 +34,31 @@ GPU_STREAM_FIT_S = 100e-6
 GPU_COMPUTE_RATE_WITH_COMM = 0.8
 
 
+#: The performance variation measured among V100s of one cluster (Sinha et al., SC 2022: 8% on
+#: average over the clusters and applications), as the span between Tukey's fences,
+#: Q1 − 1.5·IQR to Q3 + 1.5·IQR, over the median (``docs/cluster.md`` cites the measurements).
+V100_FENCE_SPAN = 0.08
+
+#: Tukey's fences of a normal span 4 IQR, and its IQR is 2·z(0.75) standard deviations.
+FENCE_SPAN_SIGMAS = 8 * NormalDist().inv_cdf(0.75)
+
+#: The V100's ``device_cv``: the coefficient of variation that gives that span, 0.0148.
+V100_DEVICE_CV = V100_FENCE_SPAN / FENCE_SPAN_SIGMAS
+
+
 def _gpu(kind: str, memory_gib: int, flops: dict[str, float], bandwidth: float,
-         compute_rate_with_comm: float = 1.0) -> DeviceSpec:
+         compute_rate_with_comm: float = 1.0, device_cv: float = 0.0) -> DeviceSpec:
     return DeviceSpec(kind=kind, memory_bytes=memory_gib * 2**30, peak_flops_per_s=flops,
                       memory_bandwidth_bytes_per_s=bandwidth, launch_overhead_s=5e-6,
                       stream_fit_s=GPU_STREAM_FIT_S,
-                      compute_rate_with_comm=compute_rate_with_comm)
+                      compute_rate_with_comm=compute_rate_with_comm, device_cv=device_cv)
 
 
 DEVICE_KINDS: Mapping[str, DeviceSpec] = MappingProxyType({
     d.kind: d for d in (
         _gpu("RTX2080-8GB", 8, {"fp32": 10.07e12, "fp16": 40.3e12}, 448e9),
         _gpu("V100-16GB", 16, {"fp32": 15.7e12, "fp16": 125e12}, 900e9,
-             GPU_COMPUTE_RATE_WITH_COMM),
+             GPU_COMPUTE_RATE_WITH_COMM, V100_DEVICE_CV),
         _gpu("K80-12GB", 12, {"fp32": 4.37e12}, 240e9),
         _gpu("A100-80GB", 80, {"fp32": 19.5e12, "tf32": 156e12, "fp16": 312e12,
                                "bf16": 312e12}, 2.039e12, GPU_COMPUTE_RATE_WITH_COMM),

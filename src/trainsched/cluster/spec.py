@@ -38,8 +38,8 @@ COMM_MODES = ("sequential", "parallel")
 INTERFERENCE_MODELS = ("rates", "turns")
 #: The default ε of two compute streams (:class:`DeviceSpec`).
 STREAM_SLOWDOWN_DEFAULT = 0.1
-#: The largest ``step_cv`` accepted: above it, a normal step time about 3 standard deviations
-#: below its mean (not rare among many ranks) would be negative.
+#: The largest ``step_cv`` (and ``device_cv``) accepted: above it, a normal step time about 3
+#: standard deviations below its mean (not rare among many ranks) would be negative.
 STEP_CV_MAX = 0.3
 
 
@@ -102,6 +102,13 @@ class DeviceSpec:
     for the slowest of its N ranks, so the data-parallel simulator stretches every rank's
     compute by ``1 + step_cv · E[max of N standard normals]`` (``costs.slowest_rank_factor``);
     0 (the default) leaves it alone, as on one rank.
+
+    ``device_cv``: the coefficient of variation of compute speed across devices of this kind, a
+    fixed property of each device (manufacturing spread and its power management), not a
+    step-to-step draw. The N devices of a job are N draws from that spread, and a synchronous
+    step waits for the slowest, so in expectation it stretches compute the way ``step_cv``
+    does. Both together: each rank's step time is its device's draw plus its step's draw, a
+    normal of coefficient of variation :attr:`slowest_rank_cv` = √(device_cv² + step_cv²).
     """
 
     kind: str
@@ -120,6 +127,7 @@ class DeviceSpec:
     collective_slots: int = 1
     collective_contention: float = 1.0
     step_cv: float = 0.0
+    device_cv: float = 0.0
 
     def __post_init__(self) -> None:
         where = f"device {self.kind!r}"
@@ -180,6 +188,11 @@ class DeviceSpec:
                  f"of variation of one rank's compute time per step: 0.01 for 1%), got "
                  f"{self.step_cv!r}")
         object.__setattr__(self, "step_cv", float(self.step_cv))
+        _require(_finite(self.device_cv) and 0 <= self.device_cv <= STEP_CV_MAX,
+                 f"{where}: device_cv must be a number in [0, {STEP_CV_MAX}] (the coefficient "
+                 f"of variation of compute speed across devices of the kind: 0.015 for 1.5%), "
+                 f"got {self.device_cv!r}")
+        object.__setattr__(self, "device_cv", float(self.device_cv))
         object.__setattr__(self, "collective_overhead_s", float(self.collective_overhead_s))
         object.__setattr__(self, "collective_contention", float(self.collective_contention))
         ordered = {d: float(flops[d]) for d in DTYPES if d in flops}
@@ -187,6 +200,12 @@ class DeviceSpec:
         object.__setattr__(self, "memory_bandwidth_bytes_per_s", float(bandwidth))
         object.__setattr__(self, "launch_overhead_s", float(self.launch_overhead_s))
         object.__setattr__(self, "comm_compute_share", float(self.comm_compute_share))
+
+    @property
+    def slowest_rank_cv(self) -> float:
+        """The coefficient of variation of one rank's step compute time, device and step draws
+        together: √(device_cv² + step_cv²) (exactly the other when one is 0)."""
+        return math.hypot(self.device_cv, self.step_cv)
 
     @property
     def comm_by_rate(self) -> bool:
@@ -206,7 +225,7 @@ class DeviceSpec:
                      self.microbatch_overhead_s, self.message_host_s,
                      self.collective_overhead_s, self.compute_rate_with_comm,
                      self.comm_rate_with_compute, self.collective_slots,
-                     self.collective_contention, self.step_cv))
+                     self.collective_contention, self.step_cv, self.device_cv))
 
     def __reduce__(self) -> tuple[Any, ...]:
         # A mappingproxy cannot be pickled; rebuild from a plain dict instead.
@@ -375,6 +394,7 @@ class Cluster:
                 **{key: getattr(dev, key) for key in _COLLECTIVE_KEYS
                    if getattr(dev, key) != _COLLECTIVE_DEFAULTS[key]},
                 **({"step_cv": dev.step_cv} if dev.step_cv else {}),
+                **({"device_cv": dev.device_cv} if dev.device_cv else {}),
             },
             "intra_node": _link_dict(self.intra_node),
         }
@@ -434,6 +454,9 @@ class Cluster:
             *([f"  step jitter each rank's step compute varies by {100 * dev.step_cv:.2f}% "
                f"(coefficient of variation); a synchronous step waits for the slowest rank"]
               if dev.step_cv else []),
+            *([f"  spread      devices of the kind differ in compute speed by "
+               f"{100 * dev.device_cv:.2f}% (coefficient of variation); a synchronous step "
+               f"waits for the slowest device"] if dev.device_cv else []),
             f"  peak        {flops}",
             f"  intra-node  {self.intra_node.describe()} (per device, per direction)",
             *([f"  collectives {self.collectives.describe()} (per rank, ring formula; "

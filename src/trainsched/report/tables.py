@@ -65,9 +65,13 @@ def data_plan_lines(doc: Mapping[str, Any]) -> list[str]:
                  f"{doc['algorithm']}{steady}")
     slowest = doc.get("slowest_rank")
     if slowest is not None:
+        parts = [f"{what} {100 * slowest[key]:.2f}%" for what, key in
+                 (("device spread", "device_cv"), ("step jitter", "step_cv"))
+                 if slowest.get(key)]
         lines.append(f"  slowest rank     compute x {slowest['factor']:.4f} every step (step "
-                     f"time varies by {100 * slowest['step_cv']:.2f}% per rank; E[max of "
-                     f"{slowest['ranks']} normals] = {slowest['expected_max']:.4f})")
+                     f"time varies by {100 * slowest['cv']:.2f}% per rank: "
+                     f"{' and '.join(parts)}; E[max of {slowest['ranks']} normals] = "
+                     f"{slowest['expected_max']:.4f})")
     lines += backprop_lines(doc.get("backprop"))
     return lines
 

@@ -63,6 +63,9 @@ expected slowest one. The draw is per step, not per op: one factor for all the s
 rendezvous of each collective then sees the slowest rank's times; nothing compounds), the same
 in every step (the expected maximum: deterministic). Bucket copies and host tasks are not
 stretched. It multiplies the ``stragglers`` factors; one rank, or ``step_cv`` 0, is untouched.
+A device with ``device_cv`` > 0 (a fixed spread of speed across devices of the kind) counts
+the same way: each rank's step time is its device's draw plus its step's draw, so the factor
+takes ``DeviceSpec.slowest_rank_cv`` = √(device_cv² + step_cv²) for ``step_cv``.
 
 **Symmetry.** Ranks identical in device, costs, schedule and straggler state form a class
 (:func:`rank_classes`); only one representative per class is simulated (the lowest rank), the
@@ -266,7 +269,7 @@ def crossing_bound_s(graph: Graph, cluster: Cluster, *, ranks: int, algorithm: s
 
     with start and end taken from one device computing in ``order`` without communication
     (:func:`simulate_single`) and U_f the longest optimizer op of f, both stretched by the
-    slowest-rank factor of the device's ``step_cv`` as the simulation stretches them. A
+    slowest-rank factor of the device's ``slowest_rank_cv`` as the simulation stretches them. A
     policy changes when gradients are reduced, never what the compute stream runs between f
     and dW_g, so no policy beats it (tested on random graphs for every policy, credit,
     partition and start-up overlap); reordering the compute (out-of-order backprop) can.
@@ -282,7 +285,7 @@ def crossing_bound_s(graph: Graph, cluster: Cluster, *, ranks: int, algorithm: s
     if ranks == 1:
         return 0.0, None
     single = simulate_single(graph, order=order)
-    stretch = slowest_rank_factor(cluster.device.step_cv, ranks)  # every op, as simulated
+    stretch = slowest_rank_factor(cluster.device.slowest_rank_cv, ranks)  # as simulated
     start = {t.name: t.start_s for t in single.tasks}
     end = {t.name: t.end_s for t in single.tasks}
     updates: dict[str, float] = {}
@@ -312,10 +315,10 @@ def simulate_data_parallel(graph: Graph, cluster: Cluster, *, ranks: int,
     device r of ``cluster``), gradients reduced as ``policy`` (a :class:`CommPolicy` or a
     registered name such as ``"fifo"``, ``"ddp"``) says with ``algorithm`` (``ring``, ``tree``,
     ``ps``). ``stragglers`` maps ranks to compute slowdown factors; the device's ``step_cv``
-    stretches every rank's compute by the slowest rank's expected factor (module docstring,
-    *Slowest rank*). The result holds one representative rank per class (``expand=True``:
-    every rank), named by its device. ``order`` (a topological order of all ops) sets the
-    compute priority; default the graph's topological order.
+    and ``device_cv`` stretch every rank's compute by the slowest rank's expected factor
+    (module docstring, *Slowest rank*). The result holds one representative rank per class
+    (``expand=True``: every rank), named by its device. ``order`` (a topological order of all
+    ops) sets the compute priority; default the graph's topological order.
 
     ``steps`` > 1 simulates that many consecutive steps, each layer's forward waiting for the
     update of its parameters in the step before (module docstring, *Steps*); the result holds
@@ -354,7 +357,7 @@ def simulate_data_parallel(graph: Graph, cluster: Cluster, *, ranks: int,
     check_policy(policy)
     classes = rank_classes(ranks, stragglers, expand=expand)
     factor = _straggler_factors(ranks, stragglers)
-    slowest = slowest_rank_factor(cluster.device.step_cv, ranks)
+    slowest = slowest_rank_factor(cluster.device.slowest_rank_cv, ranks)
     with _gc_paused():
         order = graph.topological_order() if order is None else _checked_order(graph, order)
         gradients = graph_gradients(graph, order)

@@ -1,0 +1,119 @@
+"""The spread of compute speed across devices of one kind (``DeviceSpec.device_cv``): the V100
+value derived by hand from the published measurement, its combination with the per-step
+jitter (``step_cv``) on a hand-worked two-rank case, the kinds without a measurement, the file
+field and its errors, and the report line that names both parts."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from trainsched.cli import main
+from trainsched.cluster import Cluster, Link, cluster_preset, device_kind, load_cluster_file
+from trainsched.comm import FifoPolicy
+from trainsched.costs import slowest_rank_factor
+from trainsched.errors import TrainschedError
+from trainsched.graph import Edge, Graph, Op, to_training
+from trainsched.sim import simulate_data_parallel
+
+MS = 1e-3
+MB = 1_000_000  # 1 ms on the 1 GB/s two-rank ring below
+
+
+def two_ranks(device_cv: float, step_cv: float = 0.0) -> Cluster:
+    """Two ranks, 1 GB/s, no latency, collectives at full speed: S bytes take S / 1 GB/s."""
+    device = replace(device_kind("V100"), compute_rate_with_comm=1.0, step_cv=step_cv,
+                     device_cv=device_cv)
+    return Cluster(name="t", device=device, devices_per_node=2,
+                   intra_node=Link(bandwidth_bytes_per_s=1e9, latency_s=0.0))
+
+
+def three_layers() -> Graph:
+    """L0 -> L1 -> L2, 1 ms per forward, dX and dW, 1 MB of parameters each (1 ms all-reduce);
+    an SGD step costs 3 MB / 6 GB/s = 0.5 ms."""
+    ops = [Op(name=f"L{i}", compute_s=MS, backward_input_s=MS, backward_weight_s=MS,
+              param_bytes=MB, output_bytes=4096, saved_bytes=4096, layer_index=i)
+           for i in range(3)]  # fmt: skip
+    edges = [Edge(src=f"L{i}", dst=f"L{i + 1}", size_bytes=4096) for i in range(2)]
+    return to_training(Graph(ops, edges), memory_bandwidth_bytes_per_s=6e9)
+
+
+def test_v100_value_follows_from_the_published_spread_by_hand():
+    """8% between Tukey's fences over the median. A normal's quartiles lie 0.67449 σ from its
+    median (tables), so IQR = 1.34898 σ and the fences span 4 IQR = 5.39592 σ:
+    cv = 0.08 / 5.39592 = 0.0148260."""
+    assert device_kind("V100").device_cv == pytest.approx(0.0148260, abs=1e-7)
+
+
+def test_eight_v100_wait_for_the_expected_slowest_by_hand():
+    """E[max of 8 standard normals] = 1.4236 (tables): 1 + 0.0148260 · 1.4236 = 1.021106."""
+    device = cluster_preset("p3.16xlarge").device
+    assert slowest_rank_factor(device.slowest_rank_cv, 8) == pytest.approx(1.021106, abs=2e-6)
+
+
+def test_device_and_step_draws_add_in_quadrature_by_hand():
+    """device_cv 0.03 and step_cv 0.04: one normal of cv 0.05 per rank. On two ranks F = 1 +
+    0.05/√π = 1.028209; the FIFO step of the three layers is 9.5F + 1 ms (forward 3F, the
+    last dW at 8F, its all-reduce 1 ms, three SGD steps of 0.5F): 10.76799 ms."""
+    result = simulate_data_parallel(three_layers(), two_ranks(0.03, 0.04), ranks=2,
+                                    policy=FifoPolicy())
+    assert math.isclose(result.step_time_s, 10.76799 * MS, rel_tol=1e-6)
+
+
+def test_device_spread_alone_stretches_by_hand():
+    """device_cv 0.1 alone: F = 1 + 0.1/√π = 1.056419; 9.5F + 1 ms = 11.03598 ms."""
+    result = simulate_data_parallel(three_layers(), two_ranks(0.1), ranks=2,
+                                    policy=FifoPolicy())
+    assert math.isclose(result.step_time_s, 11.03598 * MS, rel_tol=1e-6)
+
+
+def test_one_rank_is_never_stretched():
+    """One rank waits for nobody: 8 ms of compute and 1.5 ms of SGD steps, 9.5 ms."""
+    lone = simulate_data_parallel(three_layers(), two_ranks(0.1), ranks=1, policy=FifoPolicy())
+    assert math.isclose(lone.step_time_s, 9.5 * MS, rel_tol=1e-9)
+
+
+@pytest.mark.parametrize("kind", ["A100", "H100", "rtx2080", "k80", "cpu"])
+def test_kinds_without_a_measurement_have_none(kind):
+    assert device_kind(kind).device_cv == 0
+
+
+def test_device_cv_file_round_trip(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('[device]\nkind = "A100"\ncount = 8\ndevice_cv = 0.02\n'
+                    '[intra_node]\nbandwidth = "300GB/s"\nlatency = "10us"\n')
+    cluster = load_cluster_file(path)
+    assert cluster.device.device_cv == 0.02
+    again = tmp_path / "again.toml"
+    again.write_text(cluster.to_toml())
+    assert load_cluster_file(again) == cluster
+    assert "differ in compute speed by 2.00%" in cluster.describe()
+
+
+@pytest.mark.parametrize(("value", "needle"), [
+    ("0.5", "device_cv must be a number in [0, 0.3]"),
+    ('"2%"', "expected a number (the coefficient of variation"),
+])
+def test_bad_device_cv_names_file_and_field(tmp_path, value, needle):
+    path = tmp_path / "c.toml"
+    path.write_text(f'[device]\nkind = "V100"\ncount = 8\ndevice_cv = {value}\n'
+                    '[intra_node]\nbandwidth = "150GB/s"\nlatency = "10us"\n')
+    with pytest.raises(TrainschedError) as err:
+        load_cluster_file(path)
+    assert str(path) in str(err.value) and needle in str(err.value)
+
+
+def test_report_names_both_parts(tmp_path, capsys):
+    graph = three_layers()
+    graph_path = tmp_path / "g.json"
+    Graph(list(graph.ops), list(graph.edges), {"model": "hand"}).save(graph_path)
+    cluster = tmp_path / "c.toml"
+    cluster.write_text('[device]\nkind = "V100"\ncount = 2\ndevice_cv = 0.03\nstep_cv = 0.04\n'
+                       '[intra_node]\nbandwidth = "1GB/s"\nlatency = "0s"\n')
+    assert main(["simulate", str(graph_path), "--cluster", str(cluster), "--parallelism",
+                 "data", "--ranks", "2"]) == 0
+    out = capsys.readouterr().out
+    assert ("compute x 1.0282 every step (step time varies by 5.00% per rank: device spread "
+            "3.00% and step jitter 4.00%") in out
