@@ -195,6 +195,7 @@ def _device(kind: str | None, values: dict[str, Any], where: str,
             collective_overhead_s=pick("collective_overhead", "collective_overhead_s", 0.0),
             **{key: pick(key, key, _COLLECTIVE_DEFAULTS[key]) for key in _COLLECTIVE_KEYS},
             step_cv=pick("step_cv", "step_cv", 0.0),
+            buffer_sync_s=pick("buffer_sync", "buffer_sync_s", 0.0),
         )
     except TrainschedError as exc:
         raise TrainschedError(f"{where}: {exc}") from None
@@ -223,7 +224,8 @@ def cluster_from_dict(data: Mapping[str, Any], source: str) -> Cluster:
     dev = table("device", ("kind", "count", "memory", "peak_flops", "memory_bandwidth",
                            "launch_overhead", "comm_compute_share", "stream_slowdown",
                            "stream_fit", "microbatch_overhead", "message_host",
-                           "collective_overhead", *_COLLECTIVE_KEYS, "step_cv"))
+                           "collective_overhead", *_COLLECTIVE_KEYS, "step_cv",
+                           "buffer_sync"))
     intra = table("intra_node", _LINK_KEYS)
     inter = table("inter_node", _LINK_KEYS, required=False)
     collectives = table("collectives", _LINK_KEYS, required=False)
@@ -245,6 +247,7 @@ def cluster_from_dict(data: Mapping[str, Any], source: str) -> Cluster:
         "collective_slots": dev.get("collective_slots", _count, None),
         "collective_contention": dev.get("collective_contention", _fraction, None),
         "step_cv": dev.get("step_cv", _cv, None),
+        "buffer_sync": dev.get("buffer_sync", parse_duration, None),
     }
     device = _device(dev.get("kind", _string, None), values, f"{source}: [device]", str)
     try:
