@@ -4,7 +4,9 @@ A step here is the model's forward on the example batch, then backward from its 
 gradient of ones, as the per-op timings use), parameters' gradients cleared before each step
 the way ``zero_grad()`` does. The forward's end is timed too, so one run gives both the eager
 forward and the whole step. :func:`trainsched.graph.overhead.charge_step_overhead` charges the
-difference to the ops.
+difference to the ops. :func:`time_optimizer_step` times what a training loop's optimizer adds
+(plain SGD's ``step()`` and ``zero_grad()``), which the training transform charges to the
+optimizer ops (:func:`trainsched.graph.training.charge_optimizer_step`).
 """
 
 from __future__ import annotations

@@ -137,8 +137,8 @@ from trainsched.sim.executors import (
 from trainsched.sim.result import Allocation, SimResult, _merge, _subtract, build_result
 from trainsched.units import is_int
 
-__all__ = ["ALGORITHMS", "buffer_sync_s", "collective_link", "collective_s", "collective_startup_s",
-           "crossing_bound_s", "rank_classes", "simulate_data_parallel"]
+__all__ = ["ALGORITHMS", "buffer_sync_s", "collective_link", "collective_s",
+           "collective_startup_s", "crossing_bound_s", "rank_classes", "simulate_data_parallel"]
 
 MIB = 1 << 20
 
