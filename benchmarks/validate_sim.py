@@ -319,7 +319,9 @@ def predict_ddp(cfg: dict[str, Any], cluster: Any, graphs: dict[str, Any]) -> fl
         policy = DdpBucketPolicy()
     else:
         cap_bytes = FLAT_BYTES if cap == "flat" else cap * MiB
-        policy = DdpBucketPolicy(bucket_bytes=cap_bytes, first_bucket_bytes=cap_bytes)
+        # the flat baseline runs no DDP: no buffer broadcast before its forward
+        policy = DdpBucketPolicy(bucket_bytes=cap_bytes, first_bucket_bytes=cap_bytes,
+                                 buffer_sync=cap != "flat")
     return simulate_data_parallel(graphs[key], cluster, ranks=2, policy=policy).step_time_s
 
 

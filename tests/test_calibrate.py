@@ -54,6 +54,10 @@ def test_real_calibration_on_two_gloo_ranks():
     assert cal.memory_bandwidth_bytes_per_s is not None
     assert 1e8 < cal.memory_bandwidth_bytes_per_s < 1e13
     assert cluster.device.memory_bandwidth_bytes_per_s == cal.memory_bandwidth_bytes_per_s
+    # a real DDP forward's buffer broadcast: a gloo collective, so more than a microsecond
+    assert 1e-6 < cal.buffer_sync_s < 1.0
+    assert cluster.device.buffer_sync_s == cal.buffer_sync_s == data["buffer_sync_s"]
+    assert "DDP buffer broadcast before forward" in cal.table()
     assert "gloo" in cluster.description and cal.measured_at in cluster.description
     assert Cluster.from_dict(cluster.to_dict()) == cluster
     assert cal.to_cluster(name="here").name == "here"

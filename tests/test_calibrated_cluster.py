@@ -30,7 +30,7 @@ def _calibration() -> Calibration:
                        allreduce_errors=(0.0, 0.0), comm_compute_share=0.7,
                        memory_bandwidth_bytes_per_s=5e9, compute_rate_with_comm=0.6,
                        comm_rate_with_compute=0.3, collective_slots=2,
-                       collective_contention=0.9)
+                       collective_contention=0.9, buffer_sync_s=1.2e-3)
 
 
 def test_the_cluster_file_carries_every_fitted_quantity():
@@ -42,6 +42,7 @@ def test_the_cluster_file_carries_every_fitted_quantity():
             dev.collective_contention) == (0.6, 0.3, 2, 0.9)
     assert dev.comm_compute_share == 0.0  # by rate, not take turns as well
     assert dev.memory_bandwidth_bytes_per_s == 5e9
+    assert dev.buffer_sync_s == 1.2e-3
 
 
 def test_the_take_turns_file_carries_gamma_and_no_rates():

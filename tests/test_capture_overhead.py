@@ -147,3 +147,69 @@ def test_no_step_overhead_applies_to_measured_costs_only(tmp_path, capsys):
     assert code == 2
     assert ("--no-step-overhead does not apply with --costs static: it applies only with "
             "--costs measured") in capsys.readouterr().err
+
+
+# --- the optimizer step -----------------------------------------------------------------------
+
+@pytest.fixture
+def scripted_update(monkeypatch):
+    """The optimizer timer answers 2 s over 4 parameter tensors, median of 6."""
+    import importlib
+
+    from trainsched.capture.step import OptimizerStep
+
+    module = importlib.import_module("trainsched.capture.capture")
+    calls = []
+
+    def fake(model, **options):
+        calls.append(options)
+        return OptimizerStep(step_s=2.0, steps=6, params=4)
+
+    monkeypatch.setattr(module, "time_optimizer_step", fake)
+    return calls
+
+
+def test_a_measured_capture_records_the_optimizer_step(scripted_step, scripted_update):
+    model, x = _model()
+    graph = capture(model, x, costs="measured", device="cpu", repeats=3, warmup=1)
+    assert graph.meta["optimizer_step"] == {"optimizer": "sgd", "step_s": 2.0, "steps": 6,
+                                            "params": 4}
+    assert scripted_update[0]["repeats"] == 3 and scripted_update[0]["warmup"] == 1
+
+
+def test_its_sgd_optimizer_ops_add_up_to_the_timed_step(scripted_step, scripted_update):
+    """Two Linear layers and a batch norm hold parameters: three sgd ops, summing to 2 s."""
+    model, x = _model()
+    ops = to_training(capture(model, x, costs="measured", device="cpu", repeats=1)).ops
+    updates = [op for op in ops if op.kind == "optimizer"]
+    assert len(updates) == 3
+    assert sum(op.compute_s for op in updates) == pytest.approx(2.0, rel=1e-12)
+
+
+def test_step_overhead_off_times_no_optimizer_step(scripted_step, scripted_update):
+    model, x = _model()
+    graph = capture(model, x, costs="measured", device="cpu", repeats=1, step_overhead=False)
+    assert "optimizer_step" not in graph.meta
+    assert scripted_update == []
+
+
+def test_a_real_optimizer_step_leaves_the_parameters_and_gradients_as_they_were():
+    from trainsched.capture.step import time_optimizer_step
+
+    model, _ = _model()
+    before = [p.detach().clone() for p in model.parameters()]
+    model[0].weight.grad = torch.ones_like(model[0].weight)
+    update = time_optimizer_step(model, device=torch.device("cpu"), repeats=1)
+    assert update is not None and update.step_s > 0 and update.steps >= 5
+    assert update.params == 6  # two weights, two biases, batch norm's weight and bias
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before, strict=True))
+    assert torch.equal(model[0].weight.grad, torch.ones_like(model[0].weight))
+    assert model[3].weight.grad is None
+
+
+def test_profile_shows_the_optimizer_step_it_recorded(tmp_path, capsys):
+    code, graph = _profile(tmp_path)
+    assert code == 0
+    record = graph.meta["optimizer_step"]
+    assert record["optimizer"] == "sgd" and record["params"] == 4 and record["steps"] >= 5
+    assert "optimizer step   sgd step() + zero_grad()" in capsys.readouterr().out

@@ -526,3 +526,17 @@ def test_the_label_keeps_the_node_count_the_name_drops():
     assert (four.name, four.label, four.num_devices) == ("p3.16xlarge", "p3.16xlarge:4", 32)
     assert resolve_cluster(four.label) == four  # the label resolves back to the cluster
     assert resolve_cluster("p3").label == "p3.16xlarge"  # one node: the name alone
+
+
+def test_buffer_sync_round_trips_and_is_checked(tmp_path):
+    base = cluster_preset("cpu")
+    cluster = replace(base, device=replace(base.device, buffer_sync_s=1.5e-3))
+    assert Cluster.from_dict(cluster.to_dict()) == cluster
+    assert "broadcasts the buffers before each forward: 1.50 ms" in cluster.describe()
+    assert "buffer_sync" not in base.to_dict()["device"]  # 0: the format stays as it was
+    with pytest.raises(TrainschedError, match="buffer_sync_s must be a duration >= 0 s"):
+        replace(base.device, buffer_sync_s=-1e-3)
+    path = tmp_path / "c.toml"
+    path.write_text('name = "x"\n[device]\nkind = "cpu"\ncount = 2\nbuffer_sync = "2ms"\n'
+                    '[intra_node]\nbandwidth = "1GB/s"\nlatency = "1ms"\n')
+    assert load_cluster_file(path).device.buffer_sync_s == pytest.approx(2e-3)

@@ -25,10 +25,10 @@ from typing import Any
 import torch
 
 from trainsched.capture.profile import Phase, Progress, StepCost, StepRunner
-from trainsched.capture.step import time_eager_step
+from trainsched.capture.step import time_eager_step, time_optimizer_step
 from trainsched.capture.trace import Traced, _tree_map, quiet_torch_logs, trace
 from trainsched.errors import TrainschedError
-from trainsched.graph import Edge, Graph, Op, coarsen_by_module
+from trainsched.graph import OPTIMIZER_STEP, Edge, Graph, Op, coarsen_by_module
 from trainsched.graph.overhead import charge_step_overhead
 from trainsched.precision import check_precision
 
@@ -72,7 +72,9 @@ def capture(model: torch.nn.Module, example_inputs: tuple | Any = (), *,
     ``step_overhead`` (measured tier): also time whole eager training steps and charge what the
     ops timed one by one miss (autograd engine, allocator, Python between ops) to the ops, per
     op (:func:`trainsched.graph.overhead.charge_step_overhead`; ``meta["step_overhead"]``
-    records it).
+    records it), and time plain SGD's ``step()`` + ``zero_grad()`` on the model
+    (``meta["optimizer_step"]``), which the training transform charges to the ``sgd``
+    optimizer ops (:func:`trainsched.graph.training.charge_optimizer_step`).
     """
     if threads is not None and threads < 1:
         raise TrainschedError(f"threads must be at least 1, got {threads}")
@@ -189,8 +191,14 @@ def _capture(model: torch.nn.Module, example_inputs: Any, example_kwargs: Any,
         with _math(precision, autocast_on):
             eager = time_eager_step(model, args, kwargs, device=run_device, warmup=warmup,
                                     repeats=repeats, inputs_require_grad=inputs_require_grad)
+            update = time_optimizer_step(model, device=run_device, warmup=warmup,
+                                         repeats=repeats)
         graph = charge_step_overhead(graph, step_s=eager.step_s, forward_s=eager.forward_s,
                                      steps=eager.steps)
+        if update is not None:  # charged by the training transform to the optimizer ops
+            record = {"optimizer": "sgd", "step_s": update.step_s, "steps": update.steps,
+                      "params": update.params}
+            graph = Graph(graph.ops, graph.edges, {**graph.meta, OPTIMIZER_STEP: record})
     if granularity == "module":
         graph = coarsen_by_module(graph, depth=module_depth)
     return graph

@@ -4,7 +4,9 @@ A step here is the model's forward on the example batch, then backward from its 
 gradient of ones, as the per-op timings use), parameters' gradients cleared before each step
 the way ``zero_grad()`` does. The forward's end is timed too, so one run gives both the eager
 forward and the whole step. :func:`trainsched.graph.overhead.charge_step_overhead` charges the
-difference to the ops.
+difference to the ops. :func:`time_optimizer_step` times what a training loop's optimizer adds
+(plain SGD's ``step()`` and ``zero_grad()``), which the training transform charges to the
+optimizer ops (:func:`trainsched.graph.training.charge_optimizer_step`).
 """
 
 from __future__ import annotations
@@ -98,3 +100,51 @@ def _run(step: Callable[[], tuple[float, float]], warmup: int,
         if len(samples) >= MIN_STEPS and sum(s for _, s in samples) > STEP_BUDGET_S:
             break
     return samples
+
+
+@dataclass(frozen=True)
+class OptimizerStep:
+    """The median of ``steps`` timed ``step()`` + ``zero_grad()`` of plain SGD over ``params``
+    parameter tensors."""
+
+    step_s: float
+    steps: int
+    params: int
+
+
+def time_optimizer_step(model: torch.nn.Module, *, device: torch.device, warmup: int = 0,
+                        repeats: int = 10) -> OptimizerStep | None:
+    """Time what a training loop's ``optimizer.step()`` and ``optimizer.zero_grad()`` cost
+    for ``model`` with plain SGD (``torch.optim.SGD``, its defaults for the device: a loop
+    over the parameters on the CPU), gradients of zeros and a learning rate of 0, so the
+    parameters stay as they are (p - 0 * 0 = p); the gradients are restored afterwards.
+    ``warmup`` untimed steps (at least :data:`WARMUP_STEPS`), then ``max(repeats,
+    MIN_STEPS)`` timed ones. None for a model without trainable parameters."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        return None
+    grads_before = [p.grad for p in params]
+    zeros = [torch.zeros_like(p) for p in params]
+    optimizer = torch.optim.SGD(params, lr=0.0)
+
+    def step() -> float:
+        for p, zero in zip(params, zeros, strict=True):
+            p.grad = zero
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - start
+
+    try:
+        for _ in range(max(warmup, WARMUP_STEPS)):
+            step()
+        samples = [step() for _ in range(max(repeats, MIN_STEPS))]
+    finally:
+        for p, grad in zip(params, grads_before, strict=True):
+            p.grad = grad
+    return OptimizerStep(step_s=statistics.median(samples), steps=len(samples),
+                         params=len(params))

@@ -97,6 +97,14 @@ class DeviceSpec:
     A rate below 1 or more than one slot makes the data-parallel simulator run collectives by
     rate (``sim.coupling``) instead of one at a time at full speed.
 
+    ``buffer_sync_s``: the host time a DDP step spends before its forward broadcasting the
+    model's buffers (batch norm's running statistics) from rank 0, a blocking collective
+    (``broadcast_buffers``, DDP's default): its fixed part, start-up and DDP's own pre-forward
+    work; the data-parallel simulator adds the buffers' bytes over the collective link and
+    charges it at the start of every step of a model that has buffers, under a policy that
+    syncs them (``DdpBucketPolicy.buffer_sync``). ``trainsched calibrate`` measures it; default
+    0 (nothing charged).
+
     ``step_cv``: the coefficient of variation of one rank's compute time per step (clocks,
     heat, host jitter), each rank's draw independent of the others'. A synchronous step waits
     for the slowest of its N ranks, so the data-parallel simulator stretches every rank's
@@ -128,6 +136,7 @@ class DeviceSpec:
     collective_contention: float = 1.0
     step_cv: float = 0.0
     device_cv: float = 0.0
+    buffer_sync_s: float = 0.0
 
     def __post_init__(self) -> None:
         where = f"device {self.kind!r}"
@@ -157,7 +166,7 @@ class DeviceSpec:
                  f"{where}: stream_fit_s must be seconds >= 0, got {self.stream_fit_s!r}")
         object.__setattr__(self, "stream_slowdown", float(self.stream_slowdown))
         object.__setattr__(self, "stream_fit_s", float(self.stream_fit_s))
-        for name in ("microbatch_overhead_s", "message_host_s"):
+        for name in ("microbatch_overhead_s", "message_host_s", "buffer_sync_s"):
             value = getattr(self, name)
             _require(_finite(value) and value >= 0,
                      f"{where}: {name} must be a duration >= 0 s, got {value!r}")
@@ -225,7 +234,8 @@ class DeviceSpec:
                      self.microbatch_overhead_s, self.message_host_s,
                      self.collective_overhead_s, self.compute_rate_with_comm,
                      self.comm_rate_with_compute, self.collective_slots,
-                     self.collective_contention, self.step_cv, self.device_cv))
+                     self.collective_contention, self.step_cv, self.device_cv,
+                     self.buffer_sync_s))
 
     def __reduce__(self) -> tuple[Any, ...]:
         # A mappingproxy cannot be pickled; rebuild from a plain dict instead.
@@ -395,6 +405,7 @@ class Cluster:
                    if getattr(dev, key) != _COLLECTIVE_DEFAULTS[key]},
                 **({"step_cv": dev.step_cv} if dev.step_cv else {}),
                 **({"device_cv": dev.device_cv} if dev.device_cv else {}),
+                **({"buffer_sync": dev.buffer_sync_s} if dev.buffer_sync_s else {}),
             },
             "intra_node": _link_dict(self.intra_node),
         }
@@ -457,6 +468,9 @@ class Cluster:
             *([f"  spread      devices of the kind differ in compute speed by "
                f"{100 * dev.device_cv:.2f}% (coefficient of variation); a synchronous step "
                f"waits for the slowest device"] if dev.device_cv else []),
+            *([f"  buffer sync DDP broadcasts the buffers before each forward: "
+               f"{format_duration(dev.buffer_sync_s)} plus their bytes over the collective link"]
+              if dev.buffer_sync_s else []),
             f"  peak        {flops}",
             f"  intra-node  {self.intra_node.describe()} (per device, per direction)",
             *([f"  collectives {self.collectives.describe()} (per rank, ring formula; "

@@ -273,7 +273,10 @@ class DdpBucketPolicy:
     ``bucket_copies`` (DDP's default, ``gradient_as_bucket_view=False``): each gradient is
     copied into its bucket's flat buffer before the all-reduce and back after it; the
     simulator charges both copies to the rank's compute stream at the device's memory
-    bandwidth.
+    bandwidth. ``buffer_sync`` (DDP's default, ``broadcast_buffers=True``): before each
+    forward rank 0 broadcasts the model's buffers; the simulator charges the device's
+    ``buffer_sync_s`` plus the buffers' bytes over the collective link at the start of each
+    step of a model that has buffers.
     """
 
     bucket_bytes: int = 25 * MiB
@@ -281,6 +284,7 @@ class DdpBucketPolicy:
     order: str = "ready"
     cross_barrier: bool = False
     bucket_copies: bool = True
+    buffer_sync: bool = True
     queue: ClassVar[str] = "fifo"
     credit_bytes: ClassVar[float | None] = None
     credit_mode: ClassVar[str] = "strict"
@@ -292,6 +296,9 @@ class DdpBucketPolicy:
         if self.order not in DDP_BUCKET_ORDERS:
             raise TrainschedError(f"ddp policy: order must be one of "
                                   f"{', '.join(DDP_BUCKET_ORDERS)}, got {self.order!r}")
+        if not isinstance(self.buffer_sync, bool):
+            raise TrainschedError(f"ddp policy: buffer_sync must be True or False, got "
+                                  f"{self.buffer_sync!r}")
 
     def plan(self, gradients: Sequence[Gradient]) -> tuple[Collective, ...]:
         if self.order == "ready":

@@ -31,13 +31,19 @@ from trainsched.graph.io import (
     show_value,
 )
 from trainsched.graph.overhead import STEP_OVERHEAD, charge_step_overhead, spread_gap
-from trainsched.graph.training import OPTIMIZERS, to_training
+from trainsched.graph.training import (
+    OPTIMIZER_STEP,
+    OPTIMIZERS,
+    charge_optimizer_step,
+    to_training,
+)
 
 __all__ = [
     "FORMAT",
     "FORMATS",
     "FORMAT_V1",
     "OPTIMIZERS",
+    "OPTIMIZER_STEP",
     "OP_KINDS",
     "STEP_OVERHEAD",
     "Edge",
@@ -46,6 +52,7 @@ __all__ = [
     "Op",
     "atomic_write_bytes",
     "atomic_write_text",
+    "charge_optimizer_step",
     "charge_step_overhead",
     "check_keys",
     "coarsen_by_module",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import replace
+from typing import Any
 
 from trainsched.errors import TrainschedError
 from trainsched.graph.core import Edge, Graph, Op
@@ -81,6 +82,7 @@ def to_training(
         grads[op.name] = [b.name for b in mine]
     master = master_weights(graph.meta.get("precision", "fp32"))
     optim = [_optimizer(op, optimizer, bandwidth, master) for op in forward if op.param_bytes > 0]
+    optim, per_op = charge_optimizer_step(optim, graph.meta.get(OPTIMIZER_STEP), optimizer)
 
     edges = list(graph.edges)
     edges += [
@@ -109,8 +111,39 @@ def to_training(
     ]  # fmt: skip
     meta = graph.meta
     meta["training"] = {"optimizer": optimizer, "memory_bandwidth_bytes_per_s": bandwidth}
+    if per_op is not None:
+        meta["training"]["optimizer_step_per_op_s"] = per_op
     forward = [replace(op, group=_group(op)) for op in forward]
     return Graph([*forward, *backward, *optim], edges, meta)
+
+
+#: The key of ``graph.meta`` recording a measured optimizer step (capture's measured tier):
+#: ``optimizer`` (its name), ``step_s`` (median seconds of ``step()`` + ``zero_grad()``),
+#: ``steps`` (how many were timed), ``params`` (parameter tensors it updated).
+OPTIMIZER_STEP = "optimizer_step"
+
+
+def charge_optimizer_step(optim: list[Op], record: Any,
+                          optimizer: str) -> tuple[list[Op], float | None]:
+    """The optimizer ops ``optim`` with a measured step charged, and the charge per op.
+
+    ``record`` is ``meta["optimizer_step"]`` (None: nothing measured). When it measured the
+    same ``optimizer`` and its ``step_s`` exceeds the ops' summed times (their bytes over the
+    memory bandwidth), every op gets an even share of the difference, so the ops add up to the
+    measured step: what a per-parameter loop pays beyond the bytes (Python, dispatch, one
+    kernel per tensor). Never taken away (0 charged); another optimizer, or no ops: untouched
+    (None)."""
+    if not isinstance(record, dict) or record.get("optimizer") != optimizer or not optim:
+        return optim, None
+    step_s = record.get("step_s")
+    if not (isinstance(step_s, int | float) and math.isfinite(step_s) and step_s >= 0):
+        raise TrainschedError(f"meta[{OPTIMIZER_STEP!r}] step_s must be a finite number of "
+                              f"seconds >= 0, got {step_s!r}; capture the graph again")
+    gap = step_s - sum(op.compute_s for op in optim)
+    if gap <= 0:
+        return optim, 0.0
+    per_op = gap / len(optim)
+    return [replace(op, compute_s=op.compute_s + per_op) for op in optim], per_op
 
 
 def _group(op: Op) -> str:

@@ -84,6 +84,18 @@ def describe_step_overhead(record: dict[str, Any]) -> str:
     return head + f"+{format_duration(step - ops)} charged, " + " and ".join(parts)
 
 
+def describe_optimizer_step(record: dict[str, Any]) -> str:
+    """One line on a measured graph's ``meta["optimizer_step"]``: the timed optimizer step
+    the training transform charges to that optimizer's ops."""
+    step = record.get("step_s")
+    if not isinstance(step, int | float):
+        return "recorded without its time"
+    return (f"{record.get('optimizer', '?')} step() + zero_grad() {format_duration(step)} over "
+            f"{record.get('params', '?')} parameter tensors (median of {record.get('steps', '?')}"
+            f"), charged to the {record.get('optimizer', '?')} optimizer ops by the training "
+            f"transform")
+
+
 def describe_graph(s: dict[str, Any], top: int) -> str:
     """The text of a :func:`graph_summary`: a title line, then one line per fact."""
     meta = s["meta"]
@@ -109,6 +121,9 @@ def describe_graph(s: dict[str, Any], top: int) -> str:
     overhead = meta.get("step_overhead")
     if isinstance(overhead, dict):
         lines.append(f"  step overhead    {describe_step_overhead(overhead)}")
+    update = meta.get("optimizer_step")
+    if isinstance(update, dict):
+        lines.append(f"  optimizer step   {describe_optimizer_step(update)}")
     path = s["critical_path"]
     shown = " -> ".join(path if len(path) <= 6 else [*path[:3], "...", *path[-2:]])
     lines.append(f"  critical path    {format_duration(s['critical_path_s'])} over "

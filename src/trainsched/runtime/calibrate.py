@@ -89,6 +89,7 @@ class Calibration:
     comm_rate_with_compute: float = 1.0  # an all-reduce's rate while compute runs
     collective_slots: int = 1  # collectives in flight at once
     collective_contention: float = 1.0  # how collectives in flight together share the wire
+    buffer_sync_s: float = 0.0  # DDP's buffer broadcast before forward (fixed part)
 
     def p2p_predict(self, size_bytes: float) -> float:
         return self.p2p.latency_s + size_bytes / self.p2p.bandwidth_bytes_per_s
@@ -121,6 +122,7 @@ class Calibration:
             "comm_rate_with_compute": self.comm_rate_with_compute,
             "collective_slots": self.collective_slots,
             "collective_contention": self.collective_contention,
+            "buffer_sync_s": self.buffer_sync_s,
         }
 
     def to_json(self) -> str:
@@ -139,6 +141,9 @@ class Calibration:
                      f"all-reduce, all-reduce at {self.comm_rate_with_compute:.2f} beside "
                      f"compute; {self.collective_slots} at once, contention "
                      f"{self.collective_contention:.2f}")
+        if self.buffer_sync_s:
+            lines.append(f"DDP buffer broadcast before forward: {self.buffer_sync_s * 1e3:.3f} ms "
+                         f"(fixed part)")
         if self.memory_bandwidth_bytes_per_s:
             lines.append(f"memory bandwidth (64 MiB copy, read + write, every rank at once): "
                          f"{self.memory_bandwidth_bytes_per_s / 1e9:.1f} GB/s")
@@ -172,7 +177,7 @@ class Calibration:
                             "collective_slots": self.collective_slots,
                             "collective_contention": self.collective_contention}
         device = dataclasses.replace(
-            base.device, **interference,
+            base.device, **interference, buffer_sync_s=self.buffer_sync_s,
             memory_bandwidth_bytes_per_s=(self.memory_bandwidth_bytes_per_s
                                           or base.device.memory_bandwidth_bytes_per_s))
         return Cluster(name=name, description=description, device=device,
@@ -325,7 +330,8 @@ def calibrate(*, world_size: int = 2, sizes_bytes: Sequence[int] | None = None, 
                       compute_rate_with_comm=_clamp(rates.get("compute", 1.0), 0.05, 1.0),
                       comm_rate_with_compute=_clamp(rates.get("comm", 1.0), 0.01, 1.0),
                       collective_slots=GLOO_THREADS if backend == "gloo" else 1,
-                      collective_contention=_clamp(rates.get("contention", 1.0), 0.0, 1.0))
+                      collective_contention=_clamp(rates.get("contention", 1.0), 0.0, 1.0),
+                      buffer_sync_s=_clamp(data.get("buffer_sync", 0.0), 0.0, 1.0))
     return dataclasses.replace(cal, p2p_errors=_errors(cal.p2p_predict, rows, "p2p_s"),
                                allreduce_errors=_errors(cal.allreduce_predict, rows,
                                                         "allreduce_s"))
@@ -396,6 +402,7 @@ def _worker_main() -> None:  # pragma: no cover - runs in the spawned processes
     share, rates = _interference(dist, device, sync, n)
     rates["contention"] = _contention(dist, device, sync, n)
     memory = _copy_bandwidth(dist, device, sync, n)
+    buffer_sync = _buffer_sync(dist, device, sync, n)
     dist.barrier()
     if rank == 0:
         host = {"torch": torch.__version__, "torch_threads": torch.get_num_threads()}
@@ -404,7 +411,8 @@ def _worker_main() -> None:  # pragma: no cover - runs in the spawned processes
         tmp = cfg["result"] + ".tmp"
         with open(tmp, "w") as fh:
             json.dump({"rows": rows, "host": host, "comm_compute_share": share,
-                       "rates": rates, "memory_bandwidth": memory}, fh)
+                       "rates": rates, "memory_bandwidth": memory,
+                       "buffer_sync": buffer_sync}, fh)
         os.replace(tmp, cfg["result"])
     dist.destroy_process_group()
 
@@ -496,6 +504,36 @@ def _contention(dist: Any, device: Any, sync: Any, world_size: int,
     one = statistics.median([timed([a]) for _ in range(rounds)])
     two = statistics.median([timed([a, b]) for _ in range(rounds)])
     mean = torch.tensor([two / one - 1.0], dtype=torch.float64)
+    dist.all_reduce(mean)
+    return float(mean) / world_size
+
+
+def _buffer_sync(dist: Any, device: Any, sync: Any, world_size: int,
+                 repeats: int = 15) -> float:  # pragma: no cover - runs in the workers
+    """What DDP's forward spends before the module runs when the module has buffers: the
+    broadcast of its buffers from rank 0 (``broadcast_buffers``, DDP's default) and DDP's own
+    pre-forward work, on a batch norm of 16 features (its float and integer buffers, as in
+    every batch-norm model; their bytes are negligible). Timed from the call to the module's
+    forward pre-hook, every rank starting together; the median of ``repeats`` on each rank,
+    averaged over ranks."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    module = torch.nn.BatchNorm1d(16).to(device)
+    ids = [device.index] if device.type == "cuda" else None
+    ddp = DistributedDataParallel(module, device_ids=ids)
+    x = torch.randn(4, 16, device=device)
+    entered: list[float] = []
+    module.register_forward_pre_hook(lambda *_: entered.append(time.perf_counter()))
+    times = []
+    for i in range(3 + repeats):
+        dist.barrier()
+        sync()
+        t0 = time.perf_counter()
+        ddp(x).sum().backward()
+        if i >= 3:
+            times.append(entered[-1] - t0)
+    mean = torch.tensor([statistics.median(times)], dtype=torch.float64)
     dist.all_reduce(mean)
     return float(mean) / world_size
 

@@ -7,6 +7,7 @@ Executors lower their input to one task graph on the discrete-event engine
 
 from trainsched.sim.data_parallel import (
     ALGORITHMS,
+    buffer_sync_s,
     collective_link,
     collective_s,
     collective_startup_s,
@@ -62,6 +63,7 @@ __all__ = [
     "TaskGraph",
     "TaskRecord",
     "bubble_fraction",
+    "buffer_sync_s",
     "build_result",
     "check_costs_fit",
     "choose_slots",

@@ -21,6 +21,12 @@ replays it:
   compute stream, ahead of every op waiting there (it cannot preempt a running op): the CPU
   time a process that both computes and drives gloo loses to communication. γ = 0 (GPUs, the
   default) leaves compute untouched; γ = 1 makes communication and compute take turns.
+- **Buffer sync.** A policy with ``buffer_sync`` (DDP's ``broadcast_buffers``) on a model
+  with buffers (batch norm's running statistics) starts each step with a blocking broadcast
+  of the buffers from rank 0: a ``buffer sync`` task on every rank's compute stream
+  (:func:`buffer_sync_s`: the device's measured ``buffer_sync_s`` plus the buffers' bytes over
+  the collective link), after every rank's step boundary (a rendezvous) and before the step's
+  first ops. A device without ``buffer_sync_s`` (0, the default) charges nothing.
 - **Optimizer.** Each optimizer op waits for the collectives holding its gradients
   (``cross_barrier``) or for all collectives (the baselines' barrier). Step time = last end.
 - **Steps.** ``steps`` > 1 repeats the step: step s+1 starts once step s's backward has
@@ -134,8 +140,8 @@ from trainsched.sim.executors import (
 from trainsched.sim.result import Allocation, SimResult, _merge, _subtract, build_result
 from trainsched.units import is_int
 
-__all__ = ["ALGORITHMS", "collective_link", "collective_s", "collective_startup_s",
-           "crossing_bound_s", "rank_classes", "simulate_data_parallel"]
+__all__ = ["ALGORITHMS", "buffer_sync_s", "collective_link", "collective_s",
+           "collective_startup_s", "crossing_bound_s", "rank_classes", "simulate_data_parallel"]
 
 MIB = 1 << 20
 
@@ -246,6 +252,21 @@ def collective_s(size_bytes: float, ranks: int, cluster: Cluster,
     if algorithm == "tree":
         return tree_allreduce_s(size_bytes, ranks, link)
     return ring_allreduce_nodes_s(size_bytes, ranks, nodes, cluster.collective_link, link)
+
+
+def buffer_sync_s(graph: Graph, cluster: Cluster, *, ranks: int, policy: CommPolicy) -> float:
+    """Seconds DDP's buffer broadcast costs at the start of each step of ``graph`` on
+    ``ranks`` ranks of ``cluster`` under ``policy``: the device's ``buffer_sync_s`` plus the
+    forward ops' ``buffer_bytes`` over the collective link; 0 on one rank, under a policy
+    without ``buffer_sync``, on a device without ``buffer_sync_s``, or for a model without
+    buffers (DDP then broadcasts nothing)."""
+    fixed = cluster.device.buffer_sync_s
+    if ranks < 2 or not fixed or not getattr(policy, "buffer_sync", False):
+        return 0.0
+    size = sum(op.buffer_bytes for op in graph.ops if op.kind == "forward")
+    if not size:
+        return 0.0
+    return fixed + size / collective_link(cluster, ranks).bandwidth_bytes_per_s
 
 
 def collective_startup_s(ranks: int, cluster: Cluster, algorithm: str = "ring") -> float:
@@ -486,10 +507,12 @@ def _lower(low: _Lowering, graph: Graph, order: Sequence[str], plan: Sequence[An
     durations = [collective_s(coll.size_bytes, ranks, low.cluster, algorithm) + overhead
                  for coll in plan]  # fmt: skip
     n_ops, n_coll = len(ops), len(plan)
+    sync_s = buffer_sync_s(graph, low.cluster, ranks=ranks, policy=policy) \
+        if low.cluster is not None else 0.0
     previous: list[int] = []  # per representative: the base task index of the step before
 
     for step in range(steps):
-        base = []
+        base, boundaries = [], []
         for k, rank in enumerate(reps):
             f = factors[k]
             boundary = -1
@@ -501,6 +524,7 @@ def _lower(low: _Lowering, graph: Graph, order: Sequence[str], plan: Sequence[An
                 for p, op in enumerate(ops):
                     if policy.cross_barrier is False or op.kind != "optimizer":
                         tasks.add_dependency(previous[k] + p, boundary)
+                boundaries.append(boundary)
             first = len(tasks)
             for p, op in enumerate(ops):
                 args = {"op": op.name, "bytes": op.output_bytes, "rank": rank,
@@ -519,6 +543,8 @@ def _lower(low: _Lowering, graph: Graph, order: Sequence[str], plan: Sequence[An
                         tasks.add_dependency(previous[k] + u, first + p)
             base.append(first)
             _allocate(low, ops, users, k, first, resident=step == 0)
+        if sync_s:
+            _buffer_sync(low, ops, has_pred, base, boundaries, reps, sync_s, step, n_ops)
 
         for c, coll in enumerate(plan):
             g = step * n_coll + c  # collectives of every step in one plan order
@@ -585,6 +611,21 @@ def _lower(low: _Lowering, graph: Graph, order: Sequence[str], plan: Sequence[An
         out.firsts.append(base[0])
         previous = base
     return out
+
+
+def _buffer_sync(low: _Lowering, ops: Sequence[Any], has_pred: Sequence[bool],
+                 base: Sequence[int], boundaries: Sequence[int], reps: Sequence[int],
+                 duration_s: float, step: int, n_ops: int) -> None:
+    """Each representative's ``buffer sync`` task of ``step``: after every representative's
+    step boundary (a broadcast waits for all ranks), before its step's first ops."""
+    for k, rank in enumerate(reps):
+        sync = low.compute("buffer sync", duration_s, k, priority=step * n_ops - 1,
+                           category="buffer-sync", args={"rank": rank, "step": step})
+        for boundary in boundaries:
+            low.tasks.add_dependency(boundary, sync)
+        for p, op in enumerate(ops):
+            if not has_pred[p] and op.kind == "forward":
+                low.tasks.add_dependency(sync, base[k] + p)
 
 
 def _allocate(low: _Lowering, ops: Sequence[Any], users: Sequence[Sequence[int]], k: int,
