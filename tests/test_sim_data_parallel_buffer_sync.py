@@ -26,7 +26,8 @@ def close(actual: float, expected: float) -> bool:
 def cluster(sync_s: float = 0.5 * MS) -> Cluster:
     """Two V100s whose collectives run one at a time beside full-speed compute, on a 1 GB/s
     link with 50 µs latency; DDP's buffer broadcast costs ``sync_s`` plus bytes / 1 GB/s."""
-    device = replace(device_kind("V100"), compute_rate_with_comm=1.0, buffer_sync_s=sync_s)
+    device = replace(device_kind("V100"), compute_rate_with_comm=1.0, buffer_sync_s=sync_s,
+                     device_cv=0.0)
     return Cluster(name="test", device=device, devices_per_node=2, num_nodes=1,
                    intra_node=Link(bandwidth_bytes_per_s=1e9, latency_s=50e-6))
 
