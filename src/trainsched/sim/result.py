@@ -33,6 +33,8 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any
 
+import numpy
+
 from trainsched.sim.engine import Replay, TaskGraph, longest_path_s
 
 __all__ = ["Allocation", "Dependencies", "PathStep", "PathSteps", "ResourceRecord", "SimResult",
@@ -374,9 +376,15 @@ def _exposed_comm_s(tasks: TaskGraph, replay: Replay) -> float:
 
 def _memory(tasks: TaskGraph, replay: Replay, num_devices: int,
             allocations: Sequence[Allocation]) -> list[tuple[int, str | None, tuple]]:
-    """Per device: (peak bytes, the task whose allocation reached it, the timeline)."""
+    """Per device: (peak bytes, the task whose allocation reached it, the timeline).
+
+    Each allocation is a change at its task's start (phase 1) and, if it is freed, one at the
+    latest end of its ``until_tasks`` (phase 0; phase 2 when that is not after it was made: it
+    counts at that instant, after the allocations). Changes apply in order of (time, phase,
+    allocation); the timeline has the level after each instant (and, where a buffer was freed
+    the instant it was made, the level before those frees)."""
     resident = [0] * num_devices
-    changes: list[list[tuple[float, int, int, int, int]]] = [[] for _ in range(num_devices)]
+    changes = [_Changes() for _ in range(num_devices)]
     start_s, end_of = replay.start_s, replay.end_s.__getitem__
     for k, a in enumerate(allocations):
         size = a.size_bytes
@@ -388,17 +396,78 @@ def _memory(tasks: TaskGraph, replay: Replay, num_devices: int,
             at = 0.0
         else:
             at = start_s[task]
-            mine.append((at, 1, k, size, task))
+            mine.add(at, 1, k, size, task)
         if a.until_tasks:
             free = max(map(end_of, a.until_tasks))
-            # Freed the instant it is made: count it at that instant, after the allocations.
-            mine.append((free, 2 if free <= at else 0, k, -size, -1))
+            mine.add(free, 2 if free <= at else 0, k, -size, -1)
     out = []
     for d in range(num_devices):
-        current = peak = resident[d]
+        peak, peak_task, timeline = changes[d].replay(resident[d])
+        out.append((peak, tasks.label[peak_task] if peak_task >= 0 else None, timeline))
+    return out
+
+
+class _Changes:
+    """One device's memory changes, as parallel columns (see :func:`_memory`)."""
+
+    __slots__ = ("delta", "k", "phase", "task", "time")
+
+    def __init__(self) -> None:
+        self.time: list[float] = []
+        self.phase: list[int] = []
+        self.k: list[int] = []
+        self.delta: list[int] = []
+        self.task: list[int] = []
+
+    def add(self, time_s: float, phase: int, k: int, delta: int, task: int) -> None:
+        self.time.append(time_s)
+        self.phase.append(phase)
+        self.k.append(k)
+        self.delta.append(delta)
+        self.task.append(task)
+
+    def replay(self, resident: int) -> tuple[int, int, tuple]:
+        """(peak bytes, the task whose allocation first reached it or -1, the timeline) from
+        ``resident`` bytes at time 0."""
+        if not self.time:
+            return resident, -1, ((0.0, resident),)
+        # The levels in int64 when no partial sum can overflow it (else Python's ints).
+        if resident + math.fsum(map(abs, self.delta)) >= 2**62:
+            return self._replay_slowly(resident)
+        # (time, phase, k) is unique per change: a lexicographic sort gives the one order.
+        order = numpy.lexsort((numpy.array(self.k), numpy.array(self.phase),
+                               numpy.array(self.time, dtype=numpy.float64)))
+        time = numpy.array(self.time, dtype=numpy.float64)[order]
+        phase = numpy.array(self.phase, dtype=numpy.int64)[order]
+        level = numpy.cumsum(numpy.array(self.delta, dtype=numpy.int64)[order]) + resident
+        if int(level.min()) < 0:  # freed before it was made (hand-made allocations)
+            return self._replay_slowly(resident)
+        top = int(level.max())
+        peak, peak_task = resident, -1
+        if top > resident:  # the first change that reached the highest level: an allocation
+            peak, peak_task = top, self.task[int(order[int(level.argmax())])]
+        # An instant is a run of equal times; within it phases 0, 1, 2 follow each other.
+        count = len(time)
+        first = numpy.flatnonzero(numpy.r_[True, time[1:] != time[:-1]])
+        last = numpy.r_[first[1:] - 1, count - 1]
+        # The level before an instant's phase-2 frees, where it also made something.
+        frees = 1 + numpy.flatnonzero((phase[1:] == 2) & (phase[:-1] == 1)
+                                      & (time[1:] == time[:-1]))
+        points = numpy.sort(numpy.r_[last, frees - 1])
+        instant = numpy.searchsorted(first, points, side="right") - 1
+        times = time[first[instant]].tolist()
+        levels = level[points].tolist()
+        head = [] if times[0] == 0.0 else [(0.0, resident)]
+        return peak, peak_task, (*head, *zip(times, levels, strict=True))
+
+    def _replay_slowly(self, resident: int) -> tuple[int, int, tuple]:
+        """:meth:`replay` in Python's ints (levels beyond int64)."""
+        changes = sorted(zip(self.time, self.phase, self.k, self.delta, self.task,
+                                    strict=True))
+        current = peak = resident
         peak_task = -1
         timeline = [(0.0, current)]
-        for time_s, group in itertools.groupby(sorted(changes[d]), key=_first):
+        for time_s, group in itertools.groupby(changes, key=_first):
             high = -1  # the level after this instant's allocations, before instant frees
             for _, phase, _, delta, task in group:
                 current += delta
@@ -411,5 +480,4 @@ def _memory(tasks: TaskGraph, replay: Replay, num_devices: int,
             if high > current:  # a buffer freed the instant it was made: show its high too
                 timeline.append((time_s, high))
             timeline.append((time_s, current))
-        out.append((peak, tasks.label[peak_task] if peak_task >= 0 else None, tuple(timeline)))
-    return out
+        return peak, peak_task, tuple(timeline)
