@@ -450,20 +450,26 @@ def _simulate(graph: Graph, cluster: Cluster | None, device_of: Mapping[str, int
     outputs = list(map(_output_of, ops))
     gradient = [kind == "backward_weight" for kind in map(_kind_of, ops)]
     # What stays all step: parameters, buffers, optimizer state, and the gradients dW ops make.
-    for d, held, out, grad in zip(dev, map(sum, map(_held_of, ops)), outputs, gradient,
-                                  strict=True):
-        resident[d] += (held + out) if grad else held
+    if len(used) == 1:  # the same sums, added up in C
+        resident[0] = sum(map(sum, map(_held_of, ops))) + sum(itertools.compress(outputs,
+                                                                                gradient))
+    else:
+        for d, held, out, grad in zip(dev, map(sum, map(_held_of, ops)), outputs, gradient,
+                                      strict=True):
+            resident[d] += (held + out) if grad else held
     # The rest, in task order: its output (0 bytes changes nothing: not made), its workspace.
     temps = list(map(_temp_of, ops))
     made = [(out > 0 and not grad) or temp > 0
             for out, grad, temp in zip(outputs, gradient, temps, strict=True)]
+    add = allocations.append
     for t in itertools.compress(range(n), made):
         d = dev[t]
         if outputs[t] and not gradient[t]:
-            until = (*(users[t] or ()), *sent.get(t, ()))
-            allocations.append(_allocation(d, outputs[t], t, until))
+            mine = users[t] or ()
+            until = (*mine, *sent[t]) if t in sent else tuple(mine)
+            add(_allocation(d, outputs[t], t, until))
         if temps[t]:
-            allocations.append(_allocation(d, temps[t], t, (t,)))
+            add(_allocation(d, temps[t], t, (t,)))
     for x, (dst_device, size, consumers) in received.items():
         allocations.append(Allocation(device=dst_device, size_bytes=size, at_task=x,
                                       until_tasks=tuple(consumers)))

@@ -374,6 +374,12 @@ def _exposed_comm_s(tasks: TaskGraph, replay: Replay) -> float:
     return math.fsum(b - a for a, b in _merge(exposed))
 
 
+_size_of = operator.attrgetter("size_bytes")
+_device_of = operator.attrgetter("device")
+_at_of = operator.attrgetter("at_task")
+_until_of = operator.attrgetter("until_tasks")
+
+
 def _memory(tasks: TaskGraph, replay: Replay, num_devices: int,
             allocations: Sequence[Allocation]) -> list[tuple[int, str | None, tuple]]:
     """Per device: (peak bytes, the task whose allocation reached it, the timeline).
@@ -382,9 +388,84 @@ def _memory(tasks: TaskGraph, replay: Replay, num_devices: int,
     latest end of its ``until_tasks`` (phase 0; phase 2 when that is not after it was made: it
     counts at that instant, after the allocations). Changes apply in order of (time, phase,
     allocation); the timeline has the level after each instant (and, where a buffer was freed
-    the instant it was made, the level before those frees)."""
+    the instant it was made, the level before those frees). The changes are sorted and added
+    up in numpy when every level fits in 64 bits, else in Python (:func:`_memory_slowly`)."""
+    sizes = list(map(_size_of, allocations))
+    if sum(map(abs, sizes)) >= 2**62:
+        return _memory_slowly(tasks, replay, num_devices, allocations)
+    size = numpy.array(sizes, dtype=numpy.int64)
+    device = numpy.array(list(map(_device_of, allocations)), dtype=numpy.int64)
+    at_task = numpy.array(list(map(_at_of, allocations)), dtype=numpy.int64)
+    until = list(map(_until_of, allocations))
+    counts = numpy.array(list(map(len, until)), dtype=numpy.int64)
+    live = size != 0
     resident = [0] * num_devices
-    changes = [_Changes() for _ in range(num_devices)]
+    held = live & (at_task < 0)
+    for d, b in zip(device[held].tolist(), size[held].tolist(), strict=True):
+        resident[d] += b
+    # When each is made (task -1 picks the 0.0 appended: resident from the start).
+    at = numpy.array([*replay.start_s, 0.0], dtype=numpy.float64)[at_task]
+    made = numpy.flatnonzero(live & (at_task >= 0))
+    freed = numpy.flatnonzero(live & (counts > 0))
+    free = numpy.empty(0, dtype=numpy.float64)
+    if len(freed):  # the latest end of each freed one's until_tasks
+        ends = numpy.array(replay.end_s, dtype=numpy.float64)
+        flat = numpy.fromiter(itertools.chain.from_iterable(map(until.__getitem__,
+                                                                freed.tolist())),
+                              dtype=numpy.int64)
+        first = numpy.r_[0, numpy.cumsum(counts[freed])[:-1]]
+        free = numpy.maximum.reduceat(ends[flat], first)
+    time = numpy.r_[at[made], free]
+    phase = numpy.r_[numpy.ones(len(made), dtype=numpy.int64),
+                     numpy.where(free <= at[freed], 2, 0)]
+    k = numpy.r_[made, freed]
+    delta = numpy.r_[size[made], -size[freed]]
+    task = numpy.r_[at_task[made], numpy.full(len(freed), -1, dtype=numpy.int64)]
+    dev = numpy.r_[device[made], device[freed]]
+    # (device, time, phase, allocation) is unique per change: one order.
+    order = numpy.lexsort((k, phase, time, dev))
+    time, phase, delta, task, dev = time[order], phase[order], delta[order], task[order], \
+        dev[order]
+    bounds = numpy.searchsorted(dev, numpy.arange(num_devices + 1))
+    levels = [_levels(resident[d], time[a:b], phase[a:b], delta[a:b], task[a:b])
+              for d, (a, b) in enumerate(itertools.pairwise(bounds.tolist()))]
+    if any(level is None for level in levels):  # a level below 0: hand-made allocations
+        return _memory_slowly(tasks, replay, num_devices, allocations)
+    return [(peak, tasks.label[t] if t >= 0 else None, timeline)
+            for peak, t, timeline in levels]  # type: ignore[misc]
+
+
+def _levels(resident: int, time: Any, phase: Any, delta: Any, task: Any
+            ) -> tuple[int, int, tuple] | None:
+    """One device's (peak, the task whose allocation first reached it or -1, timeline) from
+    its changes in order (numpy arrays), or None if a level goes below 0."""
+    if not len(time):
+        return resident, -1, ((0.0, resident),)
+    level = numpy.cumsum(delta) + resident
+    if int(level.min()) < 0:
+        return None
+    top = int(level.max())
+    peak, peak_task = resident, -1
+    if top > resident:  # the first change that reached the highest level: an allocation
+        peak, peak_task = top, int(task[int(level.argmax())])
+    # An instant is a run of equal times; within it phases 0, 1, 2 follow each other. Its
+    # points: the level after it, and before that the level before its phase-2 frees when
+    # it also made something.
+    first = numpy.flatnonzero(numpy.r_[True, time[1:] != time[:-1]])
+    last = numpy.r_[first[1:] - 1, len(time) - 1]
+    highs = numpy.flatnonzero((phase[1:] == 2) & (phase[:-1] == 1) & (time[1:] == time[:-1]))
+    points = numpy.sort(numpy.r_[last, highs])
+    instant = numpy.searchsorted(first, points, side="right") - 1
+    times = time[first[instant]].tolist()
+    head = [] if times[0] == 0.0 else [(0.0, resident)]
+    return peak, peak_task, (*head, *zip(times, level[points].tolist(), strict=True))
+
+
+def _memory_slowly(tasks: TaskGraph, replay: Replay, num_devices: int,
+                   allocations: Sequence[Allocation]) -> list[tuple[int, str | None, tuple]]:
+    """:func:`_memory` one change at a time, in Python's ints."""
+    resident = [0] * num_devices
+    changes: list[list[tuple[float, int, int, int, int]]] = [[] for _ in range(num_devices)]
     start_s, end_of = replay.start_s, replay.end_s.__getitem__
     for k, a in enumerate(allocations):
         size = a.size_bytes
@@ -396,78 +477,17 @@ def _memory(tasks: TaskGraph, replay: Replay, num_devices: int,
             at = 0.0
         else:
             at = start_s[task]
-            mine.add(at, 1, k, size, task)
+            mine.append((at, 1, k, size, task))
         if a.until_tasks:
             free = max(map(end_of, a.until_tasks))
-            mine.add(free, 2 if free <= at else 0, k, -size, -1)
+            # Freed the instant it is made: count it at that instant, after the allocations.
+            mine.append((free, 2 if free <= at else 0, k, -size, -1))
     out = []
     for d in range(num_devices):
-        peak, peak_task, timeline = changes[d].replay(resident[d])
-        out.append((peak, tasks.label[peak_task] if peak_task >= 0 else None, timeline))
-    return out
-
-
-class _Changes:
-    """One device's memory changes, as parallel columns (see :func:`_memory`)."""
-
-    __slots__ = ("delta", "k", "phase", "task", "time")
-
-    def __init__(self) -> None:
-        self.time: list[float] = []
-        self.phase: list[int] = []
-        self.k: list[int] = []
-        self.delta: list[int] = []
-        self.task: list[int] = []
-
-    def add(self, time_s: float, phase: int, k: int, delta: int, task: int) -> None:
-        self.time.append(time_s)
-        self.phase.append(phase)
-        self.k.append(k)
-        self.delta.append(delta)
-        self.task.append(task)
-
-    def replay(self, resident: int) -> tuple[int, int, tuple]:
-        """(peak bytes, the task whose allocation first reached it or -1, the timeline) from
-        ``resident`` bytes at time 0."""
-        if not self.time:
-            return resident, -1, ((0.0, resident),)
-        # The levels in int64 when no partial sum can overflow it (else Python's ints).
-        if resident + math.fsum(map(abs, self.delta)) >= 2**62:
-            return self._replay_slowly(resident)
-        # (time, phase, k) is unique per change: a lexicographic sort gives the one order.
-        order = numpy.lexsort((numpy.array(self.k), numpy.array(self.phase),
-                               numpy.array(self.time, dtype=numpy.float64)))
-        time = numpy.array(self.time, dtype=numpy.float64)[order]
-        phase = numpy.array(self.phase, dtype=numpy.int64)[order]
-        level = numpy.cumsum(numpy.array(self.delta, dtype=numpy.int64)[order]) + resident
-        if int(level.min()) < 0:  # freed before it was made (hand-made allocations)
-            return self._replay_slowly(resident)
-        top = int(level.max())
-        peak, peak_task = resident, -1
-        if top > resident:  # the first change that reached the highest level: an allocation
-            peak, peak_task = top, self.task[int(order[int(level.argmax())])]
-        # An instant is a run of equal times; within it phases 0, 1, 2 follow each other.
-        count = len(time)
-        first = numpy.flatnonzero(numpy.r_[True, time[1:] != time[:-1]])
-        last = numpy.r_[first[1:] - 1, count - 1]
-        # The level before an instant's phase-2 frees, where it also made something.
-        frees = 1 + numpy.flatnonzero((phase[1:] == 2) & (phase[:-1] == 1)
-                                      & (time[1:] == time[:-1]))
-        points = numpy.sort(numpy.r_[last, frees - 1])
-        instant = numpy.searchsorted(first, points, side="right") - 1
-        times = time[first[instant]].tolist()
-        levels = level[points].tolist()
-        head = [] if times[0] == 0.0 else [(0.0, resident)]
-        return peak, peak_task, (*head, *zip(times, levels, strict=True))
-
-    def _replay_slowly(self, resident: int) -> tuple[int, int, tuple]:
-        """:meth:`replay` in Python's ints (levels beyond int64)."""
-        changes = sorted(zip(self.time, self.phase, self.k, self.delta, self.task,
-                                    strict=True))
-        current = peak = resident
+        current = peak = resident[d]
         peak_task = -1
         timeline = [(0.0, current)]
-        for time_s, group in itertools.groupby(changes, key=_first):
+        for time_s, group in itertools.groupby(sorted(changes[d]), key=_first):
             high = -1  # the level after this instant's allocations, before instant frees
             for _, phase, _, delta, task in group:
                 current += delta
@@ -480,4 +500,5 @@ class _Changes:
             if high > current:  # a buffer freed the instant it was made: show its high too
                 timeline.append((time_s, high))
             timeline.append((time_s, current))
-        return peak, peak_task, tuple(timeline)
+        out.append((peak, tasks.label[peak_task] if peak_task >= 0 else None, tuple(timeline)))
+    return out
