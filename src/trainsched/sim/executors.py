@@ -318,10 +318,12 @@ _temp_of = operator.attrgetter("temp_bytes")
 _held_of = operator.attrgetter("param_bytes", "buffer_bytes", "optimizer_state_bytes")
 
 
-def _edges_in_order(graph: Graph, at: Sequence[int]) -> tuple[list[int], list[int], list[int]]:
+def _edges_in_order(graph: Graph, at: Sequence[int]
+                    ) -> tuple[numpy.ndarray, list[int], list[int]]:
     """The graph's edges by producer, consumer and tensor (their positions in the order ``at``,
     positions in ``graph.ops``): an order that does not depend on how the graph lists them.
-    Returns the edges' indices in that order, and their producers' and consumers' positions."""
+    Returns the edges' indices in that order (an array), and their producers' and consumers'
+    positions."""
     n = len(at)
     src, dst = (numpy.array(ends, dtype=numpy.int64) for ends in graph.edge_ends())
     if not (isinstance(at, range) and at == range(n)):  # positions in the order, not in ops
@@ -334,9 +336,11 @@ def _edges_in_order(graph: Graph, at: Sequence[int]) -> tuple[list[int], list[in
     if len(ordered) > 1 and bool((ordered[1:] == ordered[:-1]).any()):
         # two edges between one pair: the tensor decides
         edges, a, b = graph.edges, src.tolist(), dst.tolist()
-        order = sorted(range(len(edges)), key=lambda k: (a[k], b[k], edges[k].tensor))
+        order = numpy.array(sorted(range(len(edges)), key=lambda k: (a[k], b[k],
+                                                                     edges[k].tensor)),
+                            dtype=numpy.int64)
     else:
-        order = perm.tolist()
+        order = perm
     return order, src[order].tolist(), dst[order].tolist()
 
 
@@ -389,7 +393,7 @@ def _simulate(graph: Graph, cluster: Cluster | None, device_of: Mapping[str, int
                 tasks.add_dependency(last_on[d], t)
             last_on[d] = t
     edge_order, src, dst = _edges_in_order(graph, at)
-    edges = [] if len(used) == 1 else list(map(graph.edges.__getitem__, edge_order))
+    edges = [] if len(used) == 1 else list(map(graph.edges.__getitem__, edge_order.tolist()))
     if len(used) > 1:
         low.add_channels([(dev[a], dev[b]) for a, b in zip(src, dst, strict=True)
                           if dev[a] != dev[b]])
