@@ -179,3 +179,14 @@ def test_a_file_in_the_writers_layout_read_by_lines_gets_the_whole_texts_error(
         Graph.from_json(text, source=str(path))
     assert str(by_lines.value) == str(whole.value)
     assert message in str(by_lines.value)
+
+
+def test_plain_columns_whose_edge_sizes_overflow_together_are_refused(tmp_path):
+    # The ops' columns are all plain; two edge sizes, each a valid integer, add up to more
+    # than the largest float.
+    doc = edited(edges__src=[0, 0], edges__dst=[1, 1], edges__size_bytes=[10**308, 10**308],
+                 edges__tensor=[None, 5])
+    path = tmp_path / "g.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(TrainschedError, match="the edges' size_bytes add up to more than"):
+        Graph.load(path)

@@ -30,7 +30,7 @@ from typing import Any
 
 from trainsched.errors import TrainschedError
 from trainsched.graph.core import Edge, Graph, Op
-from trainsched.graph.fields import _OP_SPECS, OP_KINDS
+from trainsched.graph.fields import _OP_SPECS, OP_KINDS, _sums_fit
 from trainsched.graph.io import (
     _JSON_TYPES,
     FORMAT,
@@ -176,7 +176,7 @@ def compact_from_doc(doc: dict[str, Any], source: str, meta: dict[str, Any]) -> 
     src, dst = edge_cols["src"], edge_cols["dst"]
     edges = reader.edges(edge_cols, names)
     try:  # the ends' indices are checked: the graph need not look the names up again
-        return Graph._with_ends(ops, edges, meta, src, dst)
+        return Graph._with_ends(ops, edges, meta, src, dst, sums_fit=reader.sums_fit)
     except TrainschedError as exc:
         raise TrainschedError(f"{source}: {exc}") from None
 
@@ -187,6 +187,9 @@ class _Columns:
     def __init__(self, source: str, strings: list[str]) -> None:
         self.source = source
         self.strings = strings
+        #: Whether the ops' and edges' summed costs and sizes are known to be finite (the
+        #: graph need not add them up again from the records).
+        self.sums_fit = False
 
     def fail(self, where: str, message: str) -> TrainschedError:
         return TrainschedError(f"{self.source}: {where}: {message}")
@@ -245,6 +248,7 @@ class _Columns:
         if kinds is not None and not set(kinds) <= _KINDS:
             plain = False
         if plain:
+            self.sums_fit = _sums_fit(decoded, ())
             return _build_ops(n, decoded)
         return [self.op(k, {f: values[k] for f, values in decoded.items()}) for k in range(n)]
 
@@ -289,6 +293,7 @@ class _Columns:
                 if size < 0:
                     raise self.fail(f"edges[{k}]", f"edge {a!r} -> {b!r}: size_bytes must be "
                                     f">= 0, got {size!r}")
+        self.sums_fit = self.sums_fit and _sums_fit({}, sizes)
         return _build_edges(srcs, dsts, sizes, tensors)
 
 

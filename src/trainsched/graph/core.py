@@ -179,15 +179,17 @@ class Graph:
 
     @classmethod
     def _with_ends(cls, ops: Iterable[Op], edges: Iterable[Edge], meta: Mapping[str, Any],
-                   src: list[int], dst: list[int]) -> Graph:
+                   src: list[int], dst: list[int], *, sums_fit: bool = False) -> Graph:
         """``Graph(ops, edges, meta)`` where edge k is known to run from ``ops[src[k]]`` to
-        ``ops[dst[k]]`` (a reader that has the positions already); checked all the same."""
+        ``ops[dst[k]]`` (a reader that has the positions already); checked all the same, but
+        for the summed costs and sizes when ``sums_fit`` says the reader found them finite
+        (``trainsched.graph.fields._sums_fit`` over its columns)."""
         graph = cls.__new__(cls)
-        graph._build(ops, edges, meta, (src, dst))
+        graph._build(ops, edges, meta, (src, dst), sums_fit=sums_fit)
         return graph
 
     def _build(self, ops: Iterable[Op], edges: Iterable[Edge], meta: Mapping[str, Any] | None,
-               ends: tuple[list[int], list[int]] | None) -> None:
+               ends: tuple[list[int], list[int]] | None, *, sums_fit: bool = False) -> None:
         self._ops: tuple[Op, ...] = tuple(ops)
         self._edges: tuple[Edge, ...] = tuple(edges)
         self._meta: dict[str, Any] = copy.deepcopy(dict(meta or {}))
@@ -201,7 +203,8 @@ class Graph:
             counts = Counter(op.name for op in ops)
             names = ", ".join(repr(name) for name, n in counts.items() if n > 1)
             raise TrainschedError(f"duplicate op names: {names}; every op needs a unique name")
-        _check_sums(ops, self._edges)
+        if not sums_fit:
+            _check_sums(ops, self._edges)
         # Per edge the positions of its ends; per op the edges into and out of it.
         self._src: list[int] = []
         self._dst: list[int] = []

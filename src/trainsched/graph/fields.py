@@ -15,6 +15,7 @@ import math
 import numbers
 import operator
 import sys
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from trainsched.errors import TrainschedError
@@ -140,6 +141,20 @@ _OP_SIGNATURES: dict[Any, Any] = {}
 #: The cost and size fields whose sums over a graph (step times, memory) must be finite.
 _SUMMED = tuple(f for f, (base, _) in _OP_SPECS.items() if base in ("int", "float")
                 and not f.endswith(("_p10_s", "_p90_s")) and f != "layer_index")
+
+
+def _sums_fit(columns: Mapping[str, Sequence[Any]], sizes: Sequence[Any]) -> bool:
+    """Whether :func:`_check_sums` passes for ops whose fields are ``columns`` (a field left
+    out: its default, which adds nothing) and edges of ``sizes``: the same sums, taken over
+    the columns rather than the ops."""
+    for field in _SUMMED:
+        values = columns.get(field)
+        if values is None:
+            continue
+        total = sum(values) if _OP_SPECS[field][1] is False else sum(filter(None, values))
+        if total > _MAX_FLOAT:
+            return False
+    return sum(sizes) <= _MAX_FLOAT
 
 
 def _check_sums(ops: tuple[Op, ...], edges: tuple[Edge, ...]) -> None:

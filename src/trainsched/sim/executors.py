@@ -318,10 +318,12 @@ _temp_of = operator.attrgetter("temp_bytes")
 _held_of = operator.attrgetter("param_bytes", "buffer_bytes", "optimizer_state_bytes")
 
 
-def _edges_in_order(graph: Graph, at: Sequence[int]) -> tuple[list[int], list[int], list[int]]:
+def _edges_in_order(graph: Graph, at: Sequence[int]
+                    ) -> tuple[numpy.ndarray, list[int], list[int]]:
     """The graph's edges by producer, consumer and tensor (their positions in the order ``at``,
     positions in ``graph.ops``): an order that does not depend on how the graph lists them.
-    Returns the edges' indices in that order, and their producers' and consumers' positions."""
+    Returns the edges' indices in that order (an array), and their producers' and consumers'
+    positions."""
     n = len(at)
     src, dst = (numpy.array(ends, dtype=numpy.int64) for ends in graph.edge_ends())
     if not (isinstance(at, range) and at == range(n)):  # positions in the order, not in ops
@@ -334,9 +336,11 @@ def _edges_in_order(graph: Graph, at: Sequence[int]) -> tuple[list[int], list[in
     if len(ordered) > 1 and bool((ordered[1:] == ordered[:-1]).any()):
         # two edges between one pair: the tensor decides
         edges, a, b = graph.edges, src.tolist(), dst.tolist()
-        order = sorted(range(len(edges)), key=lambda k: (a[k], b[k], edges[k].tensor))
+        order = numpy.array(sorted(range(len(edges)), key=lambda k: (a[k], b[k],
+                                                                     edges[k].tensor)),
+                            dtype=numpy.int64)
     else:
-        order = perm.tolist()
+        order = perm
     return order, src[order].tolist(), dst[order].tolist()
 
 
@@ -389,7 +393,7 @@ def _simulate(graph: Graph, cluster: Cluster | None, device_of: Mapping[str, int
                 tasks.add_dependency(last_on[d], t)
             last_on[d] = t
     edge_order, src, dst = _edges_in_order(graph, at)
-    edges = [] if len(used) == 1 else list(map(graph.edges.__getitem__, edge_order))
+    edges = [] if len(used) == 1 else list(map(graph.edges.__getitem__, edge_order.tolist()))
     if len(used) > 1:
         low.add_channels([(dev[a], dev[b]) for a, b in zip(src, dst, strict=True)
                           if dev[a] != dev[b]])
@@ -450,20 +454,26 @@ def _simulate(graph: Graph, cluster: Cluster | None, device_of: Mapping[str, int
     outputs = list(map(_output_of, ops))
     gradient = [kind == "backward_weight" for kind in map(_kind_of, ops)]
     # What stays all step: parameters, buffers, optimizer state, and the gradients dW ops make.
-    for d, held, out, grad in zip(dev, map(sum, map(_held_of, ops)), outputs, gradient,
-                                  strict=True):
-        resident[d] += (held + out) if grad else held
+    if len(used) == 1:  # the same sums, added up in C
+        resident[0] = sum(map(sum, map(_held_of, ops))) + sum(itertools.compress(outputs,
+                                                                                gradient))
+    else:
+        for d, held, out, grad in zip(dev, map(sum, map(_held_of, ops)), outputs, gradient,
+                                      strict=True):
+            resident[d] += (held + out) if grad else held
     # The rest, in task order: its output (0 bytes changes nothing: not made), its workspace.
     temps = list(map(_temp_of, ops))
     made = [(out > 0 and not grad) or temp > 0
             for out, grad, temp in zip(outputs, gradient, temps, strict=True)]
+    add = allocations.append
     for t in itertools.compress(range(n), made):
         d = dev[t]
         if outputs[t] and not gradient[t]:
-            until = (*(users[t] or ()), *sent.get(t, ()))
-            allocations.append(_allocation(d, outputs[t], t, until))
+            mine = users[t] or ()
+            until = (*mine, *sent[t]) if t in sent else tuple(mine)
+            add(_allocation(d, outputs[t], t, until))
         if temps[t]:
-            allocations.append(_allocation(d, temps[t], t, (t,)))
+            add(_allocation(d, temps[t], t, (t,)))
     for x, (dst_device, size, consumers) in received.items():
         allocations.append(Allocation(device=dst_device, size_bytes=size, at_task=x,
                                       until_tasks=tuple(consumers)))

@@ -33,6 +33,8 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any
 
+import numpy
+
 from trainsched.sim.engine import Replay, TaskGraph, longest_path_s
 
 __all__ = ["Allocation", "Dependencies", "PathStep", "PathSteps", "ResourceRecord", "SimResult",
@@ -372,9 +374,96 @@ def _exposed_comm_s(tasks: TaskGraph, replay: Replay) -> float:
     return math.fsum(b - a for a, b in _merge(exposed))
 
 
+_size_of = operator.attrgetter("size_bytes")
+_device_of = operator.attrgetter("device")
+_at_of = operator.attrgetter("at_task")
+_until_of = operator.attrgetter("until_tasks")
+
+
 def _memory(tasks: TaskGraph, replay: Replay, num_devices: int,
             allocations: Sequence[Allocation]) -> list[tuple[int, str | None, tuple]]:
-    """Per device: (peak bytes, the task whose allocation reached it, the timeline)."""
+    """Per device: (peak bytes, the task whose allocation reached it, the timeline).
+
+    Each allocation is a change at its task's start (phase 1) and, if it is freed, one at the
+    latest end of its ``until_tasks`` (phase 0; phase 2 when that is not after it was made: it
+    counts at that instant, after the allocations). Changes apply in order of (time, phase,
+    allocation); the timeline has the level after each instant (and, where a buffer was freed
+    the instant it was made, the level before those frees). The changes are sorted and added
+    up in numpy when every level fits in 64 bits, else in Python (:func:`_memory_slowly`)."""
+    sizes = list(map(_size_of, allocations))
+    if sum(map(abs, sizes)) >= 2**62:
+        return _memory_slowly(tasks, replay, num_devices, allocations)
+    size = numpy.array(sizes, dtype=numpy.int64)
+    device = numpy.array(list(map(_device_of, allocations)), dtype=numpy.int64)
+    at_task = numpy.array(list(map(_at_of, allocations)), dtype=numpy.int64)
+    until = list(map(_until_of, allocations))
+    counts = numpy.array(list(map(len, until)), dtype=numpy.int64)
+    live = size != 0
+    resident = [0] * num_devices
+    held = live & (at_task < 0)
+    for d, b in zip(device[held].tolist(), size[held].tolist(), strict=True):
+        resident[d] += b
+    # When each is made (task -1 picks the 0.0 appended: resident from the start).
+    at = numpy.array([*replay.start_s, 0.0], dtype=numpy.float64)[at_task]
+    made = numpy.flatnonzero(live & (at_task >= 0))
+    freed = numpy.flatnonzero(live & (counts > 0))
+    free = numpy.empty(0, dtype=numpy.float64)
+    if len(freed):  # the latest end of each freed one's until_tasks
+        ends = numpy.array(replay.end_s, dtype=numpy.float64)
+        flat = numpy.fromiter(itertools.chain.from_iterable(map(until.__getitem__,
+                                                                freed.tolist())),
+                              dtype=numpy.int64)
+        first = numpy.r_[0, numpy.cumsum(counts[freed])[:-1]]
+        free = numpy.maximum.reduceat(ends[flat], first)
+    time = numpy.r_[at[made], free]
+    phase = numpy.r_[numpy.ones(len(made), dtype=numpy.int64),
+                     numpy.where(free <= at[freed], 2, 0)]
+    k = numpy.r_[made, freed]
+    delta = numpy.r_[size[made], -size[freed]]
+    task = numpy.r_[at_task[made], numpy.full(len(freed), -1, dtype=numpy.int64)]
+    dev = numpy.r_[device[made], device[freed]]
+    # (device, time, phase, allocation) is unique per change: one order.
+    order = numpy.lexsort((k, phase, time, dev))
+    time, phase, delta, task, dev = time[order], phase[order], delta[order], task[order], \
+        dev[order]
+    bounds = numpy.searchsorted(dev, numpy.arange(num_devices + 1))
+    levels = [_levels(resident[d], time[a:b], phase[a:b], delta[a:b], task[a:b])
+              for d, (a, b) in enumerate(itertools.pairwise(bounds.tolist()))]
+    if any(level is None for level in levels):  # a level below 0: hand-made allocations
+        return _memory_slowly(tasks, replay, num_devices, allocations)
+    return [(peak, tasks.label[t] if t >= 0 else None, timeline)
+            for peak, t, timeline in levels]  # type: ignore[misc]
+
+
+def _levels(resident: int, time: Any, phase: Any, delta: Any, task: Any
+            ) -> tuple[int, int, tuple] | None:
+    """One device's (peak, the task whose allocation first reached it or -1, timeline) from
+    its changes in order (numpy arrays), or None if a level goes below 0."""
+    if not len(time):
+        return resident, -1, ((0.0, resident),)
+    level = numpy.cumsum(delta) + resident
+    if int(level.min()) < 0:
+        return None
+    top = int(level.max())
+    peak, peak_task = resident, -1
+    if top > resident:  # the first change that reached the highest level: an allocation
+        peak, peak_task = top, int(task[int(level.argmax())])
+    # An instant is a run of equal times; within it phases 0, 1, 2 follow each other. Its
+    # points: the level after it, and before that the level before its phase-2 frees when
+    # it also made something.
+    first = numpy.flatnonzero(numpy.r_[True, time[1:] != time[:-1]])
+    last = numpy.r_[first[1:] - 1, len(time) - 1]
+    highs = numpy.flatnonzero((phase[1:] == 2) & (phase[:-1] == 1) & (time[1:] == time[:-1]))
+    points = numpy.sort(numpy.r_[last, highs])
+    instant = numpy.searchsorted(first, points, side="right") - 1
+    times = time[first[instant]].tolist()
+    head = [] if times[0] == 0.0 else [(0.0, resident)]
+    return peak, peak_task, (*head, *zip(times, level[points].tolist(), strict=True))
+
+
+def _memory_slowly(tasks: TaskGraph, replay: Replay, num_devices: int,
+                   allocations: Sequence[Allocation]) -> list[tuple[int, str | None, tuple]]:
+    """:func:`_memory` one change at a time, in Python's ints."""
     resident = [0] * num_devices
     changes: list[list[tuple[float, int, int, int, int]]] = [[] for _ in range(num_devices)]
     start_s, end_of = replay.start_s, replay.end_s.__getitem__
