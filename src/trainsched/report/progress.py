@@ -36,9 +36,9 @@ class ProgressBar:
         filled = self.width * done // max(total, 1)
         bar = "#" * filled + "-" * (self.width - filled)
         text = f"\r{self.label} [{bar}] {done}/{total} {item[:30]:<30}"
+        self._drawn = True   # first: a Ctrl-C inside the write must still clear the line
         self.stream.write(text)
         self.stream.flush()
-        self._drawn = True
 
     def __exit__(self, *exc: object) -> None:
         if self._drawn:
