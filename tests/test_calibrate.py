@@ -13,6 +13,7 @@ MiB = 2**20
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 def test_real_calibration_on_two_gloo_ranks():
     sizes = [4, 64 * 1024, 4 * MiB, 16 * MiB]
     cal = calibrate(world_size=2, sizes_bytes=sizes, repeats=5, warmup=2, timeout_s=120)

@@ -184,6 +184,7 @@ TORCHRUN_ARGS = ["teacher-student", "--sync", "bsp:0.5,asp:0.5", "--samples", "1
 
 
 @pytest.mark.timeout(400)
+@pytest.mark.slow
 def test_under_torchrun_the_run_equals_the_built_in_launchers(capsys):
     # 3 ranks: 2 workers, then the server; the deterministic mode makes both runs bit-equal
     env = {**os.environ, "OMP_NUM_THREADS": "1",

@@ -11,6 +11,7 @@ pytest.importorskip("torch")
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_quick_light_run_times_every_configuration_against_ddp(tmp_path):
     proc, data = run_benchmark("comm_light.py", "--quick", out=tmp_path / "l.json")
     summary = data["models"]["mlp"]["summary"]

@@ -337,6 +337,7 @@ def test_train_autotune_rejects_bad_flags_on_one_line(flags, problem, capsys):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_train_autotune_tunes_the_bytescheduler_policy_too(capsys):
     from trainsched.cli import main
 

@@ -245,6 +245,7 @@ def test_two_ranks_with_split_backward_match_gradient_accumulation(graphs):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_three_ranks_run_gpipe_across_a_residual(graphs):
     result = run_pipeline("small-cnn", _cut(graphs["small-cnn"], 3, CNN_SKIP_CUT), gpipe(3, 2),
                           steps=1, warmup=0, batch_size=BATCH, optimizer="momentum",

@@ -67,6 +67,7 @@ def test_a_restricted_adam_replica_steps_its_shard_like_the_whole_one():
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_bsp_then_sharded_k_of_n_then_bsp_with_adam_equals_full_batch_adam():
     # a third of the steps under BSP, a third as k-of-N with k = N on 2 shard servers, a third
     # under BSP again: the last third needs the moments and step counts the shards sent back

@@ -104,6 +104,7 @@ def test_an_excluded_straggler_idles_for_its_window_and_rejoins_after_it(sleepy_
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_a_noisy_but_fair_run_never_switches(sleepy_models):
     result = run(150, "sync_models:noisy")
     assert result.observations == 74  # every 2 steps, not after the last one

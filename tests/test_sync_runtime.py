@@ -83,6 +83,7 @@ def test_k_of_n_with_k_equal_n_on_the_server_equals_bsp(momentum_reference):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_ssp_zero_with_the_lr_rule_equals_bsp_without_momentum():
     # One SSP update per gradient at lr/N (effective batch b of N·b): N updates from one
     # version add up to BSP's one averaged step.
@@ -94,6 +95,7 @@ def test_ssp_zero_with_the_lr_rule_equals_bsp_without_momentum():
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_local_sgd_with_period_one_equals_bsp_with_nesterov_and_weight_decay():
     result = run([(LocalSgd(1), SAMPLES)], momentum=0.9, weight_decay=1e-3, nesterov=True)
     assert gap(result, reference(momentum=0.9, weight_decay=1e-3, nesterov=True)) <= 1e-6
