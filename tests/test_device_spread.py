@@ -11,10 +11,9 @@ from dataclasses import replace
 import pytest
 
 from trainsched.cli import main
-from trainsched.cluster import Cluster, Link, cluster_preset, device_kind, load_cluster_file
+from trainsched.cluster import Cluster, Link, cluster_preset, device_kind
 from trainsched.comm import FifoPolicy
 from trainsched.costs import slowest_rank_factor
-from trainsched.errors import TrainschedError
 from trainsched.graph import Edge, Graph, Op, to_training
 from trainsched.sim import simulate_data_parallel
 
@@ -78,31 +77,6 @@ def test_one_rank_is_never_stretched():
 @pytest.mark.parametrize("kind", ["A100", "H100", "rtx2080", "k80", "cpu"])
 def test_kinds_without_a_measurement_have_none(kind):
     assert device_kind(kind).device_cv == 0
-
-
-def test_device_cv_file_round_trip(tmp_path):
-    path = tmp_path / "c.toml"
-    path.write_text('[device]\nkind = "A100"\ncount = 8\ndevice_cv = 0.02\n'
-                    '[intra_node]\nbandwidth = "300GB/s"\nlatency = "10us"\n')
-    cluster = load_cluster_file(path)
-    assert cluster.device.device_cv == 0.02
-    again = tmp_path / "again.toml"
-    again.write_text(cluster.to_toml())
-    assert load_cluster_file(again) == cluster
-    assert "differ in compute speed by 2.00%" in cluster.describe()
-
-
-@pytest.mark.parametrize(("value", "needle"), [
-    ("0.5", "device_cv must be a number in [0, 0.3]"),
-    ('"2%"', "expected a number (the coefficient of variation"),
-])
-def test_bad_device_cv_names_file_and_field(tmp_path, value, needle):
-    path = tmp_path / "c.toml"
-    path.write_text(f'[device]\nkind = "V100"\ncount = 8\ndevice_cv = {value}\n'
-                    '[intra_node]\nbandwidth = "150GB/s"\nlatency = "10us"\n')
-    with pytest.raises(TrainschedError) as err:
-        load_cluster_file(path)
-    assert str(path) in str(err.value) and needle in str(err.value)
 
 
 def test_report_names_both_parts(tmp_path, capsys):

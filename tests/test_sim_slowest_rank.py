@@ -96,30 +96,35 @@ def test_catalogue_presets_leave_it_out_of_their_files():
     assert "step_cv" not in cluster_preset("p3.16xlarge").to_dict()["device"]
 
 
-def test_step_cv_file_round_trip(tmp_path):
+@pytest.mark.parametrize(("field", "described"), [
+    ("step_cv", "step jitter"),
+    ("device_cv", "differ in compute speed by 2.00%"),
+])
+def test_cv_file_round_trip(tmp_path, field, described):
     path = tmp_path / "c.toml"
-    path.write_text('[device]\nkind = "V100"\ncount = 8\nstep_cv = 0.02\n'
+    path.write_text(f'[device]\nkind = "V100"\ncount = 8\n{field} = 0.02\n'
                     '[intra_node]\nbandwidth = "150GB/s"\nlatency = "10us"\n')
     cluster = load_cluster_file(path)
-    assert cluster.device.step_cv == 0.02
+    assert getattr(cluster.device, field) == 0.02
     again = tmp_path / "again.toml"
     again.write_text(cluster.to_toml())
     assert load_cluster_file(again) == cluster
-    assert "step jitter" in cluster.describe()
+    assert described in cluster.describe()
 
 
+@pytest.mark.parametrize("field", ["step_cv", "device_cv"])
 @pytest.mark.parametrize(("value", "needle"), [
-    ("0.5", "step_cv must be a number in [0, 0.3]"),
+    ("0.5", "must be a number in [0, 0.3]"),
     ('"2%"', "expected a number (the coefficient of variation"),
-    ("-0.01", "step_cv must be a number in [0, 0.3]"),
+    ("-0.01", "must be a number in [0, 0.3]"),
 ])
-def test_bad_step_cv_names_file_and_field(tmp_path, value, needle):
+def test_bad_cv_names_file_and_field(tmp_path, field, value, needle):
     path = tmp_path / "c.toml"
-    path.write_text(f'[device]\nkind = "V100"\ncount = 8\nstep_cv = {value}\n'
+    path.write_text(f'[device]\nkind = "V100"\ncount = 8\n{field} = {value}\n'
                     '[intra_node]\nbandwidth = "150GB/s"\nlatency = "10us"\n')
     with pytest.raises(TrainschedError) as err:
         load_cluster_file(path)
-    assert str(path) in str(err.value) and needle in str(err.value)
+    assert str(path) in str(err.value) and needle in str(err.value) and field in str(err.value)
 
 
 def _cli_files(tmp_path, step_cv):
