@@ -20,7 +20,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
