@@ -6,37 +6,16 @@ field and its errors, and the report line that names both parts."""
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import pytest
 
+from slowest_rank_graphs import MS, three_layers, two_ranks
 from trainsched.cli import main
-from trainsched.cluster import Cluster, Link, cluster_preset, device_kind
+from trainsched.cluster import cluster_preset, device_kind
 from trainsched.comm import FifoPolicy
 from trainsched.costs import slowest_rank_factor
-from trainsched.graph import Edge, Graph, Op, to_training
+from trainsched.graph import Graph
 from trainsched.sim import simulate_data_parallel
-
-MS = 1e-3
-MB = 1_000_000  # 1 ms on the 1 GB/s two-rank ring below
-
-
-def two_ranks(device_cv: float, step_cv: float = 0.0) -> Cluster:
-    """Two ranks, 1 GB/s, no latency, collectives at full speed: S bytes take S / 1 GB/s."""
-    device = replace(device_kind("V100"), compute_rate_with_comm=1.0, step_cv=step_cv,
-                     device_cv=device_cv)
-    return Cluster(name="t", device=device, devices_per_node=2,
-                   intra_node=Link(bandwidth_bytes_per_s=1e9, latency_s=0.0))
-
-
-def three_layers() -> Graph:
-    """L0 -> L1 -> L2, 1 ms per forward, dX and dW, 1 MB of parameters each (1 ms all-reduce);
-    an SGD step costs 3 MB / 6 GB/s = 0.5 ms."""
-    ops = [Op(name=f"L{i}", compute_s=MS, backward_input_s=MS, backward_weight_s=MS,
-              param_bytes=MB, output_bytes=4096, saved_bytes=4096, layer_index=i)
-           for i in range(3)]  # fmt: skip
-    edges = [Edge(src=f"L{i}", dst=f"L{i + 1}", size_bytes=4096) for i in range(2)]
-    return to_training(Graph(ops, edges), memory_bandwidth_bytes_per_s=6e9)
 
 
 def test_v100_value_follows_from_the_published_spread_by_hand():
@@ -56,21 +35,23 @@ def test_device_and_step_draws_add_in_quadrature_by_hand():
     """device_cv 0.03 and step_cv 0.04: one normal of cv 0.05 per rank. On two ranks F = 1 +
     0.05/√π = 1.028209; the FIFO step of the three layers is 9.5F + 1 ms (forward 3F, the
     last dW at 8F, its all-reduce 1 ms, three SGD steps of 0.5F): 10.76799 ms."""
-    result = simulate_data_parallel(three_layers(), two_ranks(0.03, 0.04), ranks=2,
+    result = simulate_data_parallel(three_layers(),
+                                    two_ranks(device_cv=0.03, step_cv=0.04), ranks=2,
                                     policy=FifoPolicy())
     assert math.isclose(result.step_time_s, 10.76799 * MS, rel_tol=1e-6)
 
 
 def test_device_spread_alone_stretches_by_hand():
     """device_cv 0.1 alone: F = 1 + 0.1/√π = 1.056419; 9.5F + 1 ms = 11.03598 ms."""
-    result = simulate_data_parallel(three_layers(), two_ranks(0.1), ranks=2,
+    result = simulate_data_parallel(three_layers(), two_ranks(device_cv=0.1), ranks=2,
                                     policy=FifoPolicy())
     assert math.isclose(result.step_time_s, 11.03598 * MS, rel_tol=1e-6)
 
 
 def test_one_rank_is_never_stretched():
     """One rank waits for nobody: 8 ms of compute and 1.5 ms of SGD steps, 9.5 ms."""
-    lone = simulate_data_parallel(three_layers(), two_ranks(0.1), ranks=1, policy=FifoPolicy())
+    lone = simulate_data_parallel(three_layers(),
+                                  two_ranks(device_cv=0.1), ranks=1, policy=FifoPolicy())
     assert math.isclose(lone.step_time_s, 9.5 * MS, rel_tol=1e-9)
 
 

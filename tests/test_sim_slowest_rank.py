@@ -7,38 +7,17 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import replace
 
 import pytest
 
+from slowest_rank_graphs import MS, three_layers, two_ranks
 from trainsched.cli import main
-from trainsched.cluster import Cluster, Link, cluster_preset, device_kind, load_cluster_file
+from trainsched.cluster import cluster_preset, device_kind, load_cluster_file
 from trainsched.comm import FifoPolicy
 from trainsched.costs import expected_max_normal, slowest_rank_factor
 from trainsched.errors import TrainschedError
-from trainsched.graph import Edge, Graph, Op, to_training
+from trainsched.graph import Graph
 from trainsched.sim import simulate_data_parallel
-
-MS = 1e-3
-MB = 1_000_000  # 1 ms on the 1 GB/s two-rank ring below
-
-
-def two_ranks(step_cv: float, device_cv: float = 0.0) -> Cluster:
-    """Two ranks, 1 GB/s, no latency, collectives at full speed: S bytes take S / 1 GB/s."""
-    device = replace(device_kind("V100"), compute_rate_with_comm=1.0, step_cv=step_cv,
-                     device_cv=device_cv)
-    return Cluster(name="t", device=device, devices_per_node=2,
-                   intra_node=Link(bandwidth_bytes_per_s=1e9, latency_s=0.0))
-
-
-def three_layers() -> Graph:
-    """L0 -> L1 -> L2, 1 ms per forward, dX and dW, 1 MB of parameters each (1 ms all-reduce);
-    an SGD step costs 3 MB / 6 GB/s = 0.5 ms."""
-    ops = [Op(name=f"L{i}", compute_s=MS, backward_input_s=MS, backward_weight_s=MS,
-              param_bytes=MB, output_bytes=4096, saved_bytes=4096, layer_index=i)
-           for i in range(3)]  # fmt: skip
-    edges = [Edge(src=f"L{i}", dst=f"L{i + 1}", size_bytes=4096) for i in range(2)]
-    return to_training(Graph(ops, edges), memory_bandwidth_bytes_per_s=6e9)
 
 
 @pytest.mark.parametrize(("n", "published"), [(2, 0.5642), (4, 1.0294), (8, 1.4236)])
@@ -61,7 +40,7 @@ def test_the_stretch_is_applied_once_per_step_by_hand():
     ms. Three steps have the same period (the barrier: the next step starts when the SGD
     steps end): the factor is not compounded across steps."""
     f = 1 + 0.1 / math.sqrt(math.pi)
-    cluster = two_ranks(0.1)
+    cluster = two_ranks(step_cv=0.1)
     one = simulate_data_parallel(three_layers(), cluster, ranks=2, policy=FifoPolicy())
     three = simulate_data_parallel(three_layers(), cluster, ranks=2, policy=FifoPolicy(),
                                    steps=3)
@@ -74,7 +53,7 @@ def test_the_stretch_multiplies_a_straggler():
     waits for rank 1, whose L0:dW ends 16F: c0 [16F, 16F+1], then rank 1's three SGD steps of
     2 · 0.5F: the step ends at 19F + 1 ms."""
     f = 1 + 0.1 / math.sqrt(math.pi)
-    result = simulate_data_parallel(three_layers(), two_ranks(0.1), ranks=2,
+    result = simulate_data_parallel(three_layers(), two_ranks(step_cv=0.1), ranks=2,
                                     policy=FifoPolicy(), stragglers={1: 2.0})
     assert math.isclose(result.step_time_s, (19 * f + 1) * MS, rel_tol=1e-9)
 
@@ -82,8 +61,10 @@ def test_the_stretch_multiplies_a_straggler():
 def test_one_rank_and_zero_cv_are_untouched():
     """One rank waits for nobody: the same result with cv 0.1 as with 0, the serial sum of 8
     ms (3 forward, 2 dX, 3 dW) and 1.5 ms of SGD steps: 9.5 ms."""
-    lone = simulate_data_parallel(three_layers(), two_ranks(0.1), ranks=1, policy=FifoPolicy())
-    plain = simulate_data_parallel(three_layers(), two_ranks(0.0), ranks=1, policy=FifoPolicy())
+    lone = simulate_data_parallel(three_layers(),
+                                  two_ranks(step_cv=0.1), ranks=1, policy=FifoPolicy())
+    plain = simulate_data_parallel(three_layers(),
+                                   two_ranks(step_cv=0.0), ranks=1, policy=FifoPolicy())
     assert lone.to_json() == plain.to_json()
     assert math.isclose(lone.step_time_s, 9.5 * MS, rel_tol=1e-9)
     assert slowest_rank_factor(0.0, 8) == 1.0 and slowest_rank_factor(0.1, 1) == 1.0
@@ -166,6 +147,6 @@ def test_the_crossing_bound_is_stretched_like_the_simulation():
     from trainsched.sim import crossing_bound_s
 
     f = 1 + 0.1 / math.sqrt(math.pi)
-    bound, gradient = crossing_bound_s(three_layers(), two_ranks(0.1), ranks=2)
+    bound, gradient = crossing_bound_s(three_layers(), two_ranks(step_cv=0.1), ranks=2)
     assert gradient == "L0:grad"
     assert math.isclose(bound, (8.5 * f + 1) * MS, rel_tol=1e-9)
