@@ -1,15 +1,37 @@
 """The worker launcher: a failed rank's status and log reach the error, a killed rank names
-its signal and its Python stack (the fault handler is on), a deadline stops every worker."""
+its signal and its Python stack (the fault handler is on), a deadline stops every worker; each
+for workers forked from the fork server (the default) and for fresh interpreters. Forked
+workers get their own environment, arguments and path, find torch already imported, and die
+with the process that launched them."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 
-from trainsched.runtime.launch import WorkerFailure, failure_message, run_workers, status_text
+from trainsched.errors import TrainschedError
+from trainsched.runtime.launch import (
+    START_ENV,
+    WorkerFailure,
+    failure_message,
+    run_workers,
+    status_text,
+)
+
+
+@pytest.fixture(params=["forkserver", "fresh"])
+def start_method(request, monkeypatch):
+    """The test runs once per way of starting workers."""
+    monkeypatch.setenv(START_ENV, request.param)
+    return request.param
 
 WORKER = textwrap.dedent("""
     import json, os, sys, time
@@ -39,7 +61,7 @@ def launch(tmp_path: Path, how: str, timeout_s: float = 30, **kw) -> WorkerFailu
 
 
 @pytest.mark.timeout(60)
-def test_an_aborted_rank_names_the_signal_and_its_python_stack(tmp_path):
+def test_an_aborted_rank_names_the_signal_and_its_python_stack(tmp_path, start_method):
     failure = launch(tmp_path, "abort")
     assert (failure.rank, failure.status) == (1, -6)
     text = str(failure)
@@ -49,14 +71,14 @@ def test_an_aborted_rank_names_the_signal_and_its_python_stack(tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_a_failed_rank_reports_its_status_and_output(tmp_path):
+def test_a_failed_rank_reports_its_status_and_output(tmp_path, start_method):
     failure = launch(tmp_path, "exit")
     assert (failure.rank, failure.status) == (1, 3)
     assert str(failure) == "rank 1 exited with status 3; its output ends:\nabout to fail"
 
 
 @pytest.mark.timeout(60)
-def test_the_deadline_fails_the_run_and_kills_the_rest(tmp_path):
+def test_the_deadline_fails_the_run_and_kills_the_rest(tmp_path, start_method):
     failure = launch(tmp_path, "hang", timeout_s=3)
     assert failure.rank is None and str(failure) == "workers did not finish in time"
     exits = run_workers(str(tmp_path / "worker.py"),
@@ -78,3 +100,73 @@ def test_failure_message_prefers_the_rank_s_own_error_file(tmp_path):
     (tmp_path / "rank1.error").write_text("batch size 6 is not divisible by 4 micro-batches\n")
     assert failure_message(tmp_path, failure) == (
         "rank 1: batch size 6 is not divisible by 4 micro-batches")
+
+
+def test_a_forked_worker_gets_its_own_environment_arguments_and_path(tmp_path, monkeypatch,
+                                                                     start_method):
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "helper_mod.py").write_text("WHERE = 'lib'\n")
+    (tmp_path / "worker.py").write_text(textwrap.dedent("""
+        import json, os, sys
+        import helper_mod
+        print(json.dumps({"config": json.loads(sys.argv[1]), "mark": os.environ.get("MARK"),
+                          "threads": os.environ["OMP_NUM_THREADS"], "lib": helper_mod.WHERE,
+                          "torch": "torch" in sys.modules}))
+    """))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(lib), os.environ.get("PYTHONPATH",
+                                                                                 "")]))
+    for mark in ("first", "second"):    # a second job: the server's own environment is not it
+        monkeypatch.setenv("MARK", mark)
+        exits = run_workers(str(tmp_path / "worker.py"), [{"rank": 0, "n": 7}],
+                            workdir=tmp_path, timeout_s=60)
+        seen = json.loads(exits[0].log.read_text())
+        assert exits[0].status == 0
+        assert seen["config"] == {"rank": 0, "n": 7} and seen["mark"] == mark
+        assert seen["threads"] == "1" and seen["lib"] == "lib"
+        # A forked worker starts with torch imported; a fresh interpreter has not imported it.
+        assert seen["torch"] is (start_method == "forkserver")
+
+
+def test_an_unknown_start_method_is_one_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv(START_ENV, "thread")
+    with pytest.raises(TrainschedError, match="TRAINSCHED_WORKER_START='thread': expected"):
+        run_workers(str(tmp_path / "worker.py"), [{"rank": 0}], workdir=tmp_path, timeout_s=5)
+
+
+LAUNCHER = textwrap.dedent("""
+    import json, sys
+    from pathlib import Path
+    from trainsched.runtime.launch import run_workers
+    out = Path(sys.argv[1])
+    (out / "worker.py").write_text(
+        "import os, sys, time\\n"
+        "open(sys.argv[0] + '.pid', 'w').write(str(os.getpid()))\\n"
+        "time.sleep(120)\\n")
+    run_workers(str(out / "worker.py"), [{"rank": 0}], workdir=out, timeout_s=120)
+""")
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_launcher_leaves_no_worker_behind(tmp_path):
+    """The fork server ends its workers when the process that launched them dies."""
+    script = tmp_path / "launcher.py"
+    script.write_text(LAUNCHER)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), START_ENV: "forkserver"}
+    launcher = subprocess.Popen([sys.executable, str(script), str(tmp_path)], env=env)
+    pid_file = tmp_path / "worker.py.pid"
+    deadline = time.monotonic() + 90
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline and launcher.poll() is None
+        time.sleep(0.1)
+    worker = int(pid_file.read_text())
+    os.kill(worker, 0)                       # running
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait(timeout=10)
+    while time.monotonic() < deadline:
+        try:
+            os.kill(worker, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    pytest.fail(f"worker {worker} still runs after its launcher was killed")

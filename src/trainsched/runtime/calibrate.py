@@ -1,8 +1,9 @@
 """Measure this host's communication with real ``torch.distributed`` processes.
 
-:func:`calibrate` starts ``world_size`` worker processes (fresh interpreters, ``OMP_NUM_THREADS=1``)
-on a free loopback port, times point-to-point send/recv round trips between ranks 0 and 1 and
-float32 all-reduce across all ranks for each message size, and fits α–β links to the medians:
+:func:`calibrate` starts ``world_size`` worker processes (``OMP_NUM_THREADS=1``, by
+:mod:`~trainsched.runtime.launch`) on a free loopback port, times point-to-point send/recv
+round trips between ranks 0 and 1 and float32 all-reduce across all ranks for each message
+size, and fits α–β links to the medians:
 
 * p2p: the line α + S/B through the one-way times (half the round trip), fitted over all sizes
   to the log of the times with a robust loss (one noisy size does not bend it);

@@ -1,16 +1,22 @@
 """Start real ``torch.distributed`` worker processes on this host and watch them.
 
 Shared by :mod:`~trainsched.runtime.calibrate` and :mod:`~trainsched.runtime.train`: each worker
-is a fresh interpreter (``OMP_NUM_THREADS=1``, this source tree on ``PYTHONPATH``, gloo on the
-loopback interface) that runs ``python -c "from MODULE import FUNCTION; FUNCTION()" CONFIG`` with
-its own JSON config (``rank``, ``port``, ...) as ``sys.argv[1]``, or a script file with that
-argument. Output goes to one log file per rank. :func:`run_workers` polls them: a rank that exits
-with a non-zero status or an overall deadline fails the run with :class:`WorkerFailure`, and
-every worker still running is killed, so nothing is left behind.
+runs ``FUNCTION()`` of ``MODULE`` (or a script file) with its own JSON config (``rank``,
+``port``, ...) as ``sys.argv[1]``, in the environment of :func:`worker_env` (``OMP_NUM_THREADS=1``,
+this source tree on ``PYTHONPATH``, gloo on the loopback interface). Output goes to one log file
+per rank. :func:`run_workers` polls them: a rank that exits with a non-zero status or an overall
+deadline fails the run with :class:`WorkerFailure`, and every worker still running is killed, so
+nothing is left behind.
+
+Workers are forked from a server that imported torch once
+(:class:`~trainsched.runtime.forkserver.ForkServer`, started on first use and kept while this
+process lives), so a job does not pay torch's import once per rank;
+``TRAINSCHED_WORKER_START=fresh`` starts each worker as a new interpreter instead.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -26,8 +32,12 @@ from pathlib import Path
 from typing import Any
 
 from trainsched.errors import TrainschedError
+from trainsched.runtime.forkserver import ForkServer
 
 SRC_ROOT = str(Path(__file__).resolve().parents[2])
+#: ``fresh``: every worker a new interpreter; ``forkserver`` (the default): forked from a
+#: server that imported torch once.
+START_ENV = "TRAINSCHED_WORKER_START"
 
 
 def free_port() -> int:
@@ -53,12 +63,14 @@ def worker_env(backend: str = "gloo", extra: Mapping[str, str] | None = None) ->
 
 
 def tail(path: Path, limit: int = 1500) -> str:
-    """The end of a log file (empty if unreadable)."""
+    """The end of a log file (empty if unreadable), without the fault handler's list of loaded
+    extension modules (with torch loaded, a long line that would crowd out the stack)."""
     try:
-        text = path.read_text(errors="replace").strip()
+        text = path.read_text(errors="replace")
     except OSError:
         return ""
-    return text[-limit:]
+    lines = [ln for ln in text.splitlines() if not ln.startswith("Extension modules:")]
+    return "\n".join(lines).strip()[-limit:]
 
 
 def status_text(status: int | None) -> str:
@@ -175,23 +187,16 @@ def run_workers(target: str, configs: Sequence[dict[str, Any]], *, workdir: Path
     statuses (used to check how survivors react to a dead rank). Passing the deadline raises
     :class:`WorkerFailure` with ``rank=None`` unless ``wait_all``.
     """
-    if ":" in target and not target.endswith(".py"):
-        module, function = target.rsplit(":", 1)
-        command = [sys.executable, "-c", f"from {module} import {function}; {function}()"]
-    else:
-        command = [sys.executable, str(target)]
     environment = worker_env(backend, env)
+    start = _starter(environment)
     deadline = time.monotonic() + timeout_s
-    procs: list[subprocess.Popen[bytes]] = []
+    procs: list[_Worker] = []
     logs: list[Path] = []
     try:
         for rank, cfg in enumerate(configs):
             log = workdir / f"rank{rank}.log"
             logs.append(log)
-            with log.open("wb") as fh:
-                procs.append(subprocess.Popen([*command, json.dumps(cfg)], env=environment,
-                                              stdin=subprocess.DEVNULL, stdout=fh,
-                                              stderr=subprocess.STDOUT))
+            procs.append(start(str(target), json.dumps(cfg), log))
         while True:
             codes = [p.poll() for p in procs]
             failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
@@ -212,10 +217,69 @@ def run_workers(target: str, configs: Sequence[dict[str, Any]], *, workdir: Path
                 p.kill()
                 killed.add(rank)
         for p in procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(timeout=10)
-    return [Exit(rank=r, status=None if r in killed else p.returncode, log=logs[r])
+            p.wait(timeout_s=10)
+    return [Exit(rank=r, status=None if r in killed else p.poll(), log=logs[r])
             for r, p in enumerate(procs)]  # fmt: skip
+
+
+class _Worker:
+    """One started worker: a subprocess, or a pid forked by the fork server."""
+
+    def __init__(self, proc: subprocess.Popen[bytes] | None = None,
+                 server: ForkServer | None = None, pid: int = 0):
+        self._proc, self._server, self._pid = proc, server, pid
+
+    def poll(self) -> int | None:
+        """The exit status (negative: killed by that signal), ``None`` while running."""
+        if self._proc is not None:
+            return self._proc.poll()
+        assert self._server is not None
+        return self._server.poll(self._pid)
+
+    def kill(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self._pid, signal.SIGKILL)
+
+    def wait(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+
+_SERVER: ForkServer | None = None
+
+
+def _starter(environment: dict[str, str]) -> Callable[[str, str, Path], _Worker]:
+    """How this run starts a worker (``target``, its config text, its log): forked by the fork
+    server, started on first use, unless ``TRAINSCHED_WORKER_START=fresh``."""
+    global _SERVER
+    asked = os.environ.get(START_ENV, "forkserver").strip().lower()
+    if asked not in ("fresh", "forkserver"):
+        raise TrainschedError(f"{START_ENV}={asked!r}: expected fresh or forkserver")
+    if asked == "fresh":
+        def fresh(target: str, config: str, log: Path) -> _Worker:
+            if ":" in target and not target.endswith(".py"):
+                module, function = target.rsplit(":", 1)
+                command = [sys.executable, "-c",
+                           f"from {module} import {function}; {function}()"]
+            else:
+                command = [sys.executable, target]
+            with log.open("wb") as fh:
+                return _Worker(subprocess.Popen([*command, config], env=environment,
+                                                stdin=subprocess.DEVNULL, stdout=fh,
+                                                stderr=subprocess.STDOUT))
+        return fresh
+    if _SERVER is None or not _SERVER.alive():
+        _SERVER = ForkServer(worker_env())
+        atexit.register(_SERVER.close)
+    server = _SERVER
+
+    def forked(target: str, config: str, log: Path) -> _Worker:
+        return _Worker(server=server, pid=server.start(target, config, str(log), environment))
+    return forked
 
 
 def torchrun_rank() -> tuple[int, int] | None:
