@@ -27,7 +27,6 @@ from trainsched.costs import p2p_s
 from trainsched.errors import TrainschedError
 from trainsched.graph import Edge, Graph, Op, to_training
 from trainsched.placement import Machine, Stall, reduce_graph, run_schedule
-from trainsched.placement.reduce import canonical_order
 from trainsched.placement.sct import m_sct
 from trainsched.sim import TaskGraph, build_result, predict_placement, run_tasks, simulate_placed
 from trainsched.sim.result import Allocation
@@ -255,6 +254,10 @@ def test_groups_stay_whole_and_memory_stays_within_capacity(seed, n, m, algorith
 @PROPERTY
 @given(seed=st.integers(0, 10**6), n=st.integers(2, 80), coplacement=st.booleans(),
        forward_only=st.booleans())
+# Two reduced nodes alike in everything (one producer, one tensor, equal costs, no
+# successors): the problem numbers them by their places in the original graph, the reduced
+# graph's own canonical order would by name; either order is topological.
+@example(seed=266, n=21, coplacement=False, forward_only=False)
 def test_fusion_is_acyclic_and_expands_each_op_once(seed, n, coplacement, forward_only):
     graph = layered_dag(seed, n, memory=True)
     problem = reduce_graph(graph, forward_only=forward_only, coplacement=coplacement,
@@ -262,7 +265,8 @@ def test_fusion_is_acyclic_and_expands_each_op_once(seed, n, coplacement, forwar
     members = [name for ms in problem.members for name in ms]
     assert sorted(members) == sorted(op.name for op in graph.ops)
     reduced = problem.to_graph()  # raises on a cycle
-    assert list(canonical_order(reduced)) == list(problem.names)  # numbered topologically
+    number = {name: i for i, name in enumerate(problem.names)}
+    assert all(number[e.src] < number[e.dst] for e in reduced.edges)  # numbered topologically
     assert set(problem.group_of) == {op.name for op in graph.ops}
     for i, ms in enumerate(problem.members):
         assert {problem.group_of[name] for name in ms} == {problem.group[i]}
