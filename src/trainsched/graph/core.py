@@ -523,16 +523,23 @@ class Graph:
         return graph_from_json(text, source)
 
     def save(self, path: str | os.PathLike[str], *, format: str | None = None) -> None:
-        """Write the JSON file (:meth:`to_json`, ``format`` as there) atomically (see
-        :func:`trainsched.graph.io.atomic_write_text`)."""
-        from trainsched.graph.io import atomic_write_text
+        """Write the file atomically (see :func:`trainsched.graph.io.atomic_write_bytes`): the
+        binary ``trainsched.graph/3`` when ``format`` asks for it or, without a ``format``, when
+        ``path`` ends in ``.tsg``; else the JSON text (:meth:`to_json`, ``format`` as there)."""
+        from trainsched.graph.binary import BINARY_FORMAT, BINARY_SUFFIX, graph_to_binary
+        from trainsched.graph.io import atomic_write_bytes, atomic_write_text
 
-        atomic_write_text(path, self.to_json(format=format))
+        if format == BINARY_FORMAT or (format is None
+                                       and str(path).lower().endswith(BINARY_SUFFIX)):
+            atomic_write_bytes(path, graph_to_binary(self))
+        else:
+            atomic_write_text(path, self.to_json(format=format))
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], *,
              progress: Callable[[int, int, str], None] | None = None) -> Graph:
-        """Read a graph file written by :meth:`save` (or by hand, see docs/graph-format.md).
+        """Read a graph file written by :meth:`save` (or by hand, see docs/graph-format.md), in
+        any of its formats (the binary one is told by its first bytes).
 
         ``progress(done, total, "")``, if given, hears now and then how many of the file's
         bytes are read (a progress bar for a large graph)."""
