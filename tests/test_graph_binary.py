@@ -30,7 +30,7 @@ MAGIC = b"trainsched.graph/3\n"
 def every_field() -> Graph:
     """A captured-like training graph in which every op field and edge field is used: measured
     spreads, tied weights, grouped members, nulls beside values, a tensor key of its own, a
-    group naming no op, non-ASCII names."""
+    group naming no op, non-ASCII names, a string holding a newline."""
     ops = [
         Op(name="emb", compute_s=1e-4, flops=2.0e6, bytes_accessed=4096, param_bytes=1024,
            buffer_bytes=16, optimizer_state_bytes=2048, output_bytes=512, temp_bytes=64,
@@ -46,7 +46,7 @@ def every_field() -> Graph:
         Op(name="héad:dX", kind="backward_input", compute_s=0.25, forward_op="héad",
            group="héad", module_path="head", output_bytes=512),
         Op(name="héad:dW", kind="backward_weight", compute_s=0.25, forward_op="héad",
-           group="héad", module_path="head", output_bytes=8),
+           group="héad", module_path="head\n(tied)", output_bytes=8),
         Op(name="héad:opt", kind="optimizer", compute_s=1e-5, forward_op="héad",
            group="héad", target="adam"),
     ]
@@ -75,19 +75,19 @@ def test_the_two_op_file_is_the_hand_worked_layout(tmp_path):
     names = ["a", "a:dX", "forward", "backward_input", "fc", "aten.linear.default", "",
              "a:saved"]
     assert data[len(MAGIC):end].decode() == (
-        '{"columns": [["strings.length", "<u4", 8], ["strings.text", "|u1", 54], '
+        '{"columns": [["strings.length", "<u4", 8], ["strings.text", "|u1", 62], '
         '["ops.compute_s", "<f8", 2], ["ops.forward_op", "<i4", 2], ["ops.group", "<i4", 2], '
         '["ops.kind", "<i4", 2], ["ops.module_path", "<i4", 2], ["ops.param_bytes", "<i8", 2], '
         '["ops.target", "<i4", 2], ["edges.dst", "<i4", 1], ["edges.size_bytes", "<i8", 1], '
         '["edges.src", "<i4", 1], ["edges.tensor", "<i4", 1]], "edges": 1, '
         '"meta": {"model": "m"}, "ops": 2}\n')
     assert set(data[end:end + (-end % 8)]) <= {0}  # zero padding to 8 bytes
-    # each column padded to 8 bytes: strings 32 + 56, compute_s 16, five <i4 op columns 8
+    # each column padded to 8 bytes: strings 32 + 64, compute_s 16, five <i4 op columns 8
     # each, param_bytes 16, four edge columns 8 each
     body = data[end + (-end % 8):]
-    assert len(body) == 32 + 56 + 16 + 5 * 8 + 16 + 4 * 8
-    expected = [struct.pack("<8I", *map(len, names)) + bytes(0),
-                "".join(names).encode() + bytes(2),
+    assert len(body) == 32 + 64 + 16 + 5 * 8 + 16 + 4 * 8
+    expected = [struct.pack("<8I", *map(len, names)),  # lengths without the newlines
+                "".join(f"{name}\n" for name in names).encode() + bytes(2),
                 struct.pack("<2d", 0.5, 0.25),
                 struct.pack("<2i", -1, 0),  # forward_op: null, then op a's name
                 struct.pack("<2i", -1, 0),  # group
@@ -123,6 +123,7 @@ def test_every_field_survives_the_binary_file_in_its_own_type(tmp_path):
     assert head.backward_input_s is None and emb.backward_weight_p90_s == 3.3e-4
     assert emb.layer_index == 0 and back.op("héad:dX").layer_index is None
     assert back.edges[1].tensor == "emb:saved" and back.edges[0].tensor == "emb"
+    assert back.op("héad:dW").module_path == "head\n(tied)"  # a newline of its own
 
 
 def test_an_old_format_file_converts_to_the_same_binary_file(tmp_path):
@@ -235,6 +236,14 @@ def _set(name, values, dtype=None):
     return change
 
 
+def _strings(strings):
+    def change(header, columns):
+        columns["strings.text"] = numpy.frombuffer(
+            "".join(f"{s}\n" for s in strings).encode(), dtype="|u1")
+        columns["strings.length"] = numpy.array(list(map(len, strings)), dtype="<u4")
+    return change
+
+
 def _header(**changes):
     def change(header, columns):
         header.update(changes)
@@ -288,10 +297,13 @@ def _dtypes(name, dtype):
     (_set("ops.flop", [1.0, 2.0], dtype="<f8"), "ops.flop: unknown column"),
     (_drop("edges.size_bytes"), "edges.size_bytes: missing required column"),
     (_set("strings.length", [1, 4, 7, 14, 2, 19, 0, 8]),
-     "strings.length: the lengths add up to 55 characters, but strings.text has 54"),
-    (_set("strings.text", list(b"\xff" + b"x" * 53)), "strings.text: not UTF-8 (byte 0)"),
-    (_set("strings.length", [0, 5, 7, 14, 2, 19, 0, 7]),
-     "strings[0]: the name of op 0 is empty"),
+     "strings.length: the lengths add up to 63 characters with their newlines, but "
+     "strings.text has 62"),
+    (_set("strings.length", [2, 3, 7, 14, 2, 19, 0, 7]),
+     "strings.text: string 0 does not end with a newline where strings.length says it ends"),
+    (_set("strings.text", list(b"\xff" + b"x" * 61)), "strings.text: not UTF-8 (byte 0)"),
+    (_strings(["", "a:dX", "forward", "backward_input", "fc", "aten.linear.default", "",
+               "a:saved"]), "strings[0]: the name of op 0 is empty"),
     (_header(ops=3), "ops.kind: 2 values, but the header says 3 ops (one value per op)"),
     (_header(ops=-1), "header.ops: expected a count, got -1"),
     (_header(meta=[1]), "header.meta: expected an object"),
@@ -319,8 +331,8 @@ def test_a_truncated_binary_file_is_refused(tmp_path, cut, message):
 def test_two_ops_of_one_name_are_refused(tmp_path):
     header, columns = parts(saved(Graph([Op(name="a"), Op(name="b")], []), tmp_path / "ok.tsg"))
     text = columns["strings.text"]
-    assert bytes(text[:2]) == b"ab"
-    text[1] = ord("a")
+    assert bytes(text[:4]) == b"a\nb\n"
+    text[2] = ord("a")
     assert "duplicate op names: 'a'" in refused(put_together(tmp_path / "g.tsg", header,
                                                                columns))
 

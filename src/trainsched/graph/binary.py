@@ -12,11 +12,12 @@ Layout (every number little-endian):
 The column types are fixed by the format (the header states them so that a reader can check
 them): ``<f8`` for float fields, ``<i8`` for int fields, ``<i4`` for indices into the strings
 table or into the ops, ``<u4`` for counts and string lengths, ``|u1`` for bytes and null masks.
-The strings table is ``strings.text`` (the UTF-8 bytes of every string, one after the other)
-and ``strings.length`` (each string's length in characters); its first ``ops`` strings are the
-op names, in op order. ``kind``, ``module_path`` and ``target`` are string indices;
-``group``, ``forward_op`` and an edge's ``tensor`` are string indices or -1 (null; for a
-tensor, the producer's output); ``members`` and ``tied_to`` are a flat column of string
+The strings table is ``strings.text`` (the UTF-8 bytes of every string, each followed by a
+newline) and ``strings.length`` (each string's length in characters, without that newline: a
+string may hold newlines of its own); its first ``ops`` strings are the op names, in op
+order. ``kind``, ``module_path`` and ``target`` are string indices; ``group``,
+``forward_op`` and an edge's ``tensor`` are string indices or -1 (null; for a tensor, the
+producer's output); ``members`` and ``tied_to`` are a flat column of string
 indices and a ``.count`` column (how many per op); an optional number field has a ``.null``
 mask (1: null, its value 0). A column whose every value is the field's default is left out
 (and a ``.null`` mask with no null), as in the compact JSON file; so equal graphs give
@@ -119,7 +120,7 @@ def graph_to_binary(graph: Graph) -> bytes:
         columns.append(("edges.tensor", "<i4", [-1 if e.tensor == e.src else index(e.tensor)
                                                 for e in edges]))
     text = list(strings)
-    encoded = "".join(text).encode("utf-8")
+    encoded = "".join(s + "\n" for s in text).encode("utf-8")
     columns[:0] = [("strings.length", "<u4", list(map(len, text))),
                    ("strings.text", "|u1", encoded)]
     header = (f'{{"columns": {dump_json([[c, t, len(v)] for c, t, v in columns])}, '
@@ -228,25 +229,27 @@ class _Reader:
             k = names.index("")
             raise self.fail(f"strings[{k}]", f"the name of op {k} is empty; every op needs a "
                             "non-empty name")
-        decoded, sums_fit = self.op_columns(n, strings)
+        # strings looked up by index arrays in numpy (a table of the string objects)
+        table = numpy.array([*strings, None], dtype=object)
+        decoded, sums_fit = self.op_columns(n, table)
         ops = _build_ops(n, {"name": names, **decoded})
         del decoded
         src = self.indices("edges.src", m, n, "ops")
         dst = self.indices("edges.dst", m, n, "ops")
         sizes = self.numbers("edges.size_bytes", m, "<i8").tolist()
-        srcs = list(map(names.__getitem__, src))
+        srcs = table[src].tolist()  # the names are the first strings
         if "edges.tensor" in self.offsets:
-            at = numpy.array(self.indices("edges.tensor", m, len(strings), "strings",
-                                          nullable=True), dtype=numpy.int64)
+            at = self.indices("edges.tensor", m, len(strings), "strings", nullable=True)
             # null, or an empty key (hand-written): the producer's output, whose name is the
             # string at the producer's index
             own = (at < 0) | (self.lengths[at] == 0)
-            tensors = list(map(strings.__getitem__, numpy.where(own, src, at).tolist()))
+            tensors = table[numpy.where(own, src, at)].tolist()
         else:
             tensors = srcs
-        edges = _build_edges(srcs, list(map(names.__getitem__, dst)), sizes, tensors)
+        edges = _build_edges(srcs, table[dst].tolist(), sizes, tensors)
         try:
-            return Graph._with_ends(ops, edges, head["meta"], src, dst, sums_fit=sums_fit)
+            return Graph._with_ends(ops, edges, head["meta"], src.tolist(), dst.tolist(),
+                                    sums_fit=sums_fit)
         except TrainschedError as exc:
             raise TrainschedError(f"{self.source}: {exc}") from None
 
@@ -282,23 +285,34 @@ class _Reader:
         return values
 
     def strings(self) -> list[str]:
+        """The strings table: split at its newlines in one call when no string holds one (the
+        usual case: the lengths agree), else cut by the lengths."""
         lengths = self.array("strings.length", None, "<u4")
         raw = self.array("strings.text", None, "|u1").tobytes()
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise self.fail("strings.text", f"not UTF-8 (byte {exc.start})") from None
-        ends = numpy.cumsum(lengths, dtype=numpy.int64)
-        if (ends[-1] if len(ends) else 0) != len(text):
-            raise self.fail("strings.length", f"the lengths add up to "
-                            f"{int(ends[-1]) if len(ends) else 0} characters, but "
-                            f"strings.text has {len(text)}")
         self.lengths = lengths
-        starts = numpy.concatenate(([0], ends[:-1])) if len(ends) else ends
-        return list(map(text.__getitem__, map(slice, starts.tolist(), ends.tolist())))
+        parts = text.split("\n")
+        last = parts.pop()
+        if not last and len(parts) == len(lengths) and numpy.array_equal(
+                numpy.fromiter(map(len, parts), dtype=numpy.int64, count=len(parts)), lengths):
+            return parts
+        ends = numpy.cumsum(lengths.astype(numpy.int64) + 1)  # each with its newline
+        total = int(ends[-1]) if len(ends) else 0
+        if total != len(text):
+            raise self.fail("strings.length", f"the lengths add up to {total} characters with "
+                            f"their newlines, but strings.text has {len(text)}")
+        ends = ends.tolist()
+        for k, end in enumerate(ends):
+            if text[end - 1] != "\n":
+                raise self.fail("strings.text", f"string {k} does not end with a newline "
+                                f"where strings.length says it ends")
+        return [text[a:b - 1] for a, b in zip([0, *ends], ends, strict=False)]
 
     def indices(self, name: str, length: int, count: int, into: str, *,
-                nullable: bool = False, what: str = "") -> list[int]:
+                nullable: bool = False, what: str = "") -> numpy.ndarray:
         """An ``<i4`` column of indices into ``count`` things (or -1, if ``nullable``)."""
         values = self.array(name, length, "<i4", what or self._what(name))
         low = -1 if nullable else 0
@@ -309,7 +323,7 @@ class _Reader:
             extra = " or -1" if nullable else ""
             raise self.fail(f"{name}[{k}]", f"expected an index into {into} ({span}){extra}, "
                             f"got {int(values[k])}")
-        return values.tolist()
+        return values
 
     def numbers(self, name: str, length: int, dtype: str) -> numpy.ndarray:
         """A number column: every value finite and >= 0."""
@@ -327,13 +341,13 @@ class _Reader:
         return (f"the header says {self.counts[part]} {part} (one value per "
                 f"{part[:-1]})")
 
-    def op_columns(self, n: int, strings: list[str]) -> tuple[dict[str, Any], bool]:
+    def op_columns(self, n: int, table: numpy.ndarray) -> tuple[dict[str, Any], bool]:
         """The decoded op columns present (field -> list of values), and whether their summed
-        costs are finite."""
+        costs are finite; ``table`` holds the strings and then None."""
         decoded: dict[str, Any] = {}
         sums_fit = True
         kinds = set(OP_KINDS)
-        table = [*strings, None]
+        count = len(table) - 1
         for field, (base, optional) in _OP_SPECS.items():
             name = f"ops.{field}"
             if field == "name" or name not in self.offsets:
@@ -341,8 +355,8 @@ class _Reader:
                     raise self.fail(name, "missing, but its companion column is there")
                 continue
             if field in _INDEXED or field in _NAMED:
-                at = self.indices(name, n, len(strings), "strings", nullable=field in _NAMED)
-                values = list(map(table.__getitem__, at))  # -1: the None at the end
+                at = self.indices(name, n, count, "strings", nullable=field in _NAMED)
+                values = table[at].tolist()  # -1: the None at the end
                 if field == "kind" and not set(values) <= kinds:
                     k = next(k for k, v in enumerate(values) if v not in kinds)
                     raise self.fail(f"{name}[{k}]", f"unknown kind {values[k]!r}; expected "
@@ -350,11 +364,11 @@ class _Reader:
             elif base == "strs":
                 counts = self.array(f"{name}.count", n, "<u4", self._what(name))
                 total = int(counts.sum(dtype=numpy.int64))
-                flat = self.indices(name, total, len(strings), "strings",
-                                    what=f"{name}.count adds up to {total}")
+                flat = table[self.indices(name, total, count, "strings",
+                                          what=f"{name}.count adds up to {total}")].tolist()
                 values, k = [], 0
                 for c in counts.tolist():
-                    values.append(tuple(strings[i] for i in flat[k:k + c]))
+                    values.append(tuple(flat[k:k + c]))
                     k += c
             else:
                 column = self.numbers(name, n, _NUMBER_DTYPE[base])

@@ -20,7 +20,7 @@ got "fast"``; ``g.json: ops[0]: op 'a': compute_s must be >= 0, got -1.0``).
 
 from __future__ import annotations
 
-import functools
+import itertools
 import json
 import math
 import operator
@@ -322,47 +322,40 @@ def _plain_column(values: list[Any], base: str, optional: bool) -> bool:
         return False
 
 
-def _make_builder(cls: type, fields: Sequence[str], defaults: dict[str, Any] | None = None
-                  ) -> Callable[..., list[Any]]:
+def _make_builder(cls: type, fields: Sequence[str]) -> Callable[..., list[Any]]:
     """``build(c0, ..., cN)``: the ``cls`` records (a frozen dataclass with slots) whose field
-    values (``fields`` order) are the rows of the iterables ``c0..cN`` and whose other fields
-    are ``defaults`` (field -> value, the same in every record), made without ``__init__``
-    (the columns are checked already).
+    values (``fields`` order) are the rows of the iterables ``c0..cN``, made without
+    ``__init__`` (the columns are checked already).
 
     Each is filled as an object of a plain class with the same slots (a slot store is the
     fastest way Python has to set a field) and then becomes a ``cls``: the layouts are the
     same, so the class can be swapped, after which the record is frozen like any other."""
-    defaults = defaults or {}
     plain = type(f"_Plain{cls.__name__}", (), {"__slots__": cls.__slots__})
     args = ", ".join(f"c{k}" for k in range(len(fields)))
-    row = "".join(f"v{k}, " for k in range(len(fields)))
+    row = ", ".join(f"v{k}" for k in range(len(fields)))
     lines = [f"def build({args}):", "    out = []", "    add = out.append",
-             f"    for {row}in zip({args}):", "        x = Plain()"]
+             f"    for {row} in zip({args}):", "        x = Plain()"]
     lines += [f"        x.{field} = v{k}" for k, field in enumerate(fields)]
-    lines += [f"        x.{field} = d_{field}" for field in defaults]
     lines += ["        x.__class__ = cls", "        add(x)", "    return out"]
-    scope: dict[str, Any] = {"Plain": plain, "cls": cls,
-                             **{f"d_{field}": value for field, value in defaults.items()}}
+    scope: dict[str, Any] = {"Plain": plain, "cls": cls}
     exec("\n".join(lines) + "\n", scope)  # our own text, built from the field names
     return scope["build"]
 
 
+_build = _make_builder(Op, list(_OP_SPECS))
 _build_edges = _make_builder(Edge, _EDGE_FIELDS)
 assert set(Op.__slots__) == set(_OP_SPECS) and set(Edge.__slots__) == set(_EDGE_FIELDS)
 
 
-@functools.lru_cache(maxsize=16)
-def _op_builder(fields: tuple[str, ...]) -> Callable[..., list[Op]]:
-    """:func:`_make_builder` for ops whose columns are ``fields`` (in ``_OP_SPECS`` order), the
-    other fields set to their defaults: a graph leaves most columns out, and a default is a
-    store of a constant rather than a value drawn from a column."""
-    return _make_builder(Op, fields, {f: _DEFAULTS[f] for f in _OP_SPECS if f not in fields})
-
-
 def _build_ops(n: int, decoded: dict[str, Any]) -> list[Op]:
-    """Ops from checked columns (``name`` among them); a column left out gives every op the
-    field's default."""
-    fields = tuple(f for f in _OP_SPECS if f in decoded)
-    columns = [map(tuple, decoded[f]) if _OP_SPECS[f][0] == "strs" else decoded[f]
-               for f in fields]
-    return _op_builder(fields)(*columns)
+    """Ops from checked columns; a column left out gives every op the field's default."""
+    columns = []
+    for field, (base, _) in _OP_SPECS.items():
+        values = decoded.get(field)
+        if values is None:
+            columns.append(itertools.repeat(_DEFAULTS[field], n))
+        elif base == "strs":
+            columns.append(map(tuple, values))
+        else:
+            columns.append(values)
+    return _build(*columns)
