@@ -363,3 +363,26 @@ def test_compare_takes_a_tsg_path_as_a_graph_file(tmp_path, capsys):
     # a graph file has its batch: the flag is refused as for a .json graph
     assert main(["compare", str(path), "--cluster", "dgx-h100", "--batch-size", "4"]) == 2
     assert "--batch-size does not apply to a graph file" in capsys.readouterr().err
+
+
+def test_edges_read_from_a_binary_file_are_the_graphs_edges_whichever_query_comes_first(
+        tmp_path):
+    path = saved(every_field(), tmp_path / "g.tsg")
+    graph = Graph.load(path)  # its edges are made when first read
+    assert graph.out_edges("emb") == every_field().out_edges("emb")
+    assert Graph.load(path).in_edges("héad:opt") == (Edge(src="héad:dW", dst="héad:opt",
+                                                          size_bytes=8, tensor="héad:grad"),)
+    edges = Graph.load(path).edges
+    assert type(edges) is tuple and edges == every_field().edges
+    assert Graph.load(path).totals().edge_bytes == 512 + 512 + 8 + 8
+
+
+def test_duplicate_edges_in_a_binary_file_are_refused(tmp_path):
+    def twice(header, columns):
+        for name in ("edges.src", "edges.dst", "edges.size_bytes", "edges.tensor"):
+            columns[name] = numpy.concatenate([columns[name], columns[name]])
+        header["edges"] = 2
+
+    message = refused(broken(tmp_path, twice))
+    assert "edges[0] and edges[1] are duplicates: 'a' -> 'a:dX' carrying tensor 'a:saved'" \
+        in message

@@ -39,7 +39,7 @@ import numpy
 
 from trainsched.errors import TrainschedError
 from trainsched.graph.compact import _build_edges, _build_ops
-from trainsched.graph.core import Graph, Op
+from trainsched.graph.core import Edge, Graph, Op, _EdgesToMake
 from trainsched.graph.fields import _OP_SPECS, OP_KINDS
 from trainsched.graph.io import dump_json
 
@@ -236,17 +236,14 @@ class _Reader:
         del decoded
         src = self.indices("edges.src", m, n, "ops")
         dst = self.indices("edges.dst", m, n, "ops")
-        sizes = self.numbers("edges.size_bytes", m, "<i8").tolist()
-        srcs = table[src].tolist()  # the names are the first strings
+        sizes = self.numbers("edges.size_bytes", m, "<i8")
+        tensors = src
         if "edges.tensor" in self.offsets:
             at = self.indices("edges.tensor", m, len(strings), "strings", nullable=True)
             # null, or an empty key (hand-written): the producer's output, whose name is the
-            # string at the producer's index
-            own = (at < 0) | (self.lengths[at] == 0)
-            tensors = table[numpy.where(own, src, at)].tolist()
-        else:
-            tensors = srcs
-        edges = _build_edges(srcs, table[dst].tolist(), sizes, tensors)
+            # string at the producer's index (the names are the first strings)
+            tensors = numpy.where((at < 0) | (self.lengths[at] == 0), src, at)
+        edges = _Edges(table, src, dst, sizes, tensors)
         try:
             return Graph._with_ends(ops, edges, head["meta"], src.tolist(), dst.tolist(),
                                     sums_fit=sums_fit)
@@ -385,3 +382,23 @@ class _Reader:
             decoded[field] = values
         return decoded, sums_fit
 
+
+class _Edges(_EdgesToMake):
+    """A file's edges, checked, made into Edge records when the graph's edges are first read:
+    the strings table and, per edge, the string indices of its source, destination and tensor
+    key, and its size."""
+
+    __slots__ = ("dst", "sizes", "src", "table", "tensors")
+
+    def __init__(self, table: numpy.ndarray, src: numpy.ndarray, dst: numpy.ndarray,
+                 sizes: numpy.ndarray, tensors: numpy.ndarray) -> None:
+        self.table, self.src, self.dst, self.sizes, self.tensors = table, src, dst, sizes, tensors
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    def make(self) -> list[Edge]:
+        table = self.table
+        srcs = table[self.src].tolist()
+        tensors = srcs if self.tensors is self.src else table[self.tensors].tolist()
+        return _build_edges(srcs, table[self.dst].tolist(), self.sizes.tolist(), tensors)

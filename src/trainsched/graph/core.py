@@ -162,6 +162,21 @@ class _Adjacency:
         return list(map(operator.sub, itertools.islice(at, 1, None), at))
 
 
+class _EdgesToMake:
+    """Edges a reader has checked (ends, sizes, keys) but not yet made into :class:`Edge`
+    records: ``len()`` and ``make()`` (the records, in order). A graph built from one (by
+    :meth:`Graph._with_ends`) makes them the first time its edges are read: a simulation of a
+    million-op graph never reads them, and 1.6 million records cost a second to make."""
+
+    __slots__ = ()
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def make(self) -> list[Edge]:
+        raise NotImplementedError
+
+
 class Graph:
     """An immutable, validated DAG of ops and edges, plus provenance ``meta``.
 
@@ -188,10 +203,14 @@ class Graph:
         graph._build(ops, edges, meta, (src, dst), sums_fit=sums_fit)
         return graph
 
-    def _build(self, ops: Iterable[Op], edges: Iterable[Edge], meta: Mapping[str, Any] | None,
-               ends: tuple[list[int], list[int]] | None, *, sums_fit: bool = False) -> None:
+    def _build(self, ops: Iterable[Op], edges: Iterable[Edge] | _EdgesToMake,
+               meta: Mapping[str, Any] | None, ends: tuple[list[int], list[int]] | None, *,
+               sums_fit: bool = False) -> None:
         self._ops: tuple[Op, ...] = tuple(ops)
-        self._edges: tuple[Edge, ...] = tuple(edges)
+        # (edges to make come with their ends: checked without the records)
+        assert not isinstance(edges, _EdgesToMake) or ends is not None
+        self._edges: tuple[Edge, ...] | _EdgesToMake = (
+            edges if isinstance(edges, _EdgesToMake) else tuple(edges))
         self._meta: dict[str, Any] = copy.deepcopy(dict(meta or {}))
         ops = self._ops
         if not all(map(isinstance, ops, itertools.repeat(Op))):
@@ -204,7 +223,7 @@ class Graph:
             names = ", ".join(repr(name) for name, n in counts.items() if n > 1)
             raise TrainschedError(f"duplicate op names: {names}; every op needs a unique name")
         if not sums_fit:
-            _check_sums(ops, self._edges)
+            _check_sums(ops, self._edge_records())
         # Per edge the positions of its ends; per op the edges into and out of it.
         self._src: list[int] = []
         self._dst: list[int] = []
@@ -217,7 +236,8 @@ class Graph:
         an error."""
         index, edges = self._index, self._edges
         try:  # the common case, every end known, in C
-            if not all(map(isinstance, edges, itertools.repeat(Edge))):
+            if type(edges) is tuple and not all(map(isinstance, edges,
+                                                    itertools.repeat(Edge))):
                 raise KeyError
             if ends is not None:  # the index's own ints, shared rather than copies
                 at = list(index.values())
@@ -240,13 +260,13 @@ class Graph:
         twins = self._first_duplicate(bad)
         if twins is not None:
             first, k = twins
-            e = edges[k]
+            e = self._edge_records()[k]
             raise TrainschedError(
                 f"edges[{first}] and edges[{k}] are duplicates: {e.src!r} -> {e.dst!r} "
                 f"carrying tensor {e.tensor!r}"
             )
         if bad < len(edges):
-            e = edges[bad]
+            e = self._edge_records()[bad]
             if not isinstance(e, Edge):
                 raise TrainschedError(f"edges[{bad}] is a {type(e).__name__}, not an Edge")
             raise TrainschedError(self._edge_problem(bad, e))
@@ -254,7 +274,7 @@ class Graph:
     def _first_bad_edge(self) -> int:
         """Fill ``_src`` and ``_dst`` up to the first edge that is not an Edge or has a bad end
         (unknown, a self-loop); its index (``len(edges)`` if none)."""
-        index, edges, src, dst = self._index, self._edges, self._src, self._dst
+        index, edges, src, dst = self._index, self._edge_records(), self._src, self._dst
         for k, e in enumerate(edges):
             if type(e) is not Edge and not isinstance(e, Edge):
                 return k
@@ -269,13 +289,14 @@ class Graph:
     def _first_duplicate(self, before: int) -> tuple[int, int] | None:
         """Among edges ``0..before-1``: the earliest edge repeating an earlier one's source,
         destination and tensor, with that earlier one; None if there is none."""
-        edges, dst = self._edges, self._dst
+        dst, count = self._dst, len(self._edges)
         found: tuple[int, int] | None = None
-        if len(edges) and before == len(edges):  # no two edges join one pair: no duplicates
+        if count and before == count:  # no two edges join one pair: no duplicates
             keys = numpy.sort(numpy.array(self._src, dtype=numpy.int64) * len(self._ops)
                               + numpy.array(dst, dtype=numpy.int64))
             if not (keys[1:] == keys[:-1]).any():
                 return None
+        edges = self._edge_records()
         several = map(operator.gt, self._out.degrees(), itertools.repeat(1))
         for i in itertools.compress(range(len(self._ops)), several):
             outs = self._out[i]
@@ -348,6 +369,12 @@ class Graph:
     @property
     def edges(self) -> tuple[Edge, ...]:
         """The edges, in the order given."""
+        return self._edge_records()
+
+    def _edge_records(self) -> tuple[Edge, ...]:
+        """The edges, made now if a reader left them to make (:class:`_EdgesToMake`)."""
+        if type(self._edges) is not tuple:
+            self._edges = tuple(self._edges.make())
         return self._edges
 
     @property
@@ -378,7 +405,7 @@ class Graph:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Graph):
             return NotImplemented
-        return (self._ops, self._edges, self._meta) == (other._ops, other._edges, other._meta)
+        return (self._ops, self.edges, self._meta) == (other._ops, other.edges, other._meta)
 
     __hash__ = None  # type: ignore[assignment]  # meta is a dict
 
@@ -387,11 +414,13 @@ class Graph:
 
     def in_edges(self, name: str) -> tuple[Edge, ...]:
         """Edges into ``name``, in edge order."""
-        return tuple(self._edges[k] for k in self._in[self._at(name)])
+        edges = self._edge_records()
+        return tuple(edges[k] for k in self._in[self._at(name)])
 
     def out_edges(self, name: str) -> tuple[Edge, ...]:
         """Edges out of ``name``, in edge order."""
-        return tuple(self._edges[k] for k in self._out[self._at(name)])
+        edges = self._edge_records()
+        return tuple(edges[k] for k in self._out[self._at(name)])
 
     def predecessors(self, name: str) -> tuple[str, ...]:
         """Distinct ops with an edge into ``name``, in edge order."""
@@ -480,7 +509,7 @@ class Graph:
             optimizer_state_bytes=total("optimizer_state_bytes"),
             output_bytes=total("output_bytes"),
             saved_bytes=total("saved_bytes"),
-            edge_bytes=sum(map(operator.attrgetter("size_bytes"), self._edges)),
+            edge_bytes=sum(map(operator.attrgetter("size_bytes"), self.edges)),
         )
 
     def heaviest(self, n: int) -> tuple[Op, ...]:
@@ -500,11 +529,11 @@ class Graph:
         for op in replacements:
             self._at(op.name)
             new[op.name] = op
-        return Graph((new.get(op.name, op) for op in self._ops), self._edges, self._meta)
+        return Graph((new.get(op.name, op) for op in self._ops), self.edges, self._meta)
 
     def with_meta(self, meta: Mapping[str, Any]) -> Graph:
         """The same ops and edges with ``meta`` replaced."""
-        return Graph(self._ops, self._edges, meta)
+        return Graph(self._ops, self.edges, meta)
 
     # --- JSON (the format lives in trainsched.graph.io, which builds on this module) ----------
 
