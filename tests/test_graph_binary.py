@@ -386,3 +386,11 @@ def test_duplicate_edges_in_a_binary_file_are_refused(tmp_path):
     message = refused(broken(tmp_path, twice))
     assert "edges[0] and edges[1] are duplicates: 'a' -> 'a:dX' carrying tensor 'a:saved'" \
         in message
+
+
+def test_ops_are_found_by_name_in_a_graph_read_from_a_binary_file(tmp_path):
+    graph = Graph.load(saved(every_field(), tmp_path / "g.tsg"))  # its index is made when asked
+    assert "héad:dX" in graph and "nope" not in graph
+    assert graph.index("héad:opt") == 4 and graph.op("emb").samples == 7
+    with pytest.raises(TrainschedError, match="no op named 'nope'"):
+        graph.op("nope")

@@ -217,8 +217,12 @@ class Graph:
             i = next(i for i, op in enumerate(ops) if not isinstance(op, Op))
             raise TrainschedError(f"ops[{i}] is a {type(ops[i]).__name__}, not an Op")
         # Built in C; a repeated name keeps its last position, but then the graph is refused.
-        self._index: dict[str, int] = dict(zip(map(_name_of, ops), range(len(ops)), strict=True))
-        if len(self._index) < len(ops):
+        # With the edges' ends known (a reader), the index by name waits until it is asked for
+        # (a simulation never does): a set of the names finds repeats for a third of the cost.
+        self._index: dict[str, int] | None = None
+        if ends is None:
+            self._index = dict(zip(map(_name_of, ops), range(len(ops)), strict=True))
+        if len(self._index if ends is None else set(map(_name_of, ops))) < len(ops):
             counts = Counter(op.name for op in ops)
             names = ", ".join(repr(name) for name, n in counts.items() if n > 1)
             raise TrainschedError(f"duplicate op names: {names}; every op needs a unique name")
@@ -239,11 +243,12 @@ class Graph:
             if type(edges) is tuple and not all(map(isinstance, edges,
                                                     itertools.repeat(Edge))):
                 raise KeyError
-            if ends is not None:  # the index's own ints, shared rather than copies
-                at = list(index.values())
+            if ends is not None:  # ints shared by all the ends rather than one per end
+                at = list(range(len(self._ops)))
                 self._src = list(map(at.__getitem__, ends[0]))
                 self._dst = list(map(at.__getitem__, ends[1]))
             else:
+                assert index is not None
                 self._src = list(map(index.__getitem__, map(_src_of, edges)))
                 self._dst = list(map(index.__getitem__, map(_dst_of, edges)))
             loop = any(map(operator.eq, self._src, self._dst))
@@ -274,7 +279,7 @@ class Graph:
     def _first_bad_edge(self) -> int:
         """Fill ``_src`` and ``_dst`` up to the first edge that is not an Edge or has a bad end
         (unknown, a self-loop); its index (``len(edges)`` if none)."""
-        index, edges, src, dst = self._index, self._edge_records(), self._src, self._dst
+        index, edges, src, dst = self._names(), self._edge_records(), self._src, self._dst
         for k, e in enumerate(edges):
             if type(e) is not Edge and not isinstance(e, Edge):
                 return k
@@ -315,7 +320,7 @@ class Graph:
     def _edge_problem(self, k: int, e: Edge) -> str:
         where = f"edges[{k}] {e.src!r} -> {e.dst!r}"
         for end, name in (("source", e.src), ("destination", e.dst)):
-            if name not in self._index:
+            if name not in self._names():
                 return f"{where}: {end} {name!r} is not an op of the graph"
         return f"{where} is a self-loop; graph has a cycle: {e.src} -> {e.src}"
 
@@ -384,7 +389,7 @@ class Graph:
 
     def _at(self, name: str) -> int:
         try:
-            return self._index[name]
+            return self._names()[name]
         except (KeyError, TypeError):
             raise TrainschedError(f"no op named {name!r} in the graph") from None
 
@@ -397,7 +402,14 @@ class Graph:
         return self._at(name)
 
     def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and name in self._index
+        return isinstance(name, str) and name in self._names()
+
+    def _names(self) -> dict[str, int]:
+        """Op name -> position, made the first time it is asked for (see :meth:`_build`)."""
+        if self._index is None:
+            self._index = dict(zip(map(_name_of, self._ops), range(len(self._ops)),
+                                   strict=True))
+        return self._index
 
     def __len__(self) -> int:
         return len(self._ops)
