@@ -245,8 +245,7 @@ class _Reader:
             tensors = numpy.where((at < 0) | (self.lengths[at] == 0), src, at)
         edges = _Edges(table, src, dst, sizes, tensors)
         try:
-            return Graph._with_ends(ops, edges, head["meta"], src.tolist(), dst.tolist(),
-                                    sums_fit=sums_fit)
+            return Graph._with_ends(ops, edges, head["meta"], src, dst, sums_fit=sums_fit)
         except TrainschedError as exc:
             raise TrainschedError(f"{self.source}: {exc}") from None
 

@@ -145,7 +145,7 @@ class _Adjacency:
 
     def __init__(self, ends: Sequence[int], count: int) -> None:
         """``ends[k]``: the op at this end of edge k; ``count``: the number of ops."""
-        x = numpy.array(ends, dtype=numpy.int64)
+        x = numpy.asarray(ends, dtype=numpy.int64)
         at = numpy.zeros(count + 1, dtype=numpy.int64)
         numpy.cumsum(numpy.bincount(x, minlength=count), out=at[1:])
         # a stable sort by op keeps edge order within an op (a counting sort, done in C)
@@ -193,8 +193,9 @@ class Graph:
         self._build(ops, edges, meta, None)
 
     @classmethod
-    def _with_ends(cls, ops: Iterable[Op], edges: Iterable[Edge], meta: Mapping[str, Any],
-                   src: list[int], dst: list[int], *, sums_fit: bool = False) -> Graph:
+    def _with_ends(cls, ops: Iterable[Op], edges: Iterable[Edge] | _EdgesToMake,
+                   meta: Mapping[str, Any],
+                   src: Sequence[int], dst: Sequence[int], *, sums_fit: bool = False) -> Graph:
         """``Graph(ops, edges, meta)`` where edge k is known to run from ``ops[src[k]]`` to
         ``ops[dst[k]]`` (a reader that has the positions already); checked all the same, but
         for the summed costs and sizes when ``sums_fit`` says the reader found them finite
@@ -204,7 +205,7 @@ class Graph:
         return graph
 
     def _build(self, ops: Iterable[Op], edges: Iterable[Edge] | _EdgesToMake,
-               meta: Mapping[str, Any] | None, ends: tuple[list[int], list[int]] | None, *,
+               meta: Mapping[str, Any] | None, ends: tuple[Sequence[int], Sequence[int]] | None, *,
                sums_fit: bool = False) -> None:
         self._ops: tuple[Op, ...] = tuple(ops)
         # (edges to make come with their ends: checked without the records)
@@ -234,7 +235,7 @@ class Graph:
         self._link_edges(ends)
         self._topo: Sequence[int] = self._sort()
 
-    def _link_edges(self, ends: tuple[list[int], list[int]] | None) -> None:
+    def _link_edges(self, ends: tuple[Sequence[int], Sequence[int]] | None) -> None:
         """Positions of every edge's ends (``ends`` when known) and the per-op edge lists; the
         first problem in edge order (not an Edge, an unknown end, a self-loop, a duplicate) is
         an error."""
@@ -244,14 +245,16 @@ class Graph:
                                                     itertools.repeat(Edge))):
                 raise KeyError
             if ends is not None:  # ints shared by all the ends rather than one per end
+                arrays = tuple(numpy.asarray(e, dtype=numpy.int64) for e in ends)
                 at = list(range(len(self._ops)))
-                self._src = list(map(at.__getitem__, ends[0]))
-                self._dst = list(map(at.__getitem__, ends[1]))
+                self._src = list(map(at.__getitem__, arrays[0].tolist()))
+                self._dst = list(map(at.__getitem__, arrays[1].tolist()))
+                loop = bool((arrays[0] == arrays[1]).any())
             else:
                 assert index is not None
                 self._src = list(map(index.__getitem__, map(_src_of, edges)))
                 self._dst = list(map(index.__getitem__, map(_dst_of, edges)))
-            loop = any(map(operator.eq, self._src, self._dst))
+                loop = any(map(operator.eq, self._src, self._dst))
         except (KeyError, TypeError):
             loop = True
         if loop:  # find the first problem, one edge at a time
@@ -259,10 +262,11 @@ class Graph:
             bad = self._first_bad_edge()
         else:
             bad = len(edges)
-        src, dst = self._src, self._dst
-        self._in = _Adjacency(dst, len(self._ops))
-        self._out = _Adjacency(src, len(self._ops))
-        twins = self._first_duplicate(bad)
+        if ends is None or loop:
+            arrays = tuple(numpy.array(e, dtype=numpy.int64) for e in (self._src, self._dst))
+        self._in = _Adjacency(arrays[1], len(self._ops))
+        self._out = _Adjacency(arrays[0], len(self._ops))
+        twins = self._first_duplicate(bad, arrays)
         if twins is not None:
             first, k = twins
             e = self._edge_records()[k]
@@ -291,14 +295,15 @@ class Graph:
             dst.append(b)
         return len(edges)
 
-    def _first_duplicate(self, before: int) -> tuple[int, int] | None:
+    def _first_duplicate(self, before: int, ends: tuple[numpy.ndarray, numpy.ndarray]
+                         ) -> tuple[int, int] | None:
         """Among edges ``0..before-1``: the earliest edge repeating an earlier one's source,
-        destination and tensor, with that earlier one; None if there is none."""
+        destination and tensor, with that earlier one; None if there is none. ``ends``: the
+        positions of ``_src`` and ``_dst`` as arrays."""
         dst, count = self._dst, len(self._edges)
         found: tuple[int, int] | None = None
         if count and before == count:  # no two edges join one pair: no duplicates
-            keys = numpy.sort(numpy.array(self._src, dtype=numpy.int64) * len(self._ops)
-                              + numpy.array(dst, dtype=numpy.int64))
+            keys = numpy.sort(ends[0] * len(self._ops) + ends[1])
             if not (keys[1:] == keys[:-1]).any():
                 return None
         edges = self._edge_records()
