@@ -61,6 +61,15 @@ _I8_MAX = 2**63 - 1
 _MAX_FLOAT = 1.7976931348623157e308
 
 
+#: Every column a file may have (a missing one is found when it is read).
+_COLUMNS = frozenset({"strings.text", "strings.length", "edges.src", "edges.dst",
+                      "edges.size_bytes", "edges.tensor",
+                      *(f"ops.{f}" for f in _OP_SPECS if f != "name"),
+                      *(f"ops.{f}.count" for f, (base, _) in _OP_SPECS.items() if base == "strs"),
+                      *(f"ops.{f}.null" for f, (base, optional) in _OP_SPECS.items()
+                        if optional and base != "str")})
+
+
 def _pad(size: int) -> int:
     return -size % 8
 
@@ -212,14 +221,9 @@ class _Reader:
             what = "truncated" if at > self.size else "has bytes after its last column"
             raise self.fail("columns", f"{what}: the header's columns end at byte {at}, the "
                             f"file has {self.size} bytes")
-        known = self._known_columns()
         for name in self.offsets:
-            if name not in known:
+            if name not in _COLUMNS:
                 raise self.fail(name, "unknown column")
-        for name in ("strings.text", "strings.length", "edges.src", "edges.dst",
-                     "edges.size_bytes"):
-            if name not in self.offsets:
-                raise self.fail(name, "missing required column")
         strings = self.strings()
         if len(strings) < n:
             raise self.fail("strings.length", f"{len(strings)} strings, but the first "
@@ -248,20 +252,6 @@ class _Reader:
             return Graph._with_ends(ops, edges, head["meta"], src, dst, sums_fit=sums_fit)
         except TrainschedError as exc:
             raise TrainschedError(f"{self.source}: {exc}") from None
-
-    @staticmethod
-    def _known_columns() -> set[str]:
-        known = {"strings.text", "strings.length", "edges.src", "edges.dst",
-                 "edges.size_bytes", "edges.tensor"}
-        for field, (base, optional) in _OP_SPECS.items():
-            if field == "name":
-                continue
-            known.add(f"ops.{field}")
-            if base == "strs":
-                known.add(f"ops.{field}.count")
-            elif optional and base != "str":
-                known.add(f"ops.{field}.null")
-        return known
 
     def array(self, name: str, length: int | None, dtype: str, what: str = ""
               ) -> numpy.ndarray:
