@@ -31,7 +31,9 @@ expected a finite number >= 0, got nan``).
 
 from __future__ import annotations
 
+import itertools
 import json
+import operator
 import os
 from typing import Any, BinaryIO
 
@@ -86,26 +88,30 @@ def graph_to_binary(graph: Graph) -> bytes:
         raise TrainschedError(f"graph meta is not JSON-serialisable: {exc}") from None
     ops, edges = graph.ops, graph.edges
     n = len(ops)
-    strings: dict[str, int] = {op.name: k for k, op in enumerate(ops)}
+    strings: dict[str, int] = dict(zip(map(operator.attrgetter("name"), ops), range(n),
+                                       strict=True))
 
-    def index(s: str) -> int:
-        return strings.setdefault(s, len(strings))
+    def indices(values: list[str | None]) -> list[int]:
+        """Each value's index in ``strings`` (-1 for None), new ones added in order of first
+        use: a loop over the distinct values only, the lookups in C."""
+        for value in dict.fromkeys(values):
+            if value is not None and value not in strings:
+                strings[value] = len(strings)
+        return list(map(strings.get, values, itertools.repeat(-1)))
 
     columns: list[tuple[str, str, Any]] = []
     for field in sorted(_OP_SPECS):
         if field == "name":
             continue
         base, optional = _OP_SPECS[field]
-        values = [getattr(op, field) for op in ops]
+        values = list(map(operator.attrgetter(field), ops))
         if values.count(_DEFAULTS[field]) == n:
             continue  # every op has the default
         where = f"ops.{field}"
-        if field in _INDEXED:
-            columns.append((where, "<i4", [index(v) for v in values]))
-        elif field in _NAMED:
-            columns.append((where, "<i4", [-1 if v is None else index(v) for v in values]))
+        if field in _INDEXED or field in _NAMED:  # (only these may be None: -1)
+            columns.append((where, "<i4", indices(values)))
         elif base == "strs":
-            columns.append((where, "<i4", [index(s) for v in values for s in v]))
+            columns.append((where, "<i4", indices([s for v in values for s in v])))
             columns.append((where + ".count", "<u4", list(map(len, values))))
         else:
             nulls = [v is None for v in values]
@@ -118,16 +124,18 @@ def graph_to_binary(graph: Graph) -> bytes:
             if optional and any(nulls):
                 columns.append((where + ".null", "|u1", nulls))
     src, dst = graph.edge_ends()
-    sizes = [e.size_bytes for e in edges]
+    sizes = list(map(operator.attrgetter("size_bytes"), edges))
     if sizes and max(sizes) > _I8_MAX:
         k = next(k for k, v in enumerate(sizes) if v > _I8_MAX)
         raise TrainschedError(f"edges[{k}]: size_bytes {sizes[k]} does not fit in the binary "
                               f"file's 64 bits: save the graph as .json")
     columns += [("edges.dst", "<i4", dst), ("edges.size_bytes", "<i8", sizes),
                 ("edges.src", "<i4", src)]
-    if any(e.tensor != e.src for e in edges):
-        columns.append(("edges.tensor", "<i4", [-1 if e.tensor == e.src else index(e.tensor)
-                                                for e in edges]))
+    tensors = list(map(operator.attrgetter("tensor"), edges))
+    own = list(map(operator.eq, tensors, map(operator.attrgetter("src"), edges)))
+    if not all(own):  # -1: the producer's output
+        columns.append(("edges.tensor", "<i4", indices([None if o else t for o, t in
+                                                        zip(own, tensors, strict=True)])))
     text = list(strings)
     encoded = "".join(s + "\n" for s in text).encode("utf-8")
     columns[:0] = [("strings.length", "<u4", list(map(len, text))),

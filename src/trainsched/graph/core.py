@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import gc
 import heapq
 import itertools
 import math
@@ -384,7 +385,13 @@ class Graph:
     def _edge_records(self) -> tuple[Edge, ...]:
         """The edges, made now if a reader left them to make (:class:`_EdgesToMake`)."""
         if type(self._edges) is not tuple:
-            self._edges = tuple(self._edges.make())
+            enabled = gc.isenabled()
+            gc.disable()  # as when reading: millions of new records, no cycles
+            try:
+                self._edges = tuple(self._edges.make())
+            finally:
+                if enabled:
+                    gc.enable()
         return self._edges
 
     @property
