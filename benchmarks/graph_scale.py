@@ -10,10 +10,11 @@ training ops follow the rules of :func:`trainsched.graph.to_training` (``v:dX`` 
 after the embedding, ``v:dW`` and ``v:opt`` for every op with parameters, saved-activation,
 gradient and update edges): 32 ops per block, so a graph of N ops has about N / 32 blocks.
 
-Each graph is measured in two files: ``compact``, the ``trainsched.graph/2`` file
-``Graph.save`` writes (columns, strings once, default columns left out), made from the generated
-file by ``Graph.load`` + ``Graph.save``; and ``v1``, the generated ``trainsched.graph/1`` file,
-as trainsched wrote graphs before (``--formats`` picks).
+Each graph is measured in up to three files (``--formats`` picks): ``compact``, the
+``trainsched.graph/2`` file ``Graph.save`` writes (columns, strings once, default columns left
+out), made from the generated file by ``Graph.load`` + ``Graph.save``; ``binary``, the
+``trainsched.graph/3`` file (``.tsg``) made the same way; and ``v1``, the generated
+``trainsched.graph/1`` file, as trainsched wrote graphs before.
 
 Cases, each in a fresh Python process (wall and CPU time measured inside it, imports included:
 on a shared machine the CPU time is the steadier figure; peak memory
@@ -57,7 +58,7 @@ SIZES = (10_000, 100_000)
 BIG = 1_000_000
 CLUSTER = "dgx-h100"
 CASES = ("load", "show", "simulate-cli", "simulate-lib")
-FORMATS = ("compact", "v1")
+FORMATS = ("compact", "binary", "v1")
 
 # Every Op field with its default, in the order the file sorts them (the writer sorts keys).
 _DEFAULTS = {
@@ -223,16 +224,18 @@ def write_training_graph(num_ops: int, path: Path) -> tuple[int, int]:
 
 
 def check_layout(path: Path) -> None:
-    """The generated file is exactly what ``Graph.save`` writes for the graph it holds."""
-    from trainsched.graph import Graph
+    """The generated file is exactly what ``Graph.save`` writes for the graph it holds in the
+    ``trainsched.graph/1`` format."""
+    from trainsched.graph import FORMAT_V1, Graph
 
     text = path.read_text()
-    assert Graph.from_json(text).to_json() == text, f"{path}: not in Graph.save's layout"
+    assert Graph.from_json(text).to_json(format=FORMAT_V1) == text, \
+        f"{path}: not in Graph.save's layout"
 
 
 def write_compact(v1: Path, path: Path) -> None:
-    """The graph of ``v1`` saved as ``Graph.save`` writes it (the compact format), in a fresh
-    process (its memory goes when it ends)."""
+    """The graph of ``v1`` saved as ``Graph.save`` writes it to ``path`` (the compact format,
+    or the binary one for a ``.tsg`` path), in a fresh process (its memory goes when it ends)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
     code = ("import sys\nfrom trainsched.graph import Graph\n"
@@ -304,7 +307,8 @@ def main() -> int:
     p.add_argument("--sizes", type=int, nargs="*", default=None, help="graph sizes (ops)")
     p.add_argument("--cases", nargs="*", default=list(CASES), choices=CASES)
     p.add_argument("--formats", nargs="*", default=list(FORMATS), choices=FORMATS,
-                   help="graph files to read: compact (trainsched.graph/2), v1 (the old one)")
+                   help="graph files to read: compact (trainsched.graph/2), binary "
+                   "(trainsched.graph/3, .tsg), v1 (the old one)")
     p.add_argument("--dir", default=None, help="where the graph files go (default: a temp dir)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per case")
     p.add_argument("--label", default="", help="a note stored with the results (e.g. before)")
@@ -322,9 +326,11 @@ def main() -> int:
             write_training_graph(size, v1)
         if size <= 10_000:
             check_layout(v1)
-        paths = {"v1": v1, "compact": work / f"transformer_{size}.json"}
-        if "compact" in args.formats and not paths["compact"].exists():
-            write_compact(v1, paths["compact"])
+        paths = {"v1": v1, "compact": work / f"transformer_{size}.json",
+                 "binary": work / f"transformer_{size}.tsg"}
+        for form in ("compact", "binary"):
+            if form in args.formats and not paths[form].exists():
+                write_compact(v1, paths[form])
         num_ops = sum(1 for line in v1.open() if line.startswith('  {"backward_input_flops"'))
         num_edges = sum(1 for line in v1.open() if line.startswith('  {"dst"'))
         for form in args.formats:

@@ -41,7 +41,8 @@ NAME = "compare"
 def add_parser(sub: Subcommands) -> None:
     p = sub.add_parser(NAME, help="the main job: every strategy on a model and cluster, "
                        "side by side")
-    p.add_argument("model", help="a zoo model, file.py:function, or a graph .json file")
+    p.add_argument("model", help="a zoo model, file.py:function, or a graph file (.json, or .tsg: "
+                   "binary)")
     p.add_argument("--cluster", required=True, help="preset, NAME:NODES, or a cluster file")
     p.add_argument("--batch-size", type=int, default=None, help="examples per batch (per rank)")
     p.add_argument("--seq-len", type=int, default=None, help="tokens per example")
@@ -73,13 +74,15 @@ def add_parser(sub: Subcommands) -> None:
 
 #: ``--run``'s flags' defaults (given in code: without ``--run`` the flags do not apply).
 RUN_DEFAULTS = {"steps": 5, "warmup": 2}
+#: A model argument ending in one of these is a graph file (JSON text, or the binary format).
+GRAPH_SUFFIXES = (".json", ".tsg")
 
 
 def check_flags(args: argparse.Namespace) -> None:
     """Refuse every flag that does not apply: the model's sizes and costs to a graph file,
     ``--seq-len``/``--image-size`` to a model that takes no such input, ``--run``'s options
     without it (:func:`trainsched.cli.common.check_applicable`)."""
-    graph_file = args.model.endswith(".json")
+    graph_file = args.model.endswith(GRAPH_SUFFIXES)
     rules, facts = size_rules_and_facts(None if graph_file else args.model)
     rules += [Applies(flags=("batch_size", "costs", "precision"), when={"model": (True,)},
                       where="to a model (a graph file has its batch and costs)"),
@@ -115,11 +118,11 @@ def run(args: argparse.Namespace) -> int:
     out = OutputDir(args.out_dir, "--out-dir", inputs=_input_files(args))
     calibrating = args.run and args.calibration is None and cluster.device.kind.startswith("cpu")
     out.check_names(["compare.json", "compare.png"]
-                    + ["graph.json"] * (not args.model.endswith(".json"))
+                    + ["graph.json"] * (not args.model.endswith(GRAPH_SUFFIXES))
                     + ["measured.png"] * args.run + ["calibration.json"] * calibrating)
     out_dir = out.path
     files: dict[str, Callable[[Path], None]] = {}  # written at the end, in this order
-    if args.model.endswith(".json"):
+    if args.model.endswith(GRAPH_SUFFIXES):
         graph = load_graph(args.model, args)
     else:
         from trainsched.capture import build, capture

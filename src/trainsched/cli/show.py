@@ -12,7 +12,8 @@ NAME = "show"
 
 def add_parser(sub: Subcommands) -> None:
     p = sub.add_parser(NAME, help="describe a graph file")
-    p.add_argument("graph", help="a graph JSON file (trainsched profile -o writes one)")
+    p.add_argument("graph", help="a graph file, JSON or binary (.tsg) (trainsched "
+                   "profile -o writes one)")
     p.add_argument("--top", type=int, default=10, help="heaviest ops to show")
     add_json(p)
     p.set_defaults(func=run)

@@ -28,6 +28,7 @@ from trainsched.cli.common import (
     add_tune_args,
     check_applicable,
     check_count,
+    collector_paused,
     dump,
     given,
     parse_credit,
@@ -365,7 +366,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         plan = build_plan(graph, cluster, args, policy=policy, steps=steps, k=k,
                           slots=choice.slots if choice is not None else ())
-    with ProgressBar("simulating", enabled=not args.json) as bar:
+    with collector_paused(lambda: len(graph)), \
+            ProgressBar("simulating", enabled=not args.json) as bar:
         result = simulate(plan, graph, cluster, progress=bar.update)
     slowest = (_slowest_rank_doc(cluster, _ranks(args, cluster))
                if args.parallelism == "data" else None)
@@ -475,7 +477,8 @@ def _run_plan_file(args: argparse.Namespace) -> int:
     graph = training_graph(args.graph, args)
     cluster = resolve_cluster(args.cluster)
     plan = load_plan(args.plan)
-    with ProgressBar("simulating", enabled=not args.json) as bar:
+    with collector_paused(lambda: len(graph)), \
+            ProgressBar("simulating", enabled=not args.json) as bar:
         result = simulate(plan, graph, cluster, progress=bar.update)
     slowest = (_slowest_rank_doc(cluster, plan.ranks)
                if isinstance(plan, DataParallelPlan) else None)

@@ -4,8 +4,10 @@
 immutable, deterministic orders), :mod:`~trainsched.graph.fields` their fields and checks;
 :mod:`~trainsched.graph.io` the graph JSON files, atomic writes and the JSON helpers of
 trainsched's other formats, :mod:`~trainsched.graph.compact` the compact by-column file graphs
-are written in (``trainsched.graph/2``), :mod:`~trainsched.graph.fastread` ``Graph.load`` (and
-its lean line-by-line reader of large ``trainsched.graph/1`` files);
+are written in (``trainsched.graph/2``), :mod:`~trainsched.graph.binary` the binary by-column
+file for large graphs (``trainsched.graph/3``, a ``.tsg`` path),
+:mod:`~trainsched.graph.fastread` ``Graph.load`` (and its lean line-by-line reader of large
+``trainsched.graph/1`` files);
 :mod:`~trainsched.graph.training` the forward-to-training transform (:func:`to_training`),
 :mod:`~trainsched.graph.coarsen` op-to-module coarsening (:func:`coarsen_by_module`) and
 :mod:`~trainsched.graph.overhead` the eager step's overhead charged to a measured graph's ops

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import gc
 import heapq
 import itertools
 import math
@@ -145,7 +146,7 @@ class _Adjacency:
 
     def __init__(self, ends: Sequence[int], count: int) -> None:
         """``ends[k]``: the op at this end of edge k; ``count``: the number of ops."""
-        x = numpy.array(ends, dtype=numpy.int64)
+        x = numpy.asarray(ends, dtype=numpy.int64)
         at = numpy.zeros(count + 1, dtype=numpy.int64)
         numpy.cumsum(numpy.bincount(x, minlength=count), out=at[1:])
         # a stable sort by op keeps edge order within an op (a counting sort, done in C)
@@ -160,6 +161,21 @@ class _Adjacency:
         """Per op, how many edges."""
         at = self.at
         return list(map(operator.sub, itertools.islice(at, 1, None), at))
+
+
+class _EdgesToMake:
+    """Edges a reader has checked (ends, sizes, keys) but not yet made into :class:`Edge`
+    records: ``len()`` and ``make()`` (the records, in order). A graph built from one (by
+    :meth:`Graph._with_ends`) makes them the first time its edges are read: a simulation of a
+    million-op graph never reads them, and 1.6 million records cost a second to make."""
+
+    __slots__ = ()
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def make(self) -> list[Edge]:
+        raise NotImplementedError
 
 
 class Graph:
@@ -178,8 +194,9 @@ class Graph:
         self._build(ops, edges, meta, None)
 
     @classmethod
-    def _with_ends(cls, ops: Iterable[Op], edges: Iterable[Edge], meta: Mapping[str, Any],
-                   src: list[int], dst: list[int], *, sums_fit: bool = False) -> Graph:
+    def _with_ends(cls, ops: Iterable[Op], edges: Iterable[Edge] | _EdgesToMake,
+                   meta: Mapping[str, Any],
+                   src: Sequence[int], dst: Sequence[int], *, sums_fit: bool = False) -> Graph:
         """``Graph(ops, edges, meta)`` where edge k is known to run from ``ops[src[k]]`` to
         ``ops[dst[k]]`` (a reader that has the positions already); checked all the same, but
         for the summed costs and sizes when ``sums_fit`` says the reader found them finite
@@ -188,45 +205,57 @@ class Graph:
         graph._build(ops, edges, meta, (src, dst), sums_fit=sums_fit)
         return graph
 
-    def _build(self, ops: Iterable[Op], edges: Iterable[Edge], meta: Mapping[str, Any] | None,
-               ends: tuple[list[int], list[int]] | None, *, sums_fit: bool = False) -> None:
+    def _build(self, ops: Iterable[Op], edges: Iterable[Edge] | _EdgesToMake,
+               meta: Mapping[str, Any] | None, ends: tuple[Sequence[int], Sequence[int]] | None, *,
+               sums_fit: bool = False) -> None:
         self._ops: tuple[Op, ...] = tuple(ops)
-        self._edges: tuple[Edge, ...] = tuple(edges)
+        # (edges to make come with their ends: checked without the records)
+        assert not isinstance(edges, _EdgesToMake) or ends is not None
+        self._edges: tuple[Edge, ...] | _EdgesToMake = (
+            edges if isinstance(edges, _EdgesToMake) else tuple(edges))
         self._meta: dict[str, Any] = copy.deepcopy(dict(meta or {}))
         ops = self._ops
         if not all(map(isinstance, ops, itertools.repeat(Op))):
             i = next(i for i, op in enumerate(ops) if not isinstance(op, Op))
             raise TrainschedError(f"ops[{i}] is a {type(ops[i]).__name__}, not an Op")
         # Built in C; a repeated name keeps its last position, but then the graph is refused.
-        self._index: dict[str, int] = dict(zip(map(_name_of, ops), range(len(ops)), strict=True))
-        if len(self._index) < len(ops):
+        # With the edges' ends known (a reader), the index by name waits until it is asked for
+        # (a simulation never does): a set of the names finds repeats for a third of the cost.
+        self._index: dict[str, int] | None = None
+        if ends is None:
+            self._index = dict(zip(map(_name_of, ops), range(len(ops)), strict=True))
+        if len(self._index if ends is None else set(map(_name_of, ops))) < len(ops):
             counts = Counter(op.name for op in ops)
             names = ", ".join(repr(name) for name, n in counts.items() if n > 1)
             raise TrainschedError(f"duplicate op names: {names}; every op needs a unique name")
         if not sums_fit:
-            _check_sums(ops, self._edges)
+            _check_sums(ops, self._edge_records())
         # Per edge the positions of its ends; per op the edges into and out of it.
         self._src: list[int] = []
         self._dst: list[int] = []
         self._link_edges(ends)
         self._topo: Sequence[int] = self._sort()
 
-    def _link_edges(self, ends: tuple[list[int], list[int]] | None) -> None:
+    def _link_edges(self, ends: tuple[Sequence[int], Sequence[int]] | None) -> None:
         """Positions of every edge's ends (``ends`` when known) and the per-op edge lists; the
         first problem in edge order (not an Edge, an unknown end, a self-loop, a duplicate) is
         an error."""
         index, edges = self._index, self._edges
         try:  # the common case, every end known, in C
-            if not all(map(isinstance, edges, itertools.repeat(Edge))):
+            if type(edges) is tuple and not all(map(isinstance, edges,
+                                                    itertools.repeat(Edge))):
                 raise KeyError
-            if ends is not None:  # the index's own ints, shared rather than copies
-                at = list(index.values())
-                self._src = list(map(at.__getitem__, ends[0]))
-                self._dst = list(map(at.__getitem__, ends[1]))
+            if ends is not None:  # ints shared by all the ends rather than one per end
+                arrays = tuple(numpy.asarray(e, dtype=numpy.int64) for e in ends)
+                at = list(range(len(self._ops)))
+                self._src = list(map(at.__getitem__, arrays[0].tolist()))
+                self._dst = list(map(at.__getitem__, arrays[1].tolist()))
+                loop = bool((arrays[0] == arrays[1]).any())
             else:
+                assert index is not None
                 self._src = list(map(index.__getitem__, map(_src_of, edges)))
                 self._dst = list(map(index.__getitem__, map(_dst_of, edges)))
-            loop = any(map(operator.eq, self._src, self._dst))
+                loop = any(map(operator.eq, self._src, self._dst))
         except (KeyError, TypeError):
             loop = True
         if loop:  # find the first problem, one edge at a time
@@ -234,19 +263,20 @@ class Graph:
             bad = self._first_bad_edge()
         else:
             bad = len(edges)
-        src, dst = self._src, self._dst
-        self._in = _Adjacency(dst, len(self._ops))
-        self._out = _Adjacency(src, len(self._ops))
-        twins = self._first_duplicate(bad)
+        if ends is None or loop:
+            arrays = tuple(numpy.array(e, dtype=numpy.int64) for e in (self._src, self._dst))
+        self._in = _Adjacency(arrays[1], len(self._ops))
+        self._out = _Adjacency(arrays[0], len(self._ops))
+        twins = self._first_duplicate(bad, arrays)
         if twins is not None:
             first, k = twins
-            e = edges[k]
+            e = self._edge_records()[k]
             raise TrainschedError(
                 f"edges[{first}] and edges[{k}] are duplicates: {e.src!r} -> {e.dst!r} "
                 f"carrying tensor {e.tensor!r}"
             )
         if bad < len(edges):
-            e = edges[bad]
+            e = self._edge_records()[bad]
             if not isinstance(e, Edge):
                 raise TrainschedError(f"edges[{bad}] is a {type(e).__name__}, not an Edge")
             raise TrainschedError(self._edge_problem(bad, e))
@@ -254,7 +284,7 @@ class Graph:
     def _first_bad_edge(self) -> int:
         """Fill ``_src`` and ``_dst`` up to the first edge that is not an Edge or has a bad end
         (unknown, a self-loop); its index (``len(edges)`` if none)."""
-        index, edges, src, dst = self._index, self._edges, self._src, self._dst
+        index, edges, src, dst = self._names(), self._edge_records(), self._src, self._dst
         for k, e in enumerate(edges):
             if type(e) is not Edge and not isinstance(e, Edge):
                 return k
@@ -266,16 +296,18 @@ class Graph:
             dst.append(b)
         return len(edges)
 
-    def _first_duplicate(self, before: int) -> tuple[int, int] | None:
+    def _first_duplicate(self, before: int, ends: tuple[numpy.ndarray, numpy.ndarray]
+                         ) -> tuple[int, int] | None:
         """Among edges ``0..before-1``: the earliest edge repeating an earlier one's source,
-        destination and tensor, with that earlier one; None if there is none."""
-        edges, dst = self._edges, self._dst
+        destination and tensor, with that earlier one; None if there is none. ``ends``: the
+        positions of ``_src`` and ``_dst`` as arrays."""
+        dst, count = self._dst, len(self._edges)
         found: tuple[int, int] | None = None
-        if len(edges) and before == len(edges):  # no two edges join one pair: no duplicates
-            keys = numpy.sort(numpy.array(self._src, dtype=numpy.int64) * len(self._ops)
-                              + numpy.array(dst, dtype=numpy.int64))
+        if count and before == count:  # no two edges join one pair: no duplicates
+            keys = numpy.sort(ends[0] * len(self._ops) + ends[1])
             if not (keys[1:] == keys[:-1]).any():
                 return None
+        edges = self._edge_records()
         several = map(operator.gt, self._out.degrees(), itertools.repeat(1))
         for i in itertools.compress(range(len(self._ops)), several):
             outs = self._out[i]
@@ -294,7 +326,7 @@ class Graph:
     def _edge_problem(self, k: int, e: Edge) -> str:
         where = f"edges[{k}] {e.src!r} -> {e.dst!r}"
         for end, name in (("source", e.src), ("destination", e.dst)):
-            if name not in self._index:
+            if name not in self._names():
                 return f"{where}: {end} {name!r} is not an op of the graph"
         return f"{where} is a self-loop; graph has a cycle: {e.src} -> {e.src}"
 
@@ -348,6 +380,18 @@ class Graph:
     @property
     def edges(self) -> tuple[Edge, ...]:
         """The edges, in the order given."""
+        return self._edge_records()
+
+    def _edge_records(self) -> tuple[Edge, ...]:
+        """The edges, made now if a reader left them to make (:class:`_EdgesToMake`)."""
+        if type(self._edges) is not tuple:
+            enabled = gc.isenabled()
+            gc.disable()  # as when reading: millions of new records, no cycles
+            try:
+                self._edges = tuple(self._edges.make())
+            finally:
+                if enabled:
+                    gc.enable()
         return self._edges
 
     @property
@@ -357,7 +401,7 @@ class Graph:
 
     def _at(self, name: str) -> int:
         try:
-            return self._index[name]
+            return self._names()[name]
         except (KeyError, TypeError):
             raise TrainschedError(f"no op named {name!r} in the graph") from None
 
@@ -370,7 +414,14 @@ class Graph:
         return self._at(name)
 
     def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and name in self._index
+        return isinstance(name, str) and name in self._names()
+
+    def _names(self) -> dict[str, int]:
+        """Op name -> position, made the first time it is asked for (see :meth:`_build`)."""
+        if self._index is None:
+            self._index = dict(zip(map(_name_of, self._ops), range(len(self._ops)),
+                                   strict=True))
+        return self._index
 
     def __len__(self) -> int:
         return len(self._ops)
@@ -378,7 +429,7 @@ class Graph:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Graph):
             return NotImplemented
-        return (self._ops, self._edges, self._meta) == (other._ops, other._edges, other._meta)
+        return (self._ops, self.edges, self._meta) == (other._ops, other.edges, other._meta)
 
     __hash__ = None  # type: ignore[assignment]  # meta is a dict
 
@@ -387,11 +438,13 @@ class Graph:
 
     def in_edges(self, name: str) -> tuple[Edge, ...]:
         """Edges into ``name``, in edge order."""
-        return tuple(self._edges[k] for k in self._in[self._at(name)])
+        edges = self._edge_records()
+        return tuple(edges[k] for k in self._in[self._at(name)])
 
     def out_edges(self, name: str) -> tuple[Edge, ...]:
         """Edges out of ``name``, in edge order."""
-        return tuple(self._edges[k] for k in self._out[self._at(name)])
+        edges = self._edge_records()
+        return tuple(edges[k] for k in self._out[self._at(name)])
 
     def predecessors(self, name: str) -> tuple[str, ...]:
         """Distinct ops with an edge into ``name``, in edge order."""
@@ -480,7 +533,7 @@ class Graph:
             optimizer_state_bytes=total("optimizer_state_bytes"),
             output_bytes=total("output_bytes"),
             saved_bytes=total("saved_bytes"),
-            edge_bytes=sum(map(operator.attrgetter("size_bytes"), self._edges)),
+            edge_bytes=sum(map(operator.attrgetter("size_bytes"), self.edges)),
         )
 
     def heaviest(self, n: int) -> tuple[Op, ...]:
@@ -500,11 +553,11 @@ class Graph:
         for op in replacements:
             self._at(op.name)
             new[op.name] = op
-        return Graph((new.get(op.name, op) for op in self._ops), self._edges, self._meta)
+        return Graph((new.get(op.name, op) for op in self._ops), self.edges, self._meta)
 
     def with_meta(self, meta: Mapping[str, Any]) -> Graph:
         """The same ops and edges with ``meta`` replaced."""
-        return Graph(self._ops, self._edges, meta)
+        return Graph(self._ops, self.edges, meta)
 
     # --- JSON (the format lives in trainsched.graph.io, which builds on this module) ----------
 
@@ -523,16 +576,23 @@ class Graph:
         return graph_from_json(text, source)
 
     def save(self, path: str | os.PathLike[str], *, format: str | None = None) -> None:
-        """Write the JSON file (:meth:`to_json`, ``format`` as there) atomically (see
-        :func:`trainsched.graph.io.atomic_write_text`)."""
-        from trainsched.graph.io import atomic_write_text
+        """Write the file atomically (see :func:`trainsched.graph.io.atomic_write_bytes`): the
+        binary ``trainsched.graph/3`` when ``format`` asks for it or, without a ``format``, when
+        ``path`` ends in ``.tsg``; else the JSON text (:meth:`to_json`, ``format`` as there)."""
+        from trainsched.graph.binary import BINARY_FORMAT, BINARY_SUFFIX, graph_to_binary
+        from trainsched.graph.io import atomic_write_bytes, atomic_write_text
 
-        atomic_write_text(path, self.to_json(format=format))
+        if format == BINARY_FORMAT or (format is None
+                                       and str(path).lower().endswith(BINARY_SUFFIX)):
+            atomic_write_bytes(path, graph_to_binary(self))
+        else:
+            atomic_write_text(path, self.to_json(format=format))
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], *,
              progress: Callable[[int, int, str], None] | None = None) -> Graph:
-        """Read a graph file written by :meth:`save` (or by hand, see docs/graph-format.md).
+        """Read a graph file written by :meth:`save` (or by hand, see docs/graph-format.md), in
+        any of its formats (the binary one is told by its first bytes).
 
         ``progress(done, total, "")``, if given, hears now and then how many of the file's
         bytes are read (a progress bar for a large graph)."""

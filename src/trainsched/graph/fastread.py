@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from trainsched.errors import TrainschedError
+from trainsched.graph.binary import graph_from_binary, is_binary
 from trainsched.graph.compact import read_lines
 from trainsched.graph.core import Edge, Graph, Op
 from trainsched.graph.fields import _EDGE_SPECS, _OP_SPECS, OP_KINDS, _numbers_of, _plain_numbers
@@ -286,7 +287,20 @@ def load_graph(path: str | os.PathLike[str], progress: Progress | None = None) -
     """Read graph file ``path``: a file in its writer's layout line by line (a
     ``trainsched.graph/1`` file by :func:`read_layout`, a compact ``trainsched.graph/2`` one a
     column per line); any other (a hand-written file), or to word an error, the whole text at
-    once. ``progress`` as for :func:`read_layout`."""
+    once; a binary ``trainsched.graph/3`` file (told by its first bytes) by columns
+    (:mod:`trainsched.graph.binary`). ``progress`` as for :func:`read_layout`."""
+    if is_binary(path):
+        paused = gc.isenabled()
+        gc.disable()  # as below: millions of new objects, no cycles
+        try:
+            graph = graph_from_binary(path)
+        finally:
+            if paused:
+                gc.enable()
+        if progress is not None:
+            size = os.path.getsize(path)
+            progress(size, size, "")
+        return graph
     graph = read_layout(path, progress)
     if graph is not None:
         return graph

@@ -67,6 +67,9 @@ def graph_to_json(graph: Graph, *, format: str = FORMAT) -> str:
     """The file text, byte-identical for equal graphs: in ``format``, the compact
     ``trainsched.graph/2`` (:data:`FORMAT`) unless ``trainsched.graph/1`` (:data:`FORMAT_V1`,
     one object per op and per edge with every field) is asked for."""
+    if format == "trainsched.graph/3":
+        raise TrainschedError("trainsched.graph/3 is a binary format, not JSON text: "
+                              "Graph.save(path) writes it to a path ending in .tsg")
     if format not in FORMATS:
         raise TrainschedError(f"unknown graph format {format!r}; expected one of "
                               f"{', '.join(map(repr, FORMATS))}")

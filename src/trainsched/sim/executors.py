@@ -50,7 +50,7 @@ from trainsched.costs import p2p_s
 from trainsched.errors import TrainschedError
 from trainsched.graph import Graph
 from trainsched.sim.engine import TaskGraph, run_tasks
-from trainsched.sim.result import Allocation, SimResult, build_result
+from trainsched.sim.result import Allocation, Allocations, SimResult, build_result
 from trainsched.trace import stream_name
 
 __all__ = ["PHASES", "Progress", "priority_order", "simulate_placed", "simulate_single"]
@@ -222,7 +222,7 @@ class _Lowering:
         self.cluster = cluster
         self.used = tuple(used)  # local index -> cluster device index
         self.tasks = TaskGraph()
-        self.allocations: list[Allocation] = []
+        self.allocations = Allocations()
         names = cluster.device_names() if cluster is not None else None
         self.names = [names[d] if names is not None else f"device{d}" for d in used]
         self.stream = [self.tasks.add_resource(stream_name(name, "compute"), device=k,
@@ -316,6 +316,9 @@ _compute_of = operator.attrgetter("compute_s")
 _kind_of = operator.attrgetter("kind")
 _temp_of = operator.attrgetter("temp_bytes")
 _held_of = operator.attrgetter("param_bytes", "buffer_bytes", "optimizer_state_bytes")
+_param_of = operator.attrgetter("param_bytes")
+_buffer_of = operator.attrgetter("buffer_bytes")
+_state_of = operator.attrgetter("optimizer_state_bytes")
 
 
 def _edges_in_order(graph: Graph, at: Sequence[int]
@@ -344,24 +347,6 @@ def _edges_in_order(graph: Graph, at: Sequence[int]
     return order, src[order].tolist(), dst[order].tolist()
 
 
-_PlainAllocation = type("_PlainAllocation", (), {"__slots__": Allocation.__slots__})
-assert set(Allocation.__slots__) == {"device", "size_bytes", "at_task", "until_tasks"}
-
-
-def _allocation(device: int, size_bytes: int, at_task: int, until_tasks: tuple[int, ...]
-                ) -> Allocation:
-    """``Allocation(...)`` of checked values, made without the frozen ``__init__`` (one per op
-    of a million-op graph): filled as a plain object with its slots, then made an Allocation
-    (same layout, so the class can be swapped; frozen from then on)."""
-    a = _PlainAllocation()
-    a.device = device
-    a.size_bytes = size_bytes
-    a.at_task = at_task
-    a.until_tasks = until_tasks
-    a.__class__ = Allocation
-    return a
-
-
 def _simulate(graph: Graph, cluster: Cluster | None, device_of: Mapping[str, int] | None,
               at: Sequence[int], used: Sequence[int], began: float,
               progress: Progress | None = None) -> SimResult:
@@ -377,12 +362,13 @@ def _simulate(graph: Graph, cluster: Cluster | None, device_of: Mapping[str, int
     ops = list(every) if isinstance(at, range) and at == range(n) else list(
         map(every.__getitem__, at))
     order = list(map(_name_of, ops))
+    kinds = list(map(_kind_of, ops))
     dev = [0] * n if device_of is None else [local[device_of[name]] for name in order]
     # The op at position k is task k.
     tasks = low.tasks
     tasks.add_tasks(order, list(map(_compute_of, ops)),
                     list(map(low.stream_needs.__getitem__, dev)),
-                    priorities=list(range(n)), categories=list(map(_kind_of, ops)),
+                    priorities=list(range(n)), categories=kinds,
                     devices=dev, args=list(map(OpArgs, order, map(_output_of, ops))))
     if len(used) == 1:  # one device: its ops chained in order
         tasks.add_dependencies(range(n - 1), range(1, n))
@@ -452,11 +438,11 @@ def _simulate(graph: Graph, cluster: Cluster | None, device_of: Mapping[str, int
     resident = [0] * len(used)
     allocations = low.allocations
     outputs = list(map(_output_of, ops))
-    gradient = [kind == "backward_weight" for kind in map(_kind_of, ops)]
+    gradient = list(map(operator.eq, kinds, itertools.repeat("backward_weight")))
     # What stays all step: parameters, buffers, optimizer state, and the gradients dW ops make.
     if len(used) == 1:  # the same sums, added up in C
-        resident[0] = sum(map(sum, map(_held_of, ops))) + sum(itertools.compress(outputs,
-                                                                                gradient))
+        resident[0] = (sum(map(_param_of, ops)) + sum(map(_buffer_of, ops))
+                       + sum(map(_state_of, ops)) + sum(itertools.compress(outputs, gradient)))
     else:
         for d, held, out, grad in zip(dev, map(sum, map(_held_of, ops)), outputs, gradient,
                                       strict=True):
@@ -465,20 +451,25 @@ def _simulate(graph: Graph, cluster: Cluster | None, device_of: Mapping[str, int
     temps = list(map(_temp_of, ops))
     made = [(out > 0 and not grad) or temp > 0
             for out, grad, temp in zip(outputs, gradient, temps, strict=True)]
-    add = allocations.append
-    for t in itertools.compress(range(n), made):
-        d = dev[t]
-        if outputs[t] and not gradient[t]:
-            mine = users[t] or ()
-            until = (*mine, *sent[t]) if t in sent else tuple(mine)
-            add(_allocation(d, outputs[t], t, until))
-        if temps[t]:
-            add(_allocation(d, temps[t], t, (t,)))
+    if len(used) == 1 and not any(temps):  # the usual one-device graph: outputs only, added
+        ts = list(itertools.compress(range(n), made))  # as columns
+        allocations.extend([0] * len(ts), list(map(outputs.__getitem__, ts)), ts,
+                           [() if u is None else tuple(u) for u in map(users.__getitem__, ts)])
+    else:
+        for t in itertools.compress(range(n), made):
+            d = dev[t]
+            if outputs[t] and not gradient[t]:
+                mine = users[t] or ()
+                until = (*mine, *sent[t]) if t in sent else tuple(mine)
+                allocations.add(d, outputs[t], t, until)
+            if temps[t]:
+                allocations.add(d, temps[t], t, (t,))
     for x, (dst_device, size, consumers) in received.items():
         allocations.append(Allocation(device=dst_device, size_bytes=size, at_task=x,
                                       until_tasks=tuple(consumers)))
-    allocations += [Allocation(device=d, size_bytes=b) for d, b in enumerate(resident)]
+    for d, b in enumerate(resident):
+        allocations.append(Allocation(device=d, size_bytes=b))
     # What only the lowering needed goes before the replay: on a large graph, hundreds of MB.
-    del ops, edges, edge_order, src, dst, users, transfers, sent, received, size_of, outputs
+    del ops, kinds, edges, edge_order, src, dst, users, transfers, sent, received, size_of, outputs
     del gradient, temps, made
     return low.run(began, progress)
