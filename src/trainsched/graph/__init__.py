@@ -15,7 +15,7 @@ file for large graphs (``trainsched.graph/3``, a ``.tsg`` path),
 """
 
 from trainsched.graph.coarsen import coarsen_by_module
-from trainsched.graph.core import OP_KINDS, Edge, Graph, GraphTotals, Op
+from trainsched.graph.core import OP_KINDS, Edge, Graph, GraphTotals, Op, gc_paused
 from trainsched.graph.io import (
     FORMAT,
     FORMAT_V1,
@@ -59,6 +59,7 @@ __all__ = [
     "check_keys",
     "coarsen_by_module",
     "dump_json",
+    "gc_paused",
     "graph_from_json",
     "graph_to_json",
     "kind_of",

@@ -21,7 +21,6 @@ expected) go through the ordinary record reader one by one.
 
 from __future__ import annotations
 
-import gc
 import json
 import operator
 import os
@@ -31,7 +30,7 @@ from typing import Any
 from trainsched.errors import TrainschedError
 from trainsched.graph.binary import graph_from_binary, is_binary
 from trainsched.graph.compact import read_lines
-from trainsched.graph.core import Edge, Graph, Op
+from trainsched.graph.core import Edge, Graph, Op, gc_paused
 from trainsched.graph.fields import _EDGE_SPECS, _OP_SPECS, OP_KINDS, _numbers_of, _plain_numbers
 from trainsched.graph.io import _graph_from_doc, _read_record, graph_from_json, read_text_file
 
@@ -256,19 +255,14 @@ def read_layout(path: str | os.PathLike[str], progress: Progress | None = None
     """The graph in file ``path`` if the file is in the writer's layout and valid, else None
     (module docstring). ``progress(done, total, "")`` hears how many bytes are read."""
     source = str(path)
-    paused = gc.isenabled()
-    gc.disable()  # millions of new objects, no cycles: collector passes would cost a third
     try:
         total = os.path.getsize(path)
-        with open(path, encoding="utf-8-sig", newline="\n") as file:
+        with gc_paused(), open(path, encoding="utf-8-sig", newline="\n") as file:
             return _read(_Lines(file, total, progress), source)
     except (OSError, ValueError, ArithmeticError, TrainschedError, RecursionError):
         # unreadable, not UTF-8, malformed JSON, a refused record or graph: the ordinary
         # reader says which
         return None
-    finally:
-        if paused:
-            gc.enable()
 
 
 def _compact_lines(path: str | os.PathLike[str], progress: Progress | None
@@ -290,13 +284,8 @@ def load_graph(path: str | os.PathLike[str], progress: Progress | None = None) -
     once; a binary ``trainsched.graph/3`` file (told by its first bytes) by columns
     (:mod:`trainsched.graph.binary`). ``progress`` as for :func:`read_layout`."""
     if is_binary(path):
-        paused = gc.isenabled()
-        gc.disable()  # as below: millions of new objects, no cycles
-        try:
+        with gc_paused():
             graph = graph_from_binary(path)
-        finally:
-            if paused:
-                gc.enable()
         if progress is not None:
             size = os.path.getsize(path)
             progress(size, size, "")
@@ -304,16 +293,11 @@ def load_graph(path: str | os.PathLike[str], progress: Progress | None = None) -
     graph = read_layout(path, progress)
     if graph is not None:
         return graph
-    paused = gc.isenabled()
-    gc.disable()  # as in read_layout: millions of new objects, no cycles
-    try:
+    with gc_paused():
         doc = _compact_lines(path, progress)
         if doc is not None:  # the same document the whole text gives, so the same errors
             return _graph_from_doc(doc, str(path))
         graph = graph_from_json(read_text_file(path, "graph"), source=str(path))
-    finally:
-        if paused:
-            gc.enable()
     if progress is not None:
         size = os.path.getsize(path)
         progress(size, size, "")

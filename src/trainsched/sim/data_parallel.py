@@ -126,13 +126,12 @@ from trainsched.costs import (
     tree_allreduce_s,
 )
 from trainsched.errors import TrainschedError
-from trainsched.graph import Graph
+from trainsched.graph import Graph, gc_paused
 from trainsched.sim.coupling import couple_devices
 from trainsched.sim.dispatch_gate import DispatchGate
 from trainsched.sim.engine import run_tasks
 from trainsched.sim.executors import (
     _checked_order,
-    _gc_paused,
     _Lowering,
     check_inputs,
     simulate_single,
@@ -379,7 +378,7 @@ def simulate_data_parallel(graph: Graph, cluster: Cluster, *, ranks: int,
     classes = rank_classes(ranks, stragglers, expand=expand)
     factor = _straggler_factors(ranks, stragglers)
     slowest = slowest_rank_factor(cluster.device.slowest_rank_cv, ranks)
-    with _gc_paused():
+    with gc_paused():
         order = graph.topological_order() if order is None else _checked_order(graph, order)
         gradients = graph_gradients(graph, order)
         plan: tuple[Any, ...] = ()

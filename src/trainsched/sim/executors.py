@@ -35,8 +35,6 @@ same :class:`_Lowering` (streams, channels, transfers, allocations, results).
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import itertools
 import operator
 import time
@@ -48,7 +46,7 @@ import numpy
 from trainsched.cluster import Cluster
 from trainsched.costs import p2p_s
 from trainsched.errors import TrainschedError
-from trainsched.graph import Graph
+from trainsched.graph import Graph, gc_paused
 from trainsched.sim.engine import TaskGraph, run_tasks
 from trainsched.sim.result import Allocation, Allocations, SimResult, build_result
 from trainsched.trace import stream_name
@@ -100,7 +98,7 @@ def simulate_single(graph: Graph, cluster: Cluster | None = None, *, device: int
         _check_device(cluster, device, "device")
     elif not (isinstance(device, int) and device >= 0):
         raise TrainschedError(f"device must be an index >= 0, got {device!r}")
-    with _gc_paused():
+    with gc_paused():
         return _simulate(graph, cluster, None, _positions(graph, order), [device], began, progress)
 
 
@@ -119,25 +117,12 @@ def simulate_placed(graph: Graph, cluster: Cluster, placement: Any, *,
     if cluster is None:
         raise TrainschedError("simulate_placed needs the cluster the placement's devices are "
                               "in")
-    with _gc_paused():
+    with gc_paused():
         device_of = _checked_placement(graph, cluster, placement)
         if order is None:
             order = getattr(placement, "order", None)
         return _simulate(graph, cluster, device_of, _positions(graph, order),
                          sorted(set(device_of.values())), began, progress)
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector: lowering and results allocate many small objects
-    (no cycles), and collector passes over a large graph would take about half the time."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def check_inputs(graph: Any, cluster: Any, where: str, *, allow_forward_only: bool) -> None:

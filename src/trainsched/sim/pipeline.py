@@ -53,8 +53,9 @@ from trainsched.backprop.stages import StageCosts
 from trainsched.cluster import Cluster
 from trainsched.costs import p2p_s
 from trainsched.errors import TrainschedError
+from trainsched.graph import gc_paused
 from trainsched.plan import Schedule
-from trainsched.sim.executors import _check_device, _gc_paused, _Lowering
+from trainsched.sim.executors import _check_device, _Lowering
 from trainsched.sim.result import Allocation, SimResult
 
 __all__ = ["PipelineResult", "bubble_fraction", "simulate_pipeline"]
@@ -139,7 +140,7 @@ def simulate_pipeline(stages: StageCosts, schedule: Schedule, cluster: Cluster |
                               f"got {fraction!r}")
     schedule.validate()
     devices = _rank_devices(cluster, ranks_to_devices, schedule.num_ranks)
-    with _gc_paused():
+    with gc_paused():
         result = _simulate(stages, schedule, cluster, devices, fraction, began)
     return result
 

@@ -34,10 +34,10 @@ from collections.abc import Sequence
 from trainsched.backprop.reorder import Slot, check_slots, layers, parse_slot
 from trainsched.cluster import Cluster, DeviceSpec
 from trainsched.errors import TrainschedError
-from trainsched.graph import Graph
+from trainsched.graph import Graph, gc_paused
 from trainsched.sim.data_parallel import _steady
 from trainsched.sim.engine import run_tasks
-from trainsched.sim.executors import _gc_paused, _Lowering, check_inputs
+from trainsched.sim.executors import _Lowering, check_inputs
 from trainsched.sim.result import Allocation, SimResult, build_result
 from trainsched.trace import stream_name
 from trainsched.units import is_int
@@ -63,7 +63,7 @@ def simulate_slots(graph: Graph, cluster: Cluster | None, slots: Sequence[Slot |
         steps = 3 if deferring else 1
     if not (is_int(steps) and steps >= 1):
         raise TrainschedError(f"steps must be an integer >= 1, got {steps!r}")
-    with _gc_paused():
+    with gc_paused():
         low = _Lowering(cluster, [0])
         side = low.tasks.add_resource(stream_name(low.names[0], "side"), device=0,
                                       kind="compute", policy="priority")
