@@ -170,3 +170,40 @@ def test_a_killed_launcher_leaves_no_worker_behind(tmp_path):
             return
         time.sleep(0.1)
     pytest.fail(f"worker {worker} still runs after its launcher was killed")
+
+
+FORKING = textwrap.dedent("""
+    import json, os, sys
+    from pathlib import Path
+    from trainsched.runtime import launch
+    out = Path(sys.argv[1])
+    (out / "worker.py").write_text("import sys\\nprint(sys.argv[1])\\n")
+
+    def one_job(tag):
+        folder = out / tag
+        folder.mkdir()
+        exits = launch.run_workers(str(out / "worker.py"), [{"rank": 0, "tag": tag}],
+                                   workdir=folder, timeout_s=60)
+        return exits[0].status, json.loads(exits[0].log.read_text())["tag"]
+
+    first = one_job("parent-before")
+    pid = os.fork()
+    if pid == 0:                 # a forked copy of the launcher: its own server, not the pipes
+        ok = one_job("child") == (0, "child") and launch._SERVER.alive()
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    print(json.dumps({"first": first, "child": os.waitstatus_to_exitcode(status),
+                      "after": one_job("parent-after")}))
+""")
+
+
+@pytest.mark.timeout(120)
+def test_a_forked_copy_of_the_launcher_starts_its_own_server(tmp_path):
+    script = tmp_path / "forking.py"
+    script.write_text(FORKING)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), START_ENV: "forkserver"}
+    done = subprocess.run([sys.executable, str(script), str(tmp_path)], env=env, timeout=110,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen == {"first": [0, "parent-before"], "child": 0, "after": [0, "parent-after"]}

@@ -50,9 +50,12 @@ class ForkServer:
         self._buffer = b""
         self._status: dict[int, int] = {}
         self._lock = threading.Lock()
+        self._owner = os.getpid()
 
     def alive(self) -> bool:
-        return self._proc.poll() is None
+        """Running, and started by this process (a process forked from the one that started
+        it must not share its pipes)."""
+        return self._owner == os.getpid() and self._proc.poll() is None
 
     def start(self, target: str, config: str, log: str, environment: Mapping[str, str],
               timeout_s: float = 60.0) -> int:
@@ -86,7 +89,9 @@ class ForkServer:
             return self._status.get(pid)
 
     def close(self) -> None:
-        """End the server (it kills what still runs)."""
+        """End the server (it kills what still runs); in any process but its owner, nothing."""
+        if self._owner != os.getpid():
+            return
         with contextlib.suppress(OSError):
             if self._proc.stdin is not None:
                 self._proc.stdin.close()
