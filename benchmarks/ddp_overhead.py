@@ -8,7 +8,9 @@ the small CNN by 19-21%). This times, in one 2-rank job (one thread each), inter
 - ``local``: a whole plain step (``zero_grad``, forward, backward, SGD ``step``), no comm;
 - ``ddp_no_sync``: the same step on the DDP-wrapped model inside ``no_sync()`` (DDP's hooks
   and buffer broadcast, no gradient all-reduce);
-- ``allreduce``: one blocking all-reduce of a flat buffer of every gradient;
+- ``allreduce``: one blocking all-reduce of a flat buffer of every gradient (from a barrier);
+- ``then_allreduce``: ``ddp_no_sync`` and then that all-reduce, in one timed step (so it
+  includes each step's wait for the slower rank, as a DDP step does);
 - ``ddp``: the whole DDP step.
 
 ``ddp`` minus (``ddp_no_sync`` + ``allreduce``) is what DDP's gradient synchronisation costs
@@ -29,7 +31,7 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-CASES = ("fwd_bwd", "local", "ddp_no_sync", "allreduce", "ddp")
+CASES = ("fwd_bwd", "local", "ddp_no_sync", "allreduce", "then_allreduce", "ddp")
 
 
 def worker() -> None:  # pragma: no cover - runs in the ranks
@@ -69,12 +71,17 @@ def worker() -> None:  # pragma: no cover - runs in the ranks
     def allreduce() -> None:
         dist.all_reduce(flat)
 
+    def then_allreduce() -> None:
+        ddp_no_sync()
+        allreduce()
+
     def ddp_step() -> None:
         ddp_opt.zero_grad()
         ddp(*inputs).float().pow(2).mean().backward()
         ddp_opt.step()
 
-    cases = dict(zip(CASES, (fwd_bwd, local, ddp_no_sync, allreduce, ddp_step), strict=True))
+    cases = dict(zip(CASES, (fwd_bwd, local, ddp_no_sync, allreduce, then_allreduce,
+                              ddp_step), strict=True))
     times: dict[str, list[float]] = {k: [] for k in CASES}
     for _ in range(cfg["rounds"]):
         for name, step in cases.items():
