@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from trainsched.errors import TrainschedError
-from trainsched.graph import OPTIMIZERS
+from trainsched.graph import OPTIMIZERS, gc_paused
 from trainsched.precision import PRECISIONS
 
 
@@ -281,15 +281,10 @@ def collector_paused(ops: Callable[[], int]) -> Iterator[None]:
     cycles: the collector's next passes would walk their millions of objects, several times
     over, for nothing (seconds at a million ops). Frozen objects are still freed as usual when
     no longer referenced."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with gc_paused():
         yield
         if ops() >= FROZEN_OPS:
             gc.freeze()
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def load_graph(path: str, args: argparse.Namespace) -> Any:
