@@ -59,6 +59,11 @@ def test_real_calibration_on_two_gloo_ranks():
     assert 1e-6 < cal.buffer_sync_s < 1.0
     assert cluster.device.buffer_sync_s == cal.buffer_sync_s == data["buffer_sync_s"]
     assert "DDP buffer broadcast before forward" in cal.table()
+    # an all-reduce after a real training step, beyond the fit; clamped at 0, never negative
+    assert 0.0 <= cal.collective_after_compute_s < 1.0
+    assert cluster.device.collective_after_compute_s == cal.collective_after_compute_s
+    assert data["collective_after_compute_s"] == cal.collective_after_compute_s
+    assert "an all-reduce right after compute" in cal.table()
     assert "gloo" in cluster.description and cal.measured_at in cluster.description
     assert Cluster.from_dict(cluster.to_dict()) == cluster
     assert cal.to_cluster(name="here").name == "here"

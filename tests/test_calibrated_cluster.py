@@ -30,7 +30,8 @@ def _calibration() -> Calibration:
                        allreduce_errors=(0.0, 0.0), comm_compute_share=0.7,
                        memory_bandwidth_bytes_per_s=5e9, compute_rate_with_comm=0.6,
                        comm_rate_with_compute=0.3, collective_slots=2,
-                       collective_contention=0.9, buffer_sync_s=1.2e-3)
+                       collective_contention=0.9, buffer_sync_s=1.2e-3,
+                       collective_after_compute_s=2.5e-3)
 
 
 def test_the_cluster_file_carries_every_fitted_quantity():
@@ -43,6 +44,7 @@ def test_the_cluster_file_carries_every_fitted_quantity():
     assert dev.comm_compute_share == 0.0  # by rate, not take turns as well
     assert dev.memory_bandwidth_bytes_per_s == 5e9
     assert dev.buffer_sync_s == 1.2e-3
+    assert dev.collective_after_compute_s == 2.5e-3
 
 
 def test_the_take_turns_file_carries_gamma_and_no_rates():
@@ -71,3 +73,16 @@ def test_a_cluster_without_a_collective_fit_uses_its_intra_node_link():
 def test_describe_names_the_collective_fit():
     text = _calibration().to_cluster().describe()
     assert "collectives" in text and "fitted to measured all-reduces" in text
+
+
+@pytest.mark.parametrize(("measured_s", "expected_s"), [(4.0e-3, 4.0e-3 - 1.248576e-3),
+                                                        (0.5e-3, 0.0)])
+def test_the_after_compute_figure_is_what_the_fit_does_not_charge(measured_s, expected_s):
+    """An all-reduce of 1 MiB on 2 ranks costs 2 x 100 us + 1 MiB / 1 GB/s = 1.248576 ms by the
+    fit; measured after a step at 4 ms, the device carries the 2.751424 ms beyond it, and a
+    faster measurement than the fit carries 0, never a negative figure."""
+    from trainsched.runtime.calibrate import _with_after_compute
+
+    cal = _with_after_compute(_calibration(), [1 << 20, measured_s])
+    assert cal.collective_after_compute_s == pytest.approx(expected_s, abs=1e-12)
+    assert _with_after_compute(_calibration(), None) == _calibration()

@@ -540,3 +540,16 @@ def test_buffer_sync_round_trips_and_is_checked(tmp_path):
     path.write_text('name = "x"\n[device]\nkind = "cpu"\ncount = 2\nbuffer_sync = "2ms"\n'
                     '[intra_node]\nbandwidth = "1GB/s"\nlatency = "1ms"\n')
     assert load_cluster_file(path).device.buffer_sync_s == pytest.approx(2e-3)
+
+
+def test_collective_after_compute_round_trips_and_is_checked(tmp_path):
+    base = cluster_preset("cpu")
+    cluster = replace(base, device=replace(base.device, collective_after_compute_s=2e-3))
+    assert Cluster.from_dict(cluster.to_dict()) == cluster
+    assert "first collective of each step takes 2.00 ms longer" in cluster.describe()
+    assert "collective_after_compute" not in base.to_dict()["device"]
+    path = tmp_path / "c.toml"
+    path.write_text('name = "x"\n[device]\nkind = "cpu"\ncount = 2\n'
+                    'collective_after_compute = "1.5ms"\n'
+                    '[intra_node]\nbandwidth = "1GB/s"\nlatency = "1ms"\n')
+    assert load_cluster_file(path).device.collective_after_compute_s == pytest.approx(1.5e-3)

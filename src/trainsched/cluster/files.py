@@ -196,6 +196,8 @@ def _device(kind: str | None, values: dict[str, Any], where: str,
             step_cv=pick("step_cv", "step_cv", 0.0),
             device_cv=pick("device_cv", "device_cv", 0.0),
             buffer_sync_s=pick("buffer_sync", "buffer_sync_s", 0.0),
+            collective_after_compute_s=pick("collective_after_compute",
+                                            "collective_after_compute_s", 0.0),
         )
     except TrainschedError as exc:
         raise TrainschedError(f"{where}: {exc}") from None
@@ -225,7 +227,7 @@ def cluster_from_dict(data: Mapping[str, Any], source: str) -> Cluster:
                            "launch_overhead", "comm_compute_share", "stream_slowdown",
                            "stream_fit", "microbatch_overhead", "message_host",
                            "collective_overhead", *_COLLECTIVE_KEYS, "step_cv",
-                           "device_cv", "buffer_sync"))
+                           "device_cv", "buffer_sync", "collective_after_compute"))
     intra = table("intra_node", _LINK_KEYS)
     inter = table("inter_node", _LINK_KEYS, required=False)
     collectives = table("collectives", _LINK_KEYS, required=False)
@@ -249,6 +251,7 @@ def cluster_from_dict(data: Mapping[str, Any], source: str) -> Cluster:
         "step_cv": dev.get("step_cv", _cv, None),
         "device_cv": dev.get("device_cv", _cv, None),
         "buffer_sync": dev.get("buffer_sync", parse_duration, None),
+        "collective_after_compute": dev.get("collective_after_compute", parse_duration, None),
     }
     device = _device(dev.get("kind", _string, None), values, f"{source}: [device]", str)
     try:

@@ -105,6 +105,13 @@ class DeviceSpec:
     syncs them (``DdpBucketPolicy.buffer_sync``). ``trainsched calibrate`` measures it; default
     0 (nothing charged).
 
+    ``collective_after_compute_s``: how much longer the first collective of a step takes than
+    its α–β cost when it starts as the ranks' compute ends, as in training, rather than from a
+    barrier, as a collective alone is timed (the ranks arrive apart and the communication
+    threads wake; on this project's 2-core gloo host 1-3 ms). The data-parallel simulator adds
+    it to the first collective of every step on two or more ranks. ``trainsched calibrate``
+    measures it; default 0.
+
     ``step_cv``: the coefficient of variation of one rank's compute time per step (clocks,
     heat, host jitter), each rank's draw independent of the others'. A synchronous step waits
     for the slowest of its N ranks, so the data-parallel simulator stretches every rank's
@@ -137,6 +144,7 @@ class DeviceSpec:
     step_cv: float = 0.0
     device_cv: float = 0.0
     buffer_sync_s: float = 0.0
+    collective_after_compute_s: float = 0.0
 
     def __post_init__(self) -> None:
         where = f"device {self.kind!r}"
@@ -166,7 +174,8 @@ class DeviceSpec:
                  f"{where}: stream_fit_s must be seconds >= 0, got {self.stream_fit_s!r}")
         object.__setattr__(self, "stream_slowdown", float(self.stream_slowdown))
         object.__setattr__(self, "stream_fit_s", float(self.stream_fit_s))
-        for name in ("microbatch_overhead_s", "message_host_s", "buffer_sync_s"):
+        for name in ("microbatch_overhead_s", "message_host_s", "buffer_sync_s",
+                     "collective_after_compute_s"):
             value = getattr(self, name)
             _require(_finite(value) and value >= 0,
                      f"{where}: {name} must be a duration >= 0 s, got {value!r}")
@@ -235,7 +244,7 @@ class DeviceSpec:
                      self.collective_overhead_s, self.compute_rate_with_comm,
                      self.comm_rate_with_compute, self.collective_slots,
                      self.collective_contention, self.step_cv, self.device_cv,
-                     self.buffer_sync_s))
+                     self.buffer_sync_s, self.collective_after_compute_s))
 
     def __reduce__(self) -> tuple[Any, ...]:
         # A mappingproxy cannot be pickled; rebuild from a plain dict instead.
@@ -406,6 +415,8 @@ class Cluster:
                 **({"step_cv": dev.step_cv} if dev.step_cv else {}),
                 **({"device_cv": dev.device_cv} if dev.device_cv else {}),
                 **({"buffer_sync": dev.buffer_sync_s} if dev.buffer_sync_s else {}),
+                **({"collective_after_compute": dev.collective_after_compute_s}
+                   if dev.collective_after_compute_s else {}),
             },
             "intra_node": _link_dict(self.intra_node),
         }
@@ -471,6 +482,9 @@ class Cluster:
             *([f"  buffer sync DDP broadcasts the buffers before each forward: "
                f"{format_duration(dev.buffer_sync_s)} plus their bytes over the collective link"]
               if dev.buffer_sync_s else []),
+            *([f"  first coll. the first collective of each step takes "
+               f"{format_duration(dev.collective_after_compute_s)} longer (it starts as "
+               f"compute ends)"] if dev.collective_after_compute_s else []),
             f"  peak        {flops}",
             f"  intra-node  {self.intra_node.describe()} (per device, per direction)",
             *([f"  collectives {self.collectives.describe()} (per rank, ring formula; "

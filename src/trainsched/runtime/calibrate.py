@@ -23,6 +23,12 @@ and collectives at ``D0 / D1`` while compute runs; two 4 MiB all-reduces issued 
 threads (:data:`GLOO_THREADS` collectives in flight at once). :meth:`Calibration.to_cluster`
 writes one model or the other.
 
+An all-reduce timed from a barrier is not the one training runs: the first all-reduce of a step
+starts as each rank's compute ends. A small training step (a 3-layer MLP's forward and backward)
+is timed alone and followed by a 1 MiB all-reduce, in turn and with no barrier; what the
+all-reduce took there beyond the fitted line is ``collective_after_compute_s`` (at least 0),
+which the data-parallel simulator adds to the first collective of every step.
+
 The parent process never imports torch unless ``backend="nccl"`` (to check for CUDA); workers
 do. A rank that dies makes the whole run fail at once with :class:`TrainschedError`; the run as a
 whole is bounded by ``timeout_s``.
@@ -91,6 +97,7 @@ class Calibration:
     collective_slots: int = 1  # collectives in flight at once
     collective_contention: float = 1.0  # how collectives in flight together share the wire
     buffer_sync_s: float = 0.0  # DDP's buffer broadcast before forward (fixed part)
+    collective_after_compute_s: float = 0.0  # a step's first collective beyond the fit
 
     def p2p_predict(self, size_bytes: float) -> float:
         return self.p2p.latency_s + size_bytes / self.p2p.bandwidth_bytes_per_s
@@ -124,6 +131,7 @@ class Calibration:
             "collective_slots": self.collective_slots,
             "collective_contention": self.collective_contention,
             "buffer_sync_s": self.buffer_sync_s,
+            "collective_after_compute_s": self.collective_after_compute_s,
         }
 
     def to_json(self) -> str:
@@ -145,6 +153,8 @@ class Calibration:
         if self.buffer_sync_s:
             lines.append(f"DDP buffer broadcast before forward: {self.buffer_sync_s * 1e3:.3f} ms "
                          f"(fixed part)")
+        lines.append(f"an all-reduce right after compute: "
+                     f"{self.collective_after_compute_s * 1e3:+.3f} ms beyond the fit")
         if self.memory_bandwidth_bytes_per_s:
             lines.append(f"memory bandwidth (64 MiB copy, read + write, every rank at once): "
                          f"{self.memory_bandwidth_bytes_per_s / 1e9:.1f} GB/s")
@@ -179,6 +189,7 @@ class Calibration:
                             "collective_contention": self.collective_contention}
         device = dataclasses.replace(
             base.device, **interference, buffer_sync_s=self.buffer_sync_s,
+            collective_after_compute_s=self.collective_after_compute_s,
             memory_bandwidth_bytes_per_s=(self.memory_bandwidth_bytes_per_s
                                           or base.device.memory_bandwidth_bytes_per_s))
         return Cluster(name=name, description=description, device=device,
@@ -333,9 +344,21 @@ def calibrate(*, world_size: int = 2, sizes_bytes: Sequence[int] | None = None, 
                       collective_slots=GLOO_THREADS if backend == "gloo" else 1,
                       collective_contention=_clamp(rates.get("contention", 1.0), 0.0, 1.0),
                       buffer_sync_s=_clamp(data.get("buffer_sync", 0.0), 0.0, 1.0))
+    cal = _with_after_compute(cal, data.get("after_compute"))
     return dataclasses.replace(cal, p2p_errors=_errors(cal.p2p_predict, rows, "p2p_s"),
                                allreduce_errors=_errors(cal.allreduce_predict, rows,
                                                         "allreduce_s"))
+
+
+def _with_after_compute(cal: Calibration, measured: Any) -> Calibration:
+    """``cal`` with ``collective_after_compute_s`` = what an all-reduce of ``size`` bytes took
+    right after a training step beyond its fitted cost (the simulator charges the fit, and
+    this on top), at least 0; ``measured`` is the workers' ``[size, seconds]``."""
+    if not measured:
+        return cal
+    size, seconds = measured
+    return dataclasses.replace(
+        cal, collective_after_compute_s=_clamp(seconds - cal.allreduce_predict(size), 0.0, 1.0))
 
 
 def _clamp(value: Any, low: float, high: float) -> float:
@@ -404,6 +427,7 @@ def _worker_main() -> None:  # pragma: no cover - runs in the spawned processes
     rates["contention"] = _contention(dist, device, sync, n)
     memory = _copy_bandwidth(dist, device, sync, n)
     buffer_sync = _buffer_sync(dist, device, sync, n)
+    after_compute = _after_compute(dist, device, sync, n)
     dist.barrier()
     if rank == 0:
         host = {"torch": torch.__version__, "torch_threads": torch.get_num_threads()}
@@ -413,7 +437,7 @@ def _worker_main() -> None:  # pragma: no cover - runs in the spawned processes
         with open(tmp, "w") as fh:
             json.dump({"rows": rows, "host": host, "comm_compute_share": share,
                        "rates": rates, "memory_bandwidth": memory,
-                       "buffer_sync": buffer_sync}, fh)
+                       "buffer_sync": buffer_sync, "after_compute": after_compute}, fh)
         os.replace(tmp, cfg["result"])
     dist.destroy_process_group()
 
@@ -537,6 +561,46 @@ def _buffer_sync(dist: Any, device: Any, sync: Any, world_size: int,
     mean = torch.tensor([statistics.median(times)], dtype=torch.float64)
     dist.all_reduce(mean)
     return float(mean) / world_size
+
+
+def _after_compute(dist: Any, device: Any, sync: Any, world_size: int,
+                   repeats: int = 40) -> list[float]:  # pragma: no cover - in the workers
+    """``[size, seconds]``: how long a blocking all-reduce of ``size`` bytes takes when it
+    starts as a training step's compute ends, as in data-parallel training, not from a
+    barrier. A step (forward and backward of a 3-layer MLP, a few ms on a CPU core) and the
+    same step followed by the all-reduce are timed in turn, with no barrier anywhere, so each
+    rank arrives at the all-reduce when its own compute ends; the median of the second minus
+    the median of the first, on each rank, averaged over ranks."""
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(),
+                                torch.nn.Linear(512, 512), torch.nn.ReLU(),
+                                torch.nn.Linear(512, 10)).to(device)
+    x = torch.randn(32, 256, device=device)
+    buf = torch.ones(1 << 18, dtype=torch.float32, device=device)
+
+    def step(reduce: bool) -> float:
+        sync()
+        t0 = time.perf_counter()
+        model.zero_grad()
+        model(x).square().mean().backward()
+        if reduce:
+            dist.all_reduce(buf)
+        sync()
+        return time.perf_counter() - t0
+
+    for _ in range(5):
+        step(False)
+        step(True)
+    dist.barrier()
+    alone, reduced = [], []
+    for _ in range(repeats):
+        alone.append(step(False))
+        reduced.append(step(True))
+    mean = torch.tensor([statistics.median(reduced) - statistics.median(alone)],
+                        dtype=torch.float64)
+    dist.all_reduce(mean)
+    return [buf.numel() * buf.element_size(), float(mean) / world_size]
 
 
 def _copy_bandwidth(dist: Any, device: Any, sync: Any,

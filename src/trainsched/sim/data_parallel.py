@@ -27,6 +27,11 @@ replays it:
   (:func:`buffer_sync_s`: the device's measured ``buffer_sync_s`` plus the buffers' bytes over
   the collective link), after every rank's step boundary (a rendezvous) and before the step's
   first ops. A device without ``buffer_sync_s`` (0, the default) charges nothing.
+- **Collective after compute.** The first collective of each step to become ready (the one
+  holding the gradient produced first) takes the device's ``collective_after_compute_s``
+  longer than its cost below, on two or more ranks: what a collective that starts as the
+  ranks' compute ends pays beyond one timed from a barrier (``trainsched calibrate``
+  measures it). 0, the default, charges nothing.
 - **Optimizer.** Each optimizer op waits for the collectives holding its gradients
   (``cross_barrier``) or for all collectives (the baselines' barrier). Step time = last end.
 - **Steps.** ``steps`` > 1 repeats the step: step s+1 starts once step s's backward has
@@ -506,6 +511,12 @@ def _lower(low: _Lowering, graph: Graph, order: Sequence[str], plan: Sequence[An
     durations = [collective_s(coll.size_bytes, ranks, low.cluster, algorithm) + overhead
                  for coll in plan]  # fmt: skip
     n_ops, n_coll = len(ops), len(plan)
+    # the first collective of a step to become ready starts as compute ends: it pays the
+    # device's collective_after_compute_s beyond its alpha-beta cost
+    after_s = low.cluster.device.collective_after_compute_s \
+        if low.cluster is not None and ranks > 1 else 0.0
+    first_c = min(range(n_coll), key=lambda c: min(grad_pos[m] for m in plan[c].members)) \
+        if after_s and plan else -1
     sync_s = buffer_sync_s(graph, low.cluster, ranks=ranks, policy=policy) \
         if low.cluster is not None else 0.0
     previous: list[int] = []  # per representative: the base task index of the step before
@@ -547,9 +558,9 @@ def _lower(low: _Lowering, graph: Graph, order: Sequence[str], plan: Sequence[An
 
         for c, coll in enumerate(plan):
             g = step * n_coll + c  # collectives of every step in one plan order
-            duration = durations[c]
+            duration = durations[c] + (after_s if c == first_c else 0.0)
             if share:
-                out.steals.append([low.compute(f"{coll.name} (host)", share * duration, k,
+                out.steals.append([low.compute(f"{coll.name} (host)", share * durations[c], k,
                                                priority=-1, category="comm-host",
                                                args={"collective": coll.name, "rank": rank})
                                    for k, rank in enumerate(reps)])  # fmt: skip
