@@ -97,3 +97,60 @@ def test_priority_keys_of_any_size_and_sign_order_the_queue():
     assert [keys[waiting.index(t)] for t in order] == sorted(keys)
     assert order.index(waiting[1]) < order.index(waiting[6])
     assert s.start_s[order[-1]] == len(keys)
+
+
+def _chain(durations: list[float], *, policy: str = "fifo") -> TaskGraph:
+    tasks = TaskGraph()
+    tasks.add_resource("stream", policy=policy)
+    for k, d in enumerate(durations):
+        tasks.add_task(f"t{k}", d, (0,), priority=(7 * k) % 5)
+    tasks.add_dependencies(range(len(durations) - 1), range(1, len(durations)))
+    return tasks
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_a_chain_replays_as_the_event_loop_does(seed):
+    """A chain takes the closed form; the same chain plus a dependency it already implies (0 ->
+    2) does not, and goes through the event loop: the two replays are identical, to the bit."""
+    rng = random.Random(seed)
+    durations = [rng.choice([0.0, 0.1, 0.3, 1e-7, rng.random()]) for _ in range(rng.randint(3, 60))]
+    policy = rng.choice(["fifo", "priority"])
+    chain = _chain(durations, policy=policy)
+    looped = _chain(durations, policy=policy)
+    looped.add_dependency(0, 2)
+    assert run_tasks(chain) == run_tasks(looped)
+
+
+def test_a_chain_by_hand():
+    """0.5, 0 and 0.25 s in a row: starts 0, 0.5, 0.5; each fixed by the one before."""
+    replay = run_tasks(_chain([0.5, 0.0, 0.25]))
+    assert replay.start_s == (0.0, 0.5, 0.5) and replay.end_s == (0.5, 0.5, 0.75)
+    assert replay.fixed_by == (-1, 0, 1) and replay.by_resource == (False,) * 3
+    assert replay.busy_s == (0.75,) and replay.makespan_s == 0.75 and replay.events == 3
+
+
+@pytest.mark.parametrize("case", ["backward", "skip", "two resources", "capacity"])
+def test_what_is_not_a_chain_still_replays_by_the_loop(case):
+    """Near-chains the closed form must refuse: a cycle is still named as stuck, a task that
+    waits for the one two before it still waits for the stream, and so on."""
+    tasks = TaskGraph()
+    tasks.add_resource("stream", capacity=2 if case == "capacity" else 1)
+    if case == "two resources":
+        tasks.add_resource("other")
+    for k in range(3):
+        tasks.add_task(f"t{k}", 1.0, (0,) if not (case == "two resources" and k == 2) else (1,))
+    if case == "skip":  # 0 -> 2 only: t1 and t2 queue together
+        tasks.add_dependency(0, 2)
+    else:
+        tasks.add_dependencies((0, 1), (1, 2))
+    if case == "backward":
+        tasks.add_dependency(2, 0)
+        with pytest.raises(TrainschedError, match=r"simulation stuck .* t0 waits for t2"):
+            run_tasks(tasks)
+        return
+    replay = run_tasks(tasks)
+    expected = {"skip": (0.0, 1.0, 2.0), "two resources": (0.0, 1.0, 2.0),
+                "capacity": (0.0, 1.0, 2.0)}[case]
+    assert replay.start_s == expected
+    if case == "skip":
+        assert replay.fixed_by == (-1, 0, 1) and replay.by_resource == (False, True, True)

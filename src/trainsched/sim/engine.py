@@ -38,6 +38,12 @@ rule above is unchanged (start = max(ready, resource free)): only when a running
 moves; ties, queues and the stuck-run error behave as without pairs, and a replay without
 pairs costs what it did. ``busy_s`` of a paired stream is the time its tasks held it.
 
+**Chains.** A task graph that is one chain (every task needs the one resource, task k's only
+successor is k + 1: a one-device simulation, whose lowering chains the ops in topological order
+and so needs no edge dependencies) is replayed in closed form: each task starts when the one
+before it ends. The rule is the one above; the floating-point additions are the event loop's,
+in its order, so the replay is identical to the loop's, only without a million events.
+
 **Couplings.** Tasks may be *coupled* (:meth:`TaskGraph.couple`) into a group of
 :class:`~trainsched.sim.coupling.Coupling` with two sides (a device's compute and its
 collectives): while both sides run, each side's tasks run at a reduced rate, and several
@@ -64,6 +70,7 @@ released being named as held by its gate.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import math
@@ -314,6 +321,10 @@ class Gate(Protocol):
 def run_tasks(tasks: TaskGraph, gates: Sequence[Gate] = ()) -> Replay:
     """Replay ``tasks`` on their resources and return when each ran (see the module docstring);
     ``gates`` hold back and release some tasks (*Gates* there)."""
+    if not gates:
+        chain = _chain_replay(tasks)
+        if chain is not None:
+            return chain
     n = len(tasks.duration_s)
     dur = tasks.duration_s
     needs = tasks.needs
@@ -583,6 +594,28 @@ def run_tasks(tasks: TaskGraph, gates: Sequence[Gate] = ()) -> Replay:
         makespan_s=max(end, default=0.0),
         events=done,
     )
+
+
+def _chain_replay(tasks: TaskGraph) -> Replay | None:
+    """The replay of a *chain* in closed form, or None if ``tasks`` is not one: every task
+    needs the one resource (capacity 1, no pairs, no couplings) and task k's one successor is
+    k + 1 (a one-device simulation). Each task is ready when the one before ends and finds the
+    resource free then, so the rule of the module docstring starts it at that end: the same
+    additions, in the same order, as the event loop makes, without its events."""
+    n = len(tasks.duration_s)
+    if (n < 2 or tasks.pairs or tasks.coupled or len(tasks.resources) != 1
+            or tasks.resources[0].capacity != 1 or tasks.needs.count((0,)) != n):
+        return None
+    succ = tasks.successors
+    if succ[-1] or list(map(len, succ[:-1])).count(1) != n - 1 or \
+            list(map(operator.itemgetter(0), succ[:-1])) != list(range(1, n)):
+        return None
+    dur = tasks.duration_s
+    times = list(itertools.accumulate(dur, initial=0.0))  # each end = its start + duration
+    end = tuple(times[1:])
+    return Replay(start_s=tuple(times[:-1]), end_s=end, fixed_by=(-1, *range(n - 1)),
+                  by_resource=(False,) * n, busy_s=(functools.reduce(operator.add, dur, 0.0),),
+                  makespan_s=max(end), events=n)
 
 
 def _post(posts: list[tuple[int, float]], heap: list[tuple[float, int]], end: list[float],

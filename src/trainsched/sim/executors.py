@@ -380,8 +380,8 @@ def _simulate(graph: Graph, cluster: Cluster | None, device_of: Mapping[str, int
             size_of[key] = max(size_of.get(key, 0), e.size_bytes)
     local_src: list[int] = []
     local_dst: list[int] = []
-    if len(used) == 1 and src:  # every edge a dependency; a producer's consumers: a run
-        tasks.add_dependencies(src, dst)
+    if len(used) == 1 and src:  # the chain in topological order implies every edge; a
+        # producer's consumers: a run
         cuts = [0, *itertools.compress(range(1, len(src)),
                                        map(operator.ne, itertools.islice(src, 1, None), src)),
                 len(src)]
