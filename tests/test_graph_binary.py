@@ -394,3 +394,50 @@ def test_ops_are_found_by_name_in_a_graph_read_from_a_binary_file(tmp_path):
     assert graph.index("héad:opt") == 4 and graph.op("emb").samples == 7
     with pytest.raises(TrainschedError, match="no op named 'nope'"):
         graph.op("nope")
+
+
+# --- ops made only when asked for ---------------------------------------------------------------
+
+
+FIELDS = tuple(f.name for f in __import__("dataclasses").fields(Op))
+
+
+@pytest.mark.parametrize("field", FIELDS)
+def test_a_column_read_from_the_file_equals_the_ops_field(tmp_path, field):
+    """Every field, from the columns (before any Op record is made) and from the records: the
+    values of the ops written, in their types (tuples for name lists, None beside values)."""
+    graph = every_field()
+    back = Graph.load(saved(graph, tmp_path / "g.tsg"))
+    expected = tuple(getattr(op, field) for op in graph.ops)
+    from_columns = back.column(field)
+    assert from_columns == expected
+    assert list(map(type, from_columns)) == list(map(type, expected))
+    assert back.ops == graph.ops and back.column(field) == expected  # after the records
+
+
+def test_a_one_device_simulation_of_a_binary_graph_makes_no_op_records(tmp_path, monkeypatch):
+    import trainsched.graph.core as core
+    from trainsched.sim import simulate_single
+
+    made = []
+    build = core._OpsToMake.make
+    monkeypatch.setattr(core._OpsToMake, "make", lambda self: made.append(1) or build(self))
+    graph = every_field()  # a training graph
+    back = Graph.load(saved(graph, tmp_path / "g.tsg"))
+    assert simulate_single(back).step_time_s == simulate_single(graph).step_time_s
+    assert main(["simulate", str(tmp_path / "g.tsg"), "--cluster", "cpu", "--json"]) == 0
+    assert made == []
+    assert back.op("emb") == graph.op("emb") and made == [1]  # asked for: made once
+
+
+def test_an_unknown_column_is_refused():
+    with pytest.raises(TrainschedError, match="no op field 'speed'; the fields are"):
+        every_field().column("speed")
+
+
+def test_forward_only_reads_the_kinds():
+    graph = every_field()
+    assert not graph.forward_only()
+    forward = Graph([op for op in graph.ops if op.kind == "forward"],
+                    [e for e in graph.edges if e.dst in ("héad",)])
+    assert forward.forward_only() and Graph([], []).forward_only()

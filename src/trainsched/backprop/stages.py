@@ -240,7 +240,7 @@ def stage_costs_from_graph(graph: Graph, num_stages: int, num_microbatches: int,
     for name, value in (("num_stages", num_stages), ("num_microbatches", num_microbatches)):
         if not (is_int(value) and value >= 1):
             raise TrainschedError(f"{name} must be an integer >= 1, got {value!r}")
-    if all(op.kind == "forward" for op in graph.ops):
+    if graph.forward_only():
         graph = to_training(graph)
     order = tuple(n for n in graph.topological_order() if graph.op(n).kind == "forward")
     if num_stages > len(order):

@@ -257,7 +257,7 @@ def as_training(graph: Any, args: argparse.Namespace, *, runs: bool = False) -> 
     ``runs``: the model also trains for real with that optimizer)."""
     from trainsched.graph import to_training
 
-    forward = all(op.kind == "forward" for op in graph.ops)
+    forward = graph.forward_only()
     check_applicable(args, [Applies(flags=("optimizer",), when={"graph": (True,)},
                                     where="to a forward-only graph (trainsched profile writes "
                                     "one)")],

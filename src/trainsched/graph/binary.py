@@ -41,7 +41,7 @@ import numpy
 
 from trainsched.errors import TrainschedError
 from trainsched.graph.compact import _build_edges, _build_ops
-from trainsched.graph.core import Edge, Graph, Op, _EdgesToMake
+from trainsched.graph.core import Edge, Graph, Op, _EdgesToMake, _OpsToMake
 from trainsched.graph.fields import _OP_SPECS, OP_KINDS
 from trainsched.graph.io import dump_json
 
@@ -244,7 +244,7 @@ class _Reader:
         # strings looked up by index arrays in numpy (a table of the string objects)
         table = numpy.array([*strings, None], dtype=object)
         decoded, sums_fit = self.op_columns(n, table)
-        ops = _build_ops(n, {"name": names, **decoded})
+        ops = _OpsToMake(n, {"name": names, **decoded}, _build_ops)
         del decoded
         src = self.indices("edges.src", m, n, "ops")
         dst = self.indices("edges.dst", m, n, "ops")

@@ -126,6 +126,29 @@ class Edge:
             object.__setattr__(self, "tensor", self.src)
 
 
+class _OpsToMake:
+    """The ops of a graph a reader decoded into checked columns (field -> values, ``name``
+    among them; a field left out has its default everywhere), made as Op records only when
+    first asked for: a one-device simulation reads a few columns and never asks."""
+
+    __slots__ = ("build", "columns", "count")
+
+    def __init__(self, count: int, columns: dict[str, Any],
+                 build: Callable[[int, dict[str, Any]], list[Op]]) -> None:
+        self.count, self.columns, self.build = count, columns, build
+
+    def column(self, field: str) -> tuple[Any, ...]:
+        values = self.columns.get(field)
+        if values is None:
+            return (_OP_DEFAULTS[field],) * self.count
+        if isinstance(_OP_DEFAULTS[field], tuple):  # a list of names per op: a tuple in an Op
+            return tuple(map(tuple, values))
+        return tuple(values)
+
+    def make(self) -> list[Op]:
+        return self.build(self.count, self.columns)
+
+
 @dataclass(frozen=True, kw_only=True)
 class GraphTotals:
     """Sums over a graph: op counts per kind, costs and sizes (see :meth:`Graph.totals`)."""
@@ -145,6 +168,9 @@ class GraphTotals:
 
 _OP_FIELDS = tuple(f.name for f in dataclasses.fields(Op))
 _EDGE_FIELDS = tuple(f.name for f in dataclasses.fields(Edge))
+#: Each Op field's default (the name, which has none: None).
+_OP_DEFAULTS = {f.name: None if f.default is dataclasses.MISSING else f.default
+                for f in dataclasses.fields(Op)}
 assert set(_FIELD_TYPES) == set(_OP_FIELDS)
 _name_of = operator.attrgetter("name")
 _kind_of = operator.attrgetter("kind")
@@ -202,7 +228,8 @@ class Graph:
     position in ``ops``.
     """
 
-    __slots__ = ("_dst", "_edges", "_in", "_index", "_meta", "_ops", "_out", "_src", "_topo")
+    __slots__ = ("_dst", "_edges", "_in", "_index", "_lazy", "_meta", "_ops", "_out", "_src",
+                 "_topo")
 
     def __init__(
         self, ops: Iterable[Op], edges: Iterable[Edge], meta: Mapping[str, Any] | None = None
@@ -224,28 +251,33 @@ class Graph:
     def _build(self, ops: Iterable[Op], edges: Iterable[Edge] | _EdgesToMake,
                meta: Mapping[str, Any] | None, ends: tuple[Sequence[int], Sequence[int]] | None, *,
                sums_fit: bool = False) -> None:
-        self._ops: tuple[Op, ...] = tuple(ops)
+        # (ops to make come from a reader, with their ends: checked as columns)
+        assert not isinstance(ops, _OpsToMake) or ends is not None
+        self._lazy: _OpsToMake | None = ops if isinstance(ops, _OpsToMake) else None
+        self._ops: tuple[Op, ...] | None = None if self._lazy is not None else tuple(ops)
         # (edges to make come with their ends: checked without the records)
         assert not isinstance(edges, _EdgesToMake) or ends is not None
         self._edges: tuple[Edge, ...] | _EdgesToMake = (
             edges if isinstance(edges, _EdgesToMake) else tuple(edges))
         self._meta: dict[str, Any] = copy.deepcopy(dict(meta or {}))
-        ops = self._ops
-        if not all(map(isinstance, ops, itertools.repeat(Op))):
-            i = next(i for i, op in enumerate(ops) if not isinstance(op, Op))
-            raise TrainschedError(f"ops[{i}] is a {type(ops[i]).__name__}, not an Op")
+        count = len(self)
+        if self._ops is not None and not all(map(isinstance, self._ops, itertools.repeat(Op))):
+            i = next(i for i, op in enumerate(self._ops) if not isinstance(op, Op))
+            raise TrainschedError(f"ops[{i}] is a {type(self._ops[i]).__name__}, not an Op")
         # Built in C; a repeated name keeps its last position, but then the graph is refused.
         # With the edges' ends known (a reader), the index by name waits until it is asked for
         # (a simulation never does): a set of the names finds repeats for a third of the cost.
         self._index: dict[str, int] | None = None
+        names = self.column("name")
         if ends is None:
-            self._index = dict(zip(map(_name_of, ops), range(len(ops)), strict=True))
-        if len(self._index if ends is None else set(map(_name_of, ops))) < len(ops):
-            counts = Counter(op.name for op in ops)
-            names = ", ".join(repr(name) for name, n in counts.items() if n > 1)
-            raise TrainschedError(f"duplicate op names: {names}; every op needs a unique name")
+            self._index = dict(zip(names, range(count), strict=True))
+        if len(self._index if ends is None else set(names)) < count:
+            counts = Counter(names)
+            repeated = ", ".join(repr(name) for name, n in counts.items() if n > 1)
+            raise TrainschedError(f"duplicate op names: {repeated}; every op needs a unique "
+                                  f"name")
         if not sums_fit:
-            _check_sums(ops, self._edge_records())
+            _check_sums(self.ops, self._edge_records())
         # Per edge the positions of its ends; per op the edges into and out of it.
         self._src: list[int] = []
         self._dst: list[int] = []
@@ -263,7 +295,7 @@ class Graph:
                 raise KeyError
             if ends is not None:  # ints shared by all the ends rather than one per end
                 arrays = tuple(numpy.asarray(e, dtype=numpy.int64) for e in ends)
-                at = list(range(len(self._ops)))
+                at = list(range(len(self)))
                 self._src = list(map(at.__getitem__, arrays[0].tolist()))
                 self._dst = list(map(at.__getitem__, arrays[1].tolist()))
                 loop = bool((arrays[0] == arrays[1]).any())
@@ -281,8 +313,8 @@ class Graph:
             bad = len(edges)
         if ends is None or loop:
             arrays = tuple(numpy.array(e, dtype=numpy.int64) for e in (self._src, self._dst))
-        self._in = _Adjacency(arrays[1], len(self._ops))
-        self._out = _Adjacency(arrays[0], len(self._ops))
+        self._in = _Adjacency(arrays[1], len(self))
+        self._out = _Adjacency(arrays[0], len(self))
         twins = self._first_duplicate(bad, arrays)
         if twins is not None:
             first, k = twins
@@ -320,12 +352,12 @@ class Graph:
         dst, count = self._dst, len(self._edges)
         found: tuple[int, int] | None = None
         if count and before == count:  # no two edges join one pair: no duplicates
-            keys = numpy.sort(ends[0] * len(self._ops) + ends[1])
+            keys = numpy.sort(ends[0] * len(self) + ends[1])
             if not (keys[1:] == keys[:-1]).any():
                 return None
         edges = self._edge_records()
         several = map(operator.gt, self._out.degrees(), itertools.repeat(1))
-        for i in itertools.compress(range(len(self._ops)), several):
+        for i in itertools.compress(range(len(self)), several):
             outs = self._out[i]
             if len(outs) == 2:  # the common case, without a dict
                 a, b = outs
@@ -352,7 +384,7 @@ class Graph:
         if key is None and all(map(operator.lt, self._src, self._dst)):
             # Every edge runs forward in ``ops``: the earliest ready op is always the next one
             # listed, so the order is the listing (the common case: graphs are saved sorted).
-            return range(len(self._ops))
+            return range(len(self))
         indegree = self._in.degrees()
         dst = self._dst
         rank = (lambda i: (key(i), i)) if key is not None else (lambda i: i)
@@ -367,7 +399,7 @@ class Graph:
                 indegree[j] -= 1
                 if indegree[j] == 0:
                     heapq.heappush(ready, (rank(j), j))
-        if len(order) < len(self._ops):
+        if len(order) < len(self):
             raise TrainschedError(f"graph has a cycle: {self._find_cycle(indegree)}")
         return tuple(order)
 
@@ -384,14 +416,38 @@ class Graph:
         cycle = walk[position[step] :][::-1]
         start = cycle.index(min(cycle))
         cycle = cycle[start:] + cycle[:start] + [cycle[start]]
-        return " -> ".join(self._ops[i].name for i in cycle)
+        names = self.column("name")
+        return " -> ".join(names[i] for i in cycle)
 
     # --- queries -------------------------------------------------------------------------------
 
     @property
     def ops(self) -> tuple[Op, ...]:
-        """The ops, in the order given."""
+        """The ops, in the order given (a graph read from a binary file makes them now, the
+        first time they are asked for)."""
+        if self._ops is None:
+            assert self._lazy is not None
+            with gc_paused():
+                self._ops = tuple(self._lazy.make())
+            self._lazy = None
         return self._ops
+
+    def forward_only(self) -> bool:
+        """Whether every op is a forward op (a captured model before
+        :func:`~trainsched.graph.to_training`; an empty graph too)."""
+        return self.column("kind").count("forward") == len(self)
+
+    def column(self, field: str) -> tuple[Any, ...]:
+        """Every op's value of the :class:`Op` field ``field``, in ``ops`` order: what
+        ``tuple(op.<field> for op in graph.ops)`` gives, but a graph read from a binary file
+        answers from its columns without making its Op records."""
+        if field not in _OP_DEFAULTS:
+            raise TrainschedError(f"no op field {field!r}; the fields are "
+                                  f"{', '.join(sorted(_OP_DEFAULTS))}")
+        if self._ops is None:
+            assert self._lazy is not None
+            return self._lazy.column(field)
+        return tuple(map(operator.attrgetter(field), self._ops))
 
     @property
     def edges(self) -> tuple[Edge, ...]:
@@ -418,7 +474,7 @@ class Graph:
 
     def op(self, name: str) -> Op:
         """The op called ``name``; an unknown name is a TrainschedError."""
-        return self._ops[self._at(name)]
+        return self.ops[self._at(name)]
 
     def index(self, name: str) -> int:
         """Position of op ``name`` in ``ops``."""
@@ -430,22 +486,21 @@ class Graph:
     def _names(self) -> dict[str, int]:
         """Op name -> position, made the first time it is asked for (see :meth:`_build`)."""
         if self._index is None:
-            self._index = dict(zip(map(_name_of, self._ops), range(len(self._ops)),
-                                   strict=True))
+            self._index = dict(zip(self.column("name"), range(len(self)), strict=True))
         return self._index
 
     def __len__(self) -> int:
-        return len(self._ops)
+        return self._lazy.count if self._ops is None else len(self._ops)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Graph):
             return NotImplemented
-        return (self._ops, self.edges, self._meta) == (other._ops, other.edges, other._meta)
+        return (self.ops, self.edges, self._meta) == (other.ops, other.edges, other._meta)
 
     __hash__ = None  # type: ignore[assignment]  # meta is a dict
 
     def __repr__(self) -> str:
-        return f"<Graph: {len(self._ops)} ops, {len(self._edges)} edges>"
+        return f"<Graph: {len(self)} ops, {len(self._edges)} edges>"
 
     def in_edges(self, name: str) -> tuple[Edge, ...]:
         """Edges into ``name``, in edge order."""
@@ -467,20 +522,21 @@ class Graph:
 
     def sources(self) -> tuple[str, ...]:
         """Ops without predecessors, in ``ops`` order."""
-        return tuple(op.name for op, ins in zip(self._ops, self._in.degrees(), strict=True)
-                     if not ins)
+        return tuple(name for name, ins in zip(self.column("name"), self._in.degrees(),
+                                               strict=True) if not ins)
 
     def sinks(self) -> tuple[str, ...]:
         """Ops without successors, in ``ops`` order."""
-        return tuple(op.name for op, outs in zip(self._ops, self._out.degrees(), strict=True)
-                     if not outs)
+        return tuple(name for name, outs in zip(self.column("name"), self._out.degrees(),
+                                                strict=True) if not outs)
 
     def topological_order(self) -> tuple[str, ...]:
         """Op names, every edge forward; among ready ops the earliest in ``ops`` goes first.
 
         A graph listed in program order therefore keeps that order.
         """
-        return tuple(self._ops[i].name for i in self._topo)
+        names = self.column("name")
+        return tuple(map(names.__getitem__, self._topo))
 
     def topological_indices(self) -> Sequence[int]:
         """:meth:`topological_order` as positions in ``ops`` (a ``range`` when the listing is
@@ -495,19 +551,19 @@ class Graph:
     def ordered_by(self, key: Callable[[str], Any]) -> tuple[str, ...]:
         """Op names, every edge forward; among ready ops the smallest ``key(name)`` goes first,
         then the earliest in ``ops``: a priority order a schedule may follow."""
-        return tuple(self._ops[i].name
-                     for i in self._sort(lambda i: key(self._ops[i].name)))
+        names = self.column("name")
+        return tuple(names[i] for i in self._sort(lambda i: key(names[i])))
 
     def critical_path(self) -> tuple[float, tuple[str, ...]]:
         """The longest path by ``compute_s`` (edges weigh 0): its length and its ops in order.
 
         Ties go to the op earliest in ``ops``, both for the end of the path and at each step back.
         """
-        if not self._ops:
+        if not len(self):
             return 0.0, ()
-        finish = [0.0] * len(self._ops)
-        back = [-1] * len(self._ops)
-        compute = list(map(_compute_of, self._ops))
+        finish = [0.0] * len(self)
+        back = [-1] * len(self)
+        compute = self.column("compute_s")
         at, into, src = self._in.at, self._in.edges, self._src
         for i in self._topo:
             best, start = -1, 0.0
@@ -522,11 +578,12 @@ class Graph:
         path = [end]
         while back[path[-1]] >= 0:
             path.append(back[path[-1]])
-        return finish[end], tuple(self._ops[i].name for i in reversed(path))
+        names = self.column("name")
+        return finish[end], tuple(names[i] for i in reversed(path))
 
     def totals(self) -> GraphTotals:
         """Op counts per kind and sums of costs and sizes over the whole graph."""
-        ops = self._ops
+        ops = self.ops
         count = dict.fromkeys(OP_KINDS, 0)
         count.update(Counter(map(_kind_of, ops)))
 
@@ -549,11 +606,11 @@ class Graph:
 
     def heaviest(self, n: int) -> tuple[Op, ...]:
         """The ``n`` ops with the largest ``compute_s`` (ties: name ascending)."""
-        if n <= 0 or not self._ops:
+        if n <= 0 or not len(self):
             return ()
-        compute = list(map(_compute_of, self._ops))
+        compute = self.column("compute_s")
         cut = heapq.nlargest(n, compute)[-1]  # only ops at least this heavy can be among them
-        heavy = [op for op, c in zip(self._ops, compute, strict=True) if c >= cut]
+        heavy = [op for op, c in zip(self.ops, compute, strict=True) if c >= cut]
         return tuple(sorted(heavy, key=lambda op: (-op.compute_s, op.name))[:n])
 
     # --- derived graphs ------------------------------------------------------------------------
@@ -564,11 +621,11 @@ class Graph:
         for op in replacements:
             self._at(op.name)
             new[op.name] = op
-        return Graph((new.get(op.name, op) for op in self._ops), self.edges, self._meta)
+        return Graph((new.get(op.name, op) for op in self.ops), self.edges, self._meta)
 
     def with_meta(self, meta: Mapping[str, Any]) -> Graph:
         """The same ops and edges with ``meta`` replaced."""
-        return Graph(self._ops, self.edges, meta)
+        return Graph(self.ops, self.edges, meta)
 
     # --- JSON (the format lives in trainsched.graph.io, which builds on this module) ----------
 

@@ -98,9 +98,9 @@ class ModelRef:
     @classmethod
     def of(cls, graph: Graph) -> ModelRef:
         """The reference of ``graph`` (forward or training graph: only forward ops count)."""
-        ops = graph.ops  # the names of the forward ops, picked out in C (a million-op graph)
-        names = sorted(itertools.compress(map(_name_of, ops), map(
-            operator.eq, map(_kind_of, ops), itertools.repeat("forward"))))
+        # the names of the forward ops, picked out in C (a million-op graph)
+        names = sorted(itertools.compress(graph.column("name"), map(
+            operator.eq, graph.column("kind"), itertools.repeat("forward"))))
         if not names:
             raise TrainschedError("the graph has no forward ops; a plan needs a model graph")
         meta = graph.meta
@@ -124,8 +124,6 @@ class ModelRef:
                 f"plan for this model (trainsched compare writes one per strategy)")
 
 
-_name_of = operator.attrgetter("name")
-_kind_of = operator.attrgetter("kind")
 
 
 def _fingerprint(names: list[str]) -> str:

@@ -149,13 +149,29 @@ class TaskGraph:
         self.pairs: list[StreamPair] = []
         self.couplings: list[Coupling] = []
         self.coupled: dict[int, tuple[int, int]] = {}  # task -> (coupling group, side)
+        self._chain: bool | None = None  # is_chain(), known until the graph changes
 
     def __len__(self) -> int:
         return len(self.duration_s)
 
+    def is_chain(self) -> bool:
+        """Whether these are two or more tasks that form a chain (module docstring, *Chains*):
+        checked with list operations in C, once until the graph changes."""
+        if self._chain is None:
+            n = len(self)
+            succ = self.successors
+            self._chain = (n >= 2 and not self.pairs and not self.coupled
+                           and len(self.resources) == 1 and self.resources[0].capacity == 1
+                           and self.needs.count((0,)) == n and not succ[-1]
+                           and list(map(len, succ[:-1])).count(1) == n - 1
+                           and list(map(operator.itemgetter(0), succ[:-1]))
+                           == list(range(1, n)))
+        return self._chain
+
     def add_resource(self, name: str, *, device: int = -1, kind: str = "compute",
                      policy: str = "fifo", capacity: int = 1) -> int:
         """A new resource; returns its index."""
+        self._chain = None
         self.resources.append(Resource(name=name, device=device, kind=kind, policy=policy,
                                        capacity=capacity))
         return len(self.resources) - 1
@@ -165,6 +181,7 @@ class TaskGraph:
                  args: Mapping[str, Any] | None = None) -> int:
         """A new task needing the resources ``needs`` (distinct indices); returns its index."""
         needs = self._checked_needs(label, tuple(needs))
+        self._chain = None
         if not 0.0 <= duration_s < math.inf:  # NaN fails too
             raise TrainschedError(f"task {label!r}: duration must be a finite number >= 0 s, "
                                   f"got {duration_s!r}")
@@ -203,6 +220,7 @@ class TaskGraph:
         for distinct in dict.fromkeys(needs):  # a few distinct tuples, each checked once
             self._checked_needs(labels[needs.index(distinct)], distinct)
         first = len(self.duration_s)
+        self._chain = None
         self.duration_s += map(float, durations_s)
         self.needs += needs
         self.successors += ([] for _ in range(count))
@@ -217,6 +235,7 @@ class TaskGraph:
     def add_dependencies(self, before: Sequence[int], after: Sequence[int]) -> None:
         """``after[k]`` may start only once ``before[k]`` has ended, for every k, in order."""
         successors, indegree = self.successors, self.indegree
+        self._chain = None
         for a, b in zip(before, after, strict=True):
             successors[a].append(b)
             indegree[b] += 1
@@ -236,6 +255,7 @@ class TaskGraph:
         if not (0.0 <= slowdown < math.inf and 0.0 <= fit_s < math.inf):
             raise TrainschedError(f"a stream pair needs slowdown >= 0 and fit_s >= 0, got "
                                   f"{slowdown!r} and {fit_s!r}")
+        self._chain = None
         self.pairs.append(StreamPair(first=first, second=second, slowdown=float(slowdown),
                                      fit_s=float(fit_s)))
 
@@ -249,10 +269,12 @@ class TaskGraph:
         """Put ``task`` on ``side`` (0: first, 1: second) of coupling ``group``."""
         assert 0 <= group < len(self.couplings) and side in (0, 1), (group, side)
         assert task not in self.coupled, f"task {self.label[task]!r} is coupled twice"
+        self._chain = None
         self.coupled[task] = (group, side)
 
     def add_dependency(self, before: int, after: int) -> None:
         """``after`` may start only once ``before`` has ended."""
+        self._chain = None
         self.successors[before].append(after)
         self.indegree[after] += 1
 
@@ -602,15 +624,9 @@ def _chain_replay(tasks: TaskGraph) -> Replay | None:
     k + 1 (a one-device simulation). Each task is ready when the one before ends and finds the
     resource free then, so the rule of the module docstring starts it at that end: the same
     additions, in the same order, as the event loop makes, without its events."""
-    n = len(tasks.duration_s)
-    if (n < 2 or tasks.pairs or tasks.coupled or len(tasks.resources) != 1
-            or tasks.resources[0].capacity != 1 or tasks.needs.count((0,)) != n):
+    if not tasks.is_chain():
         return None
-    succ = tasks.successors
-    if succ[-1] or list(map(len, succ[:-1])).count(1) != n - 1 or \
-            list(map(operator.itemgetter(0), succ[:-1])) != list(range(1, n)):
-        return None
-    dur = tasks.duration_s
+    n, dur = len(tasks), tasks.duration_s
     times = list(itertools.accumulate(dur, initial=0.0))  # each end = its start + duration
     end = tuple(times[1:])
     return Replay(start_s=tuple(times[:-1]), end_s=end, fixed_by=(-1, *range(n - 1)),
@@ -776,6 +792,8 @@ def longest_path_s(tasks: TaskGraph) -> float:
     """
     n = len(tasks)
     duration, successors = tasks.duration_s, tasks.successors
+    if tasks.is_chain():  # the loop below, its additions in its order, in C
+        return max(itertools.accumulate(duration))
     reach = [0.0] * n  # latest end among a task's predecessors so far
     longest = 0.0
     for t in range(n):  # one pass while every dependency runs to a later task (the usual)

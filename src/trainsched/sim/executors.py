@@ -138,7 +138,7 @@ def check_inputs(graph: Any, cluster: Any, where: str, *, allow_forward_only: bo
     if not isinstance(allow_forward_only, bool):
         raise TrainschedError(f"allow_forward_only must be True or False, got "
                               f"{allow_forward_only!r}")
-    if not allow_forward_only and all(op.kind == "forward" for op in graph.ops):
+    if not allow_forward_only and graph.forward_only():
         raise TrainschedError(
             f"{where} simulates a training step, but graph "
             f"{graph.meta.get('model', '(unnamed)')!r} has forward ops only: call "
@@ -295,15 +295,6 @@ class OpArgs(Mapping[str, Any]):
         return 2
 
 
-_name_of = operator.attrgetter("name")
-_output_of = operator.attrgetter("output_bytes")
-_compute_of = operator.attrgetter("compute_s")
-_kind_of = operator.attrgetter("kind")
-_temp_of = operator.attrgetter("temp_bytes")
-_held_of = operator.attrgetter("param_bytes", "buffer_bytes", "optimizer_state_bytes")
-_param_of = operator.attrgetter("param_bytes")
-_buffer_of = operator.attrgetter("buffer_bytes")
-_state_of = operator.attrgetter("optimizer_state_bytes")
 
 
 def _edges_in_order(graph: Graph, at: Sequence[int]
@@ -343,18 +334,19 @@ def _simulate(graph: Graph, cluster: Cluster | None, device_of: Mapping[str, int
     low = _Lowering(cluster, used)
     local = {d: k for k, d in enumerate(used)}
     n = len(at)
-    every = graph.ops
-    ops = list(every) if isinstance(at, range) and at == range(n) else list(
-        map(every.__getitem__, at))
-    order = list(map(_name_of, ops))
-    kinds = list(map(_kind_of, ops))
+    in_order = isinstance(at, range) and at == range(n)
+
+    def column(field: str) -> list[Any]:  # the ops' values of one field, in the order at
+        values = graph.column(field)
+        return list(values) if in_order else list(map(values.__getitem__, at))
+
+    order, kinds, outputs = column("name"), column("kind"), column("output_bytes")
     dev = [0] * n if device_of is None else [local[device_of[name]] for name in order]
     # The op at position k is task k.
     tasks = low.tasks
-    tasks.add_tasks(order, list(map(_compute_of, ops)),
-                    list(map(low.stream_needs.__getitem__, dev)),
+    tasks.add_tasks(order, column("compute_s"), list(map(low.stream_needs.__getitem__, dev)),
                     priorities=list(range(n)), categories=kinds,
-                    devices=dev, args=list(map(OpArgs, order, map(_output_of, ops))))
+                    devices=dev, args=list(map(OpArgs, order, outputs)))
     if len(used) == 1:  # one device: its ops chained in order
         tasks.add_dependencies(range(n - 1), range(1, n))
     else:
@@ -422,18 +414,21 @@ def _simulate(graph: Graph, cluster: Cluster | None, device_of: Mapping[str, int
 
     resident = [0] * len(used)
     allocations = low.allocations
-    outputs = list(map(_output_of, ops))
     gradient = list(map(operator.eq, kinds, itertools.repeat("backward_weight")))
     # What stays all step: parameters, buffers, optimizer state, and the gradients dW ops make.
+    params, buffers, states = (column(f) for f in ("param_bytes", "buffer_bytes",
+                                                   "optimizer_state_bytes"))
     if len(used) == 1:  # the same sums, added up in C
-        resident[0] = (sum(map(_param_of, ops)) + sum(map(_buffer_of, ops))
-                       + sum(map(_state_of, ops)) + sum(itertools.compress(outputs, gradient)))
+        resident[0] = (sum(params) + sum(buffers) + sum(states)
+                       + sum(itertools.compress(outputs, gradient)))
     else:
-        for d, held, out, grad in zip(dev, map(sum, map(_held_of, ops)), outputs, gradient,
-                                      strict=True):
+        for d, p, b, st, out, grad in zip(dev, params, buffers, states, outputs, gradient,
+                                          strict=True):
+            held = p + b + st
             resident[d] += (held + out) if grad else held
+    del params, buffers, states
     # The rest, in task order: its output (0 bytes changes nothing: not made), its workspace.
-    temps = list(map(_temp_of, ops))
+    temps = column("temp_bytes")
     made = [(out > 0 and not grad) or temp > 0
             for out, grad, temp in zip(outputs, gradient, temps, strict=True)]
     if len(used) == 1 and not any(temps):  # the usual one-device graph: outputs only, added
@@ -455,6 +450,6 @@ def _simulate(graph: Graph, cluster: Cluster | None, device_of: Mapping[str, int
     for d, b in enumerate(resident):
         allocations.append(Allocation(device=d, size_bytes=b))
     # What only the lowering needed goes before the replay: on a large graph, hundreds of MB.
-    del ops, kinds, edges, edge_order, src, dst, users, transfers, sent, received, size_of, outputs
+    del kinds, edges, edge_order, src, dst, users, transfers, sent, received, size_of, outputs
     del gradient, temps, made
     return low.run(began, progress)

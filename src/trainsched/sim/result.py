@@ -328,8 +328,10 @@ def _critical_path(tasks: TaskGraph, replay: Replay) -> PathSteps:
         return PathSteps([], tasks, replay)
     end = replay.end_s
     t = end.index(max(end))  # the last finish; ties: the lowest index
-    chain = []
     fixed_by = replay.fixed_by
+    if tasks.is_chain():  # each task fixed by the one before it: the walk, in C
+        return PathSteps(list(range(t + 1)), tasks, replay)
+    chain = []
     while t >= 0:
         chain.append(t)
         t = fixed_by[t]

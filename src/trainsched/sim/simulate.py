@@ -43,7 +43,7 @@ __all__ = ["check_costs_fit", "predict_placement", "simulate", "training_graph"]
 
 def training_graph(graph: Graph) -> Graph:
     """``graph`` as a training graph: a forward-only graph gets backward and SGD ops."""
-    if all(op.kind == "forward" for op in graph.ops):
+    if graph.forward_only():
         return to_training(graph)
     return graph
 
