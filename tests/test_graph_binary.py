@@ -427,7 +427,9 @@ def test_a_one_device_simulation_of_a_binary_graph_makes_no_op_records(tmp_path,
     assert simulate_single(back).step_time_s == simulate_single(graph).step_time_s
     assert main(["simulate", str(tmp_path / "g.tsg"), "--cluster", "cpu", "--json"]) == 0
     assert made == []
-    assert back.op("emb") == graph.op("emb") and made == [1]  # asked for: made once
+    assert back.op("emb") == graph.op("emb") and made == []  # one op: that record alone
+    assert back.ops == graph.ops and made == [1]  # all of them: made once
+    assert back.ops == graph.ops and made == [1]
 
 
 def test_an_unknown_column_is_refused():
@@ -441,3 +443,22 @@ def test_forward_only_reads_the_kinds():
     forward = Graph([op for op in graph.ops if op.kind == "forward"],
                     [e for e in graph.edges if e.dst in ("héad",)])
     assert forward.forward_only() and Graph([], []).forward_only()
+
+
+def test_show_reads_a_binary_graph_without_its_records(tmp_path, monkeypatch, capsys):
+    """``show`` (totals, the critical path, the heaviest ops, the timing spread) gives the
+    same summary from the columns as from the records, and makes no Op or Edge record."""
+    import trainsched.graph.core as core
+    from trainsched.report.graph_summary import graph_summary
+
+    graph = every_field()
+    back = Graph.load(saved(graph, tmp_path / "g.tsg"))
+    made = []
+    monkeypatch.setattr(core._OpsToMake, "make", lambda self: made.append("ops"))
+    monkeypatch.setattr(type(back._edges), "make", lambda self: made.append("edges"))
+    summary = graph_summary(back, top=3)
+    assert made == []
+    assert summary == graph_summary(graph, top=3)
+    assert summary["edges"] == 4 and summary["timing_spread"]["phases"] == 3
+    # 0.5 s, then the two 0.25 s ops by name
+    assert [h["name"] for h in summary["heaviest"]] == ["héad", "héad:dW", "héad:dX"]

@@ -394,6 +394,9 @@ class _Edges(_EdgesToMake):
     def __len__(self) -> int:
         return len(self.src)
 
+    def size_bytes(self) -> int:
+        return sum(self.sizes.tolist())  # Python's ints: no 64-bit overflow
+
     def make(self) -> list[Edge]:
         table = self.table
         srcs = table[self.src].tolist()

@@ -148,6 +148,10 @@ class _OpsToMake:
     def make(self) -> list[Op]:
         return self.build(self.count, self.columns)
 
+    def record(self, i: int) -> Op:
+        """The Op record of op ``i`` alone."""
+        return self.build(1, {field: [values[i]] for field, values in self.columns.items()})[0]
+
 
 @dataclass(frozen=True, kw_only=True)
 class GraphTotals:
@@ -172,9 +176,6 @@ _EDGE_FIELDS = tuple(f.name for f in dataclasses.fields(Edge))
 _OP_DEFAULTS = {f.name: None if f.default is dataclasses.MISSING else f.default
                 for f in dataclasses.fields(Op)}
 assert set(_FIELD_TYPES) == set(_OP_FIELDS)
-_name_of = operator.attrgetter("name")
-_kind_of = operator.attrgetter("kind")
-_compute_of = operator.attrgetter("compute_s")
 _src_of = operator.attrgetter("src")
 _dst_of = operator.attrgetter("dst")
 
@@ -217,6 +218,10 @@ class _EdgesToMake:
         raise NotImplementedError
 
     def make(self) -> list[Edge]:
+        raise NotImplementedError
+
+    def size_bytes(self) -> int:
+        """The edges' sizes, summed."""
         raise NotImplementedError
 
 
@@ -474,7 +479,11 @@ class Graph:
 
     def op(self, name: str) -> Op:
         """The op called ``name``; an unknown name is a TrainschedError."""
-        return self.ops[self._at(name)]
+        return self._op_at(self._at(name))
+
+    def _op_at(self, i: int) -> Op:
+        """The op at position ``i`` (a graph read from a binary file makes that one record)."""
+        return self._ops[i] if self._ops is not None else self._lazy.record(i)
 
     def index(self, name: str) -> int:
         """Position of op ``name`` in ``ops``."""
@@ -583,35 +592,38 @@ class Graph:
 
     def totals(self) -> GraphTotals:
         """Op counts per kind and sums of costs and sizes over the whole graph."""
-        ops = self.ops
         count = dict.fromkeys(OP_KINDS, 0)
-        count.update(Counter(map(_kind_of, ops)))
+        count.update(Counter(self.column("kind")))
 
         def total(field: str) -> int:
-            return sum(map(operator.attrgetter(field), ops))
+            return sum(self.column(field))
 
+        edges = self._edges  # records, or a reader's columns: summed without making records
         return GraphTotals(
-            num_ops=len(ops),
+            num_ops=len(self),
             ops_by_kind=MappingProxyType(count),
-            num_edges=len(self._edges),
-            compute_s=math.fsum(map(_compute_of, ops)),
-            flops=math.fsum(map(operator.attrgetter("flops"), ops)),
+            num_edges=len(edges),
+            compute_s=math.fsum(self.column("compute_s")),
+            flops=math.fsum(self.column("flops")),
             param_bytes=total("param_bytes"),
             buffer_bytes=total("buffer_bytes"),
             optimizer_state_bytes=total("optimizer_state_bytes"),
             output_bytes=total("output_bytes"),
             saved_bytes=total("saved_bytes"),
-            edge_bytes=sum(map(operator.attrgetter("size_bytes"), self.edges)),
+            edge_bytes=(sum(map(operator.attrgetter("size_bytes"), edges))
+                        if type(edges) is tuple else edges.size_bytes()),
         )
 
     def heaviest(self, n: int) -> tuple[Op, ...]:
         """The ``n`` ops with the largest ``compute_s`` (ties: name ascending)."""
         if n <= 0 or not len(self):
             return ()
-        compute = self.column("compute_s")
+        compute, names = self.column("compute_s"), self.column("name")
         cut = heapq.nlargest(n, compute)[-1]  # only ops at least this heavy can be among them
-        heavy = [op for op, c in zip(self.ops, compute, strict=True) if c >= cut]
-        return tuple(sorted(heavy, key=lambda op: (-op.compute_s, op.name))[:n])
+        heavy = itertools.compress(range(len(self)), map(operator.ge, compute,
+                                                         itertools.repeat(cut)))
+        best = sorted(heavy, key=lambda i: (-compute[i], names[i]))[:n]
+        return tuple(map(self._op_at, best))
 
     # --- derived graphs ------------------------------------------------------------------------
 

@@ -3,7 +3,6 @@ the same facts as the text the CLI prints."""
 
 from __future__ import annotations
 
-import operator
 from typing import Any
 
 from trainsched.graph.core import SPREAD_LIMIT
@@ -19,16 +18,16 @@ def timing_spread(graph: Any) -> dict[str, Any] | None:
     """How far the measured phases' samples spread (p90 / p10), or None for a graph without
     measured times: the phases counted, the median ratio, how many exceed ``SPREAD_LIMIT`` and
     the widest (op, phase, ratio; the first op in graph order among equals)."""
-    ops = graph.ops
-    if all(list(map(operator.attrgetter(low), ops)).count(None) == len(ops)
-           for _, _, low, _ in _PHASES):
+    lows = [graph.column(low) for _, _, low, _ in _PHASES]
+    if all(column.count(None) == len(graph) for column in lows):
         return None  # nothing measured (counted in C: a graph may have a million ops)
-    ratios: list[tuple[float, str, str]] = []
-    for op in ops:
-        for phase, _, low_field, high_field in _PHASES:
-            low, high = getattr(op, low_field), getattr(op, high_field)
+    highs = [graph.column(high) for _, _, _, high in _PHASES]
+    ratios: list[tuple[float, str, str]] = []  # op by op, each op's phases in order
+    for name, *pairs in zip(graph.column("name"), *lows, *highs, strict=True):
+        for k, (phase, _, _, _) in enumerate(_PHASES):
+            low, high = pairs[k], pairs[k + len(_PHASES)]
             if low is not None and high is not None and low > 0:
-                ratios.append((high / low, op.name, phase))
+                ratios.append((high / low, name, phase))
     if not ratios:
         return None
     ordered = sorted(r for r, _, _ in ratios)
@@ -48,8 +47,8 @@ def graph_summary(graph: Any, top: int = 10) -> dict[str, Any]:
     total_s = totals.compute_s or 1.0
     return {
         "meta": graph.meta,
-        "ops": len(graph.ops),
-        "edges": len(graph.edges),
+        "ops": totals.num_ops,
+        "edges": totals.num_edges,
         "ops_by_kind": dict(totals.ops_by_kind),
         "compute_s": totals.compute_s,
         "flops": totals.flops,
