@@ -428,6 +428,8 @@ def test_a_one_device_simulation_of_a_binary_graph_makes_no_op_records(tmp_path,
     assert main(["simulate", str(tmp_path / "g.tsg"), "--cluster", "cpu", "--json"]) == 0
     assert made == []
     assert back.op("emb") == graph.op("emb") and made == []  # one op: that record alone
+    one, expected = back.op("emb"), graph.op("emb")
+    assert [type(getattr(one, f)) for f in FIELDS] == [type(getattr(expected, f)) for f in FIELDS]
     assert back.ops == graph.ops and made == [1]  # all of them: made once
     assert back.ops == graph.ops and made == [1]
 
