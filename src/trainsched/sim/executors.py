@@ -295,8 +295,6 @@ class OpArgs(Mapping[str, Any]):
         return 2
 
 
-
-
 def _edges_in_order(graph: Graph, at: Sequence[int]
                     ) -> tuple[numpy.ndarray, list[int], list[int]]:
     """The graph's edges by producer, consumer and tensor (their positions in the order ``at``,
