@@ -207,3 +207,21 @@ def test_a_forked_copy_of_the_launcher_starts_its_own_server(tmp_path):
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen == {"first": [0, "parent-before"], "child": 0, "after": [0, "parent-after"]}
+
+
+def test_the_trimmed_mean_follows_two_modes_where_the_median_picks_one():
+    # 6 fast (0.5) and 4 slow (3.0) collectives: the median is a fast one, a sum of many of
+    # them grows by the mean; one of each extreme is dropped (0.5 and 3.0), 8 are kept
+    from trainsched.runtime.launch import trimmed_mean
+
+    samples = [0.5] * 6 + [3.0] * 4
+    assert trimmed_mean(samples) == pytest.approx((5 * 0.5 + 3 * 3.0) / 8)
+
+
+def test_the_trimmed_mean_drops_a_stray_sample():
+    from trainsched.runtime.launch import trimmed_mean
+
+    assert trimmed_mean([1.0, 2.0, 3.0, 4.0, 500.0]) == pytest.approx(3.0)  # 2, 3, 4 kept
+    assert trimmed_mean([5.0, 1.0]) == pytest.approx(3.0)  # fewer than 3: nothing dropped
+    with pytest.raises(ValueError):
+        trimmed_mean([])

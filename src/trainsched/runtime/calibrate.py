@@ -3,7 +3,10 @@
 :func:`calibrate` starts ``world_size`` worker processes (``OMP_NUM_THREADS=1``, by
 :mod:`~trainsched.runtime.launch`) on a free loopback port, times point-to-point send/recv
 round trips between ranks 0 and 1 and float32 all-reduce across all ranks for each message
-size, and fits α–β links to the medians:
+size, and fits α–β links to their trimmed means
+(:func:`~trainsched.runtime.launch.trimmed_mean`: a small gloo collective here takes about
+0.5 ms or about 3 ms, in shares that change from run to run, so a median jumps between the two
+while a step's sum of collectives follows the mean):
 
 * p2p: the line α + S/B through the one-way times (half the round trip), fitted over all sizes
   to the log of the times with a robust loss (one noisy size does not bend it);
@@ -53,10 +56,17 @@ from typing import Any
 
 from trainsched.cluster import INTERFERENCE_MODELS, Cluster, Link, cluster_preset
 from trainsched.errors import TrainschedError
-from trainsched.runtime.launch import WorkerFailure, free_port, run_workers, status_text
+from trainsched.runtime.launch import (
+    WorkerFailure,
+    free_port,
+    run_workers,
+    status_text,
+    trimmed_mean,
+)
 from trainsched.units import is_int
 
 MiB = 2**20
+BUSY_S = 2e-3  # the compute before each timed buffer broadcast
 GLOO_THREADS = 2  # a gloo process group's worker threads: collectives it runs at once
 DEFAULT_SIZES: tuple[int, ...] = tuple(4**k for k in range(1, 14))  # 4 B .. 64 MiB
 BACKENDS = ("gloo", "nccl")
@@ -64,7 +74,8 @@ BACKENDS = ("gloo", "nccl")
 
 @dataclass(frozen=True)
 class Row:
-    """Median times for one message size (seconds); ``p2p_s`` is one-way (half a round trip)."""
+    """Trimmed-mean times for one message size (seconds); ``p2p_s`` is one-way (half a round
+    trip)."""
 
     size_bytes: int
     p2p_s: float
@@ -177,7 +188,7 @@ class Calibration:
         description = (
             f"measured {self.measured_at} on {self.host.get('hostname', '?')} by "
             f"'trainsched calibrate': {self.backend}, {self.world_size} processes, "
-            f"{len(sizes)} sizes {min(sizes)}-{max(sizes)} B, median of {self.repeats}; "
+            f"{len(sizes)} sizes {min(sizes)}-{max(sizes)} B, trimmed mean of {self.repeats}; "
             f"p2p and all-reduce alpha-beta lines fitted to all sizes (log errors, robust "
             f"loss), worst fit error {self.max_abs_error:.0%}; inter-node link from the cpu "
             f"preset")
@@ -422,7 +433,7 @@ def _worker_main() -> None:  # pragma: no cover - runs in the spawned processes
             if i >= warmup:
                 reduces.append(time.perf_counter() - t0)
         if rank == 0:
-            rows.append([size, statistics.median(round_trips) / 2, statistics.median(reduces)])
+            rows.append([size, trimmed_mean(round_trips) / 2, trimmed_mean(reduces)])
     share, rates = _interference(dist, device, sync, n)
     rates["contention"] = _contention(dist, device, sync, n)
     memory = _copy_bandwidth(dist, device, sync, n)
@@ -440,6 +451,25 @@ def _worker_main() -> None:  # pragma: no cover - runs in the spawned processes
                        "buffer_sync": buffer_sync, "after_compute": after_compute}, fh)
         os.replace(tmp, cfg["result"])
     dist.destroy_process_group()
+
+
+def _busy_loop(device: Any, sync: Any, seconds: float) -> Any:  # pragma: no cover - workers
+    """A function that computes for about ``seconds`` (a loop of 256 x 256 matmuls, its length
+    set from a timed sample) and returns when the device is done."""
+    import torch
+
+    a = torch.randn(256, 256, device=device)
+
+    def loop(k: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(k):
+            torch.mm(a, a)
+        sync()
+        return time.perf_counter() - t0
+
+    loop(5)
+    k = max(1, round(seconds / max(loop(20) / 20, 1e-7)))
+    return lambda: loop(k)
 
 
 def _interference(dist: Any, device: Any, sync: Any, world_size: int,
@@ -545,8 +575,9 @@ def _buffer_sync(dist: Any, device: Any, sync: Any, world_size: int,
     broadcast of its buffers from rank 0 (``broadcast_buffers``, DDP's default) and DDP's own
     pre-forward work, on a batch norm of 16 features (its float and integer buffers, as in
     every batch-norm model; their bytes are negligible). Timed from the call to the module's
-    forward pre-hook, every rank starting together; the median of ``repeats`` on each rank,
-    averaged over ranks."""
+    forward pre-hook, each rank starting as a short compute ends (as in training, where the
+    broadcast follows the previous step's compute), with no barrier; the trimmed mean of
+    ``repeats`` on each rank, averaged over ranks."""
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
@@ -556,15 +587,16 @@ def _buffer_sync(dist: Any, device: Any, sync: Any, world_size: int,
     x = torch.randn(4, 16, device=device)
     entered: list[float] = []
     module.register_forward_pre_hook(lambda *_: entered.append(time.perf_counter()))
+    busy = _busy_loop(device, sync, BUSY_S)
     times = []
+    dist.barrier()
     for i in range(3 + repeats):
-        dist.barrier()
-        sync()
+        busy()  # as in training, where the broadcast follows the previous step's compute
         t0 = time.perf_counter()
         ddp(x).sum().backward()
         if i >= 3:
             times.append(entered[-1] - t0)
-    mean = torch.tensor([statistics.median(times)], dtype=torch.float64)
+    mean = torch.tensor([trimmed_mean(times)], dtype=torch.float64)
     dist.all_reduce(mean)
     return float(mean) / world_size
 
@@ -575,8 +607,8 @@ def _after_compute(dist: Any, device: Any, sync: Any, world_size: int,
     starts as a training step's compute ends, as in data-parallel training, not from a
     barrier. A step (forward and backward of a 3-layer MLP, a few ms on a CPU core) and the
     same step followed by the all-reduce are timed in turn, with no barrier anywhere, so each
-    rank arrives at the all-reduce when its own compute ends; the median of the second minus
-    the median of the first, on each rank, averaged over ranks."""
+    rank arrives at the all-reduce when its own compute ends; the trimmed mean of the second
+    minus that of the first, on each rank, averaged over ranks."""
     import torch
 
     model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(),
@@ -603,7 +635,7 @@ def _after_compute(dist: Any, device: Any, sync: Any, world_size: int,
     for _ in range(repeats):
         alone.append(step(False))
         reduced.append(step(True))
-    mean = torch.tensor([statistics.median(reduced) - statistics.median(alone)],
+    mean = torch.tensor([trimmed_mean(reduced) - trimmed_mean(alone)],
                         dtype=torch.float64)
     dist.all_reduce(mean)
     return [buf.numel() * buf.element_size(), float(mean) / world_size]
