@@ -25,8 +25,11 @@ alone as its own stage, F, I, W and B, and count its saved bytes, for every micr
 costs include two processes sharing the host as in the pipeline (the two ranks' medians
 averaged), with the bytes a deferred ``W`` keeps after ``I`` (``weight_input_bytes``); (2)
 measure a message's one-way time (4 B and one activation: latency and bandwidth); (3) run GPipe
-with every action timed, which gives the host time an action costs inside the pipeline beyond
-its time alone (``microbatch_overhead_s``) and the time of posting a send (``message_host_s``).
+with every action timed, which gives how many times longer an action runs inside the pipeline
+than alone (``microbatch_stretch``: the median over both ranks' F and B of inside / alone, at
+least 1) and the time of posting a send (``message_host_s``). The stretch is a ratio, not a
+fixed time per action: a fixed time fitted on GPipe's 4-layer actions overcharged ZBV's
+2-layer ones, twice as many (runs of 2026-11-28: ZBV +10-13%, the others -4 to +9%).
 The simulator (``simulate_pipeline``) then predicts every row (``torch-zbv`` as trainsched's
 ``zbv``, whose order it matches); the error is (predicted − measured) / measured, with Kendall's
 τ over rows. Predicted peaks: ``pred`` with ``weight_input_bytes`` (trainsched's runtime frees
@@ -444,18 +447,18 @@ def main() -> None:
     latency = small
     bandwidth = (batch // m * act_per_sample) / max(big - small, 1e-9)
     alone_gp = costs_of(2, m)
-    extra = []
+    ratios = []
     for r, acts in enumerate(cal["actions"]):
-        extra += [acts["F"] - alone_gp.forward_s[r], acts["B"] - alone_gp.backward_s[r]]
-    overhead = max(0.0, statistics.median(extra))
+        ratios += [acts["F"] / alone_gp.forward_s[r], acts["B"] / alone_gp.backward_s[r]]
+    stretch = min(max(1.0, statistics.median(ratios)), 4.0)
     message_host = statistics.median(a["send"] for a in cal["actions"])
     base = cluster_from_flags(devices=2, memory="64GiB", bandwidth=repr(bandwidth),
                               latency=repr(latency), device_kind=None, name="this-host")
-    cluster = replace(base, device=replace(base.device, microbatch_overhead_s=overhead,
+    cluster = replace(base, device=replace(base.device, microbatch_stretch=stretch,
                                            message_host_s=message_host))
     print(f"  one-way message: {small * 1e3:.3f} ms (4 B), {big * 1e3:.3f} ms "
           f"({batch // m * act_per_sample / MiB:.1f} MiB) -> {bandwidth / 1e9:.2f} GB/s; "
-          f"action overhead {overhead * 1e3:.2f} ms, send {message_host * 1e3:.3f} ms",
+          f"actions inside the pipeline {stretch:.3f}x alone, send {message_host * 1e3:.3f} ms",
           flush=True)
 
     choice = choose_from_costs(costs_of, cluster, 2, microbatch_candidates(batch, 2),
@@ -559,7 +562,7 @@ def main() -> None:
         "alone": {str(b): v for b, v in alone.items()},
         "calibration": {"one_way_s": cal["one_way_s"], "actions": cal["actions"],
                         "latency_s": latency, "bandwidth_bytes_per_s": bandwidth,
-                        "microbatch_overhead_s": overhead, "message_host_s": message_host},
+                        "microbatch_stretch": stretch, "message_host_s": message_host},
         "auto": choice.to_dict(), "rows": rows, "summary": summary,
         "schedules_registered": list(SCHEDULES), "wall_s": time.perf_counter() - began})
 

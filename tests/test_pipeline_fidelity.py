@@ -3,6 +3,8 @@ computes in a pipeline, and the simulator charges the host time of actions and m
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -49,13 +51,14 @@ def test_the_first_op_of_a_later_stage_of_a_whole_graph_has_its_input_gradient()
 
 # --- host time of actions and messages --------------------------------------------------------
 
-def _cluster(action_s: float = 0.0, message_s: float = 0.0):
+def _cluster(action_s: float = 0.0, message_s: float = 0.0, stretch: float = 1.0):
     from dataclasses import replace
 
     from trainsched.cluster import cluster_from_flags
 
     base = cluster_from_flags(devices=2, memory="1GiB", bandwidth="1GB/s", latency="0s")
-    device = replace(base.device, microbatch_overhead_s=action_s, message_host_s=message_s)
+    device = replace(base.device, microbatch_overhead_s=action_s, message_host_s=message_s,
+                     microbatch_stretch=stretch)
     return replace(base, device=device)
 
 
@@ -84,10 +87,39 @@ def test_a_split_backward_pays_one_more_action_but_no_more_messages():
     assert split.step_time_s == pytest.approx(15.9)
 
 
+def test_the_stretch_scales_each_actions_ops_and_not_its_host_time():
+    from trainsched.backprop.schedules import gpipe
+    from trainsched.backprop.stages import uniform_stages
+    from trainsched.sim import simulate_pipeline
+
+    stages = uniform_stages(2, 1.0, 1.0, 1.0)   # F = 1, B = 2
+    # 5 slots of F + B: ops 1.5 x (1 + 2) = 4.5, and host time 2 x (0.1 + 0.05) on top
+    step = simulate_pipeline(stages, gpipe(2, 4), _cluster(0.1, 0.05, 1.5)).step_time_s
+    assert step == pytest.approx((4 + 2 - 1) * (4.5 + 2 * 0.15))
+    doubled = uniform_stages(2, 2.0, 2.0, 2.0)  # twice the work: twice the stretch's share
+    assert simulate_pipeline(doubled, gpipe(2, 4), _cluster(stretch=1.5)).step_time_s \
+        == pytest.approx((4 + 2 - 1) * 9.0)
+
+
+@pytest.mark.parametrize("value, message", [
+    ("0.5", "microbatch_stretch must be a number in [1, 4]"),
+    ('"10%"', "expected a number (how many times longer an action runs"),
+])
+def test_a_bad_stretch_in_a_cluster_file_is_refused(tmp_path, value, message):
+    from trainsched.cluster import load_cluster_file
+    from trainsched.errors import TrainschedError
+
+    path = tmp_path / "c.toml"
+    path.write_text('[device]\nkind = "cpu"\ncount = 2\nmicrobatch_stretch = ' + value
+                    + '\n[intra_node]\nbandwidth = "1GB/s"\nlatency = "1us"\n')
+    with pytest.raises(TrainschedError, match=re.escape(message)):
+        load_cluster_file(path)
+
+
 def test_host_times_survive_a_cluster_file_round_trip(tmp_path):
     from trainsched.cluster import load_cluster_file
 
-    cluster = _cluster(2.5e-4, 1e-4)
+    cluster = _cluster(2.5e-4, 1e-4, 1.125)
     import json
 
     path = tmp_path / "c.json"
@@ -95,3 +127,5 @@ def test_host_times_survive_a_cluster_file_round_trip(tmp_path):
     back = load_cluster_file(path)
     assert back.device.microbatch_overhead_s == 2.5e-4
     assert back.device.message_host_s == 1e-4
+    assert back.device.microbatch_stretch == 1.125
+    assert "microbatch_stretch" not in _cluster().to_dict()["device"]  # 1: nothing written

@@ -106,37 +106,24 @@ def _count(value: Any, minimum: int = 1) -> int:
     return value
 
 
-def _share(value: Any) -> float:
-    _require(isinstance(value, int | float) and not isinstance(value, bool),
-             f"expected a number (seconds of compute lost per second of communication), "
-             f"got {value!r}")
-    return float(value)
+def _number(meaning: str) -> Callable[[Any], float]:
+    """A parser of one plain number; ``meaning`` says what it is in the error."""
+
+    def parse(value: Any) -> float:
+        _require(isinstance(value, int | float) and not isinstance(value, bool),
+                 f"expected a number ({meaning}), got {value!r}")
+        return float(value)
+
+    return parse
 
 
-def _slowdown(value: Any) -> float:
-    _require(isinstance(value, int | float) and not isinstance(value, bool),
-             f"expected a number (how much slower each of two kernels sharing the device runs), "
-             f"got {value!r}")
-    return float(value)
-
-
-def _rate(value: Any) -> float:
-    _require(isinstance(value, int | float) and not isinstance(value, bool),
-             f"expected a number (the rate, 1 = full speed, while the other side runs), got "
-             f"{value!r}")
-    return float(value)
-
-
-def _fraction(value: Any) -> float:
-    _require(isinstance(value, int | float) and not isinstance(value, bool),
-             f"expected a number in [0, 1], got {value!r}")
-    return float(value)
-
-
-def _cv(value: Any) -> float:
-    _require(isinstance(value, int | float) and not isinstance(value, bool),
-             f"expected a number (the coefficient of variation: 0.01 for 1%), got {value!r}")
-    return float(value)
+_share = _number("seconds of compute lost per second of communication")
+_slowdown = _number("how much slower each of two kernels sharing the device runs")
+_rate = _number("the rate, 1 = full speed, while the other side runs")
+_fraction = _number("in [0, 1]")
+_cv = _number("the coefficient of variation: 0.01 for 1%")
+_stretch = _number("how many times longer an action runs inside a pipeline than alone: "
+                   "1.1 for 10%")
 
 
 def _comm(value: Any) -> str:
@@ -190,6 +177,7 @@ def _device(kind: str | None, values: dict[str, Any], where: str,
             stream_slowdown=pick("stream_slowdown", "stream_slowdown", STREAM_SLOWDOWN_DEFAULT),
             stream_fit_s=pick("stream_fit", "stream_fit_s", 0.0),
             microbatch_overhead_s=pick("microbatch_overhead", "microbatch_overhead_s", 0.0),
+            microbatch_stretch=pick("microbatch_stretch", "microbatch_stretch", 1.0),
             message_host_s=pick("message_host", "message_host_s", 0.0),
             collective_overhead_s=pick("collective_overhead", "collective_overhead_s", 0.0),
             **{key: pick(key, key, _COLLECTIVE_DEFAULTS[key]) for key in _COLLECTIVE_KEYS},
@@ -225,7 +213,8 @@ def cluster_from_dict(data: Mapping[str, Any], source: str) -> Cluster:
 
     dev = table("device", ("kind", "count", "memory", "peak_flops", "memory_bandwidth",
                            "launch_overhead", "comm_compute_share", "stream_slowdown",
-                           "stream_fit", "microbatch_overhead", "message_host",
+                           "stream_fit", "microbatch_overhead", "microbatch_stretch",
+                           "message_host",
                            "collective_overhead", *_COLLECTIVE_KEYS, "step_cv",
                            "device_cv", "buffer_sync", "collective_after_compute"))
     intra = table("intra_node", _LINK_KEYS)
@@ -242,6 +231,7 @@ def cluster_from_dict(data: Mapping[str, Any], source: str) -> Cluster:
         "stream_slowdown": dev.get("stream_slowdown", _slowdown, None),
         "stream_fit": dev.get("stream_fit", parse_duration, None),
         "microbatch_overhead": dev.get("microbatch_overhead", parse_duration, None),
+        "microbatch_stretch": dev.get("microbatch_stretch", _stretch, None),
         "message_host": dev.get("message_host", parse_duration, None),
         "collective_overhead": dev.get("collective_overhead", parse_duration, None),
         "compute_rate_with_comm": dev.get("compute_rate_with_comm", _rate, None),

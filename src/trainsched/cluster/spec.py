@@ -77,8 +77,11 @@ class DeviceSpec:
     each compute action of a micro-batch (``F``, ``I``, ``W``, ``B``) costs beyond its ops (the
     stage's Python dispatch and autograd calls), and ``message_host_s``, the time the compute
     thread spends posting or collecting one point-to-point message (a send after ``F``/``I``,
-    a receive before them) between stages on different devices. ``benchmarks/
-    pipeline_real.py`` measures both on this host.
+    a receive before them) between stages on different devices. A third, proportional:
+    ``microbatch_stretch`` (at least 1, default 1), how many times longer an action's ops run
+    inside a running pipeline than the same stage timed alone (on a shared CPU host the
+    ranks' threads, the transfers and the held activations slow each action by about 10%).
+    ``benchmarks/pipeline_real.py`` measures the stretch and the per-message time on this host.
 
     What collectives cost beyond their bytes over the link (``docs/cluster.md`` cites the
     catalogue's values; all default to "nothing"):
@@ -135,6 +138,7 @@ class DeviceSpec:
     stream_slowdown: float = 0.1
     stream_fit_s: float = 0.0
     microbatch_overhead_s: float = 0.0
+    microbatch_stretch: float = 1.0
     message_host_s: float = 0.0
     collective_overhead_s: float = 0.0
     compute_rate_with_comm: float = 1.0
@@ -180,6 +184,11 @@ class DeviceSpec:
             _require(_finite(value) and value >= 0,
                      f"{where}: {name} must be a duration >= 0 s, got {value!r}")
             object.__setattr__(self, name, float(value))
+        _require(_finite(self.microbatch_stretch) and 1 <= self.microbatch_stretch <= 4,
+                 f"{where}: microbatch_stretch must be a number in [1, 4] (how many times "
+                 f"longer a pipeline action runs than its stage alone), got "
+                 f"{self.microbatch_stretch!r}")
+        object.__setattr__(self, "microbatch_stretch", float(self.microbatch_stretch))
         _require(_finite(self.collective_overhead_s) and self.collective_overhead_s >= 0,
                  f"{where}: collective_overhead_s must be a duration >= 0 s, got "
                  f"{self.collective_overhead_s!r}")
@@ -240,7 +249,7 @@ class DeviceSpec:
         return hash((self.kind, self.memory_bytes, tuple(self.peak_flops_per_s.items()),
                      self.memory_bandwidth_bytes_per_s, self.launch_overhead_s,
                      self.comm_compute_share, self.stream_slowdown, self.stream_fit_s,
-                     self.microbatch_overhead_s, self.message_host_s,
+                     self.microbatch_overhead_s, self.microbatch_stretch, self.message_host_s,
                      self.collective_overhead_s, self.compute_rate_with_comm,
                      self.comm_rate_with_compute, self.collective_slots,
                      self.collective_contention, self.step_cv, self.device_cv,
@@ -407,6 +416,8 @@ class Cluster:
                 **({"stream_fit": dev.stream_fit_s} if dev.stream_fit_s else {}),
                 **({"microbatch_overhead": dev.microbatch_overhead_s}
                    if dev.microbatch_overhead_s else {}),
+                **({"microbatch_stretch": dev.microbatch_stretch}
+                   if dev.microbatch_stretch != 1 else {}),
                 **({"message_host": dev.message_host_s} if dev.message_host_s else {}),
                 **({"collective_overhead": dev.collective_overhead_s}
                    if dev.collective_overhead_s else {}),
@@ -466,7 +477,9 @@ class Cluster:
                if dev.comm_compute_share else "")
             + (f", pipeline host time {format_duration(dev.microbatch_overhead_s)} per action"
                f" and {format_duration(dev.message_host_s)} per message"
-               if dev.microbatch_overhead_s or dev.message_host_s else ""),
+               if dev.microbatch_overhead_s or dev.message_host_s else "")
+            + (f", pipeline actions {dev.microbatch_stretch:.3g}x their stage alone"
+               if dev.microbatch_stretch != 1 else ""),
             *([f"  overlap     compute at {dev.compute_rate_with_comm:.2f} of its rate while "
                f"a collective runs, collectives at {dev.comm_rate_with_compute:.2f} while "
                f"compute runs; {dev.collective_slots} collective(s) at once (contention "

@@ -17,12 +17,13 @@ other executors:
   communication is free;
 - the last stage's ``I``/``B`` waits only for its own ``F`` (earlier on its list); ``W`` follows
   its ``I`` on the same list;
-- **host time** (with a cluster): every compute action costs ``cluster.device.
-  microbatch_overhead_s`` more than its stage's ops (the runtime's per-micro-batch dispatch),
+- **host time** (with a cluster): every compute action's ops take ``cluster.device.
+  microbatch_stretch`` times their stage's time alone, and the action costs ``cluster.device.
+  microbatch_overhead_s`` more (the runtime's per-micro-batch dispatch),
   and ``cluster.device.message_host_s`` more per point-to-point message it posts or collects
   across devices: ``F(s, m)`` receives from ``s − 1`` and sends to ``s + 1``, ``I``/``B(s, m)``
   receives from ``s + 1`` and sends to ``s − 1`` (one message per stage boundary, whatever
-  the number of tensors). Both default to 0.
+  the number of tensors). The stretch defaults to 1, the others to 0.
 
 Memory per device: the ``resident_bytes`` of its stages all step. ``F(s, m)`` allocates
 ``saved_bytes[s]``; the share ``input_grad_only_fraction`` (default one half) that only dX needs
@@ -158,8 +159,10 @@ def _simulate(stages: StageCosts, schedule: Schedule, cluster: Cluster | None,
     durations = {"F": stages.forward_s, "I": stages.backward_input_s,
                  "W": stages.backward_weight_s, "B": stages.backward_s}  # fmt: skip
     action_s = message_s = 0.0
+    stretch = 1.0
     if cluster is not None:
         action_s = cluster.device.microbatch_overhead_s
+        stretch = cluster.device.microbatch_stretch
         message_s = cluster.device.message_host_s
     # Per stage, the cross-device messages of an F (from below, to above) and of an I/B.
     crosses = [s > 0 and stage_dev[s - 1] != stage_dev[s] for s in range(p)] + [False]
@@ -182,7 +185,7 @@ def _simulate(stages: StageCosts, schedule: Schedule, cluster: Cluster | None,
             s, kind, mb = a.stage, a.kind, a.microbatch
             assert mb is not None
             label = f"{s}{kind}{mb}"
-            took = durations[kind][s] + action_s + message_s * messages[kind][s]
+            took = durations[kind][s] * stretch + action_s + message_s * messages[kind][s]
             t = low.compute(label, took, d, priority=len(mine),
                             category=CATEGORY[kind],
                             args={"action": label, "rank": r, "stage": s, "microbatch": mb})
