@@ -273,7 +273,8 @@ def test_simulate_data_policies_and_their_flags(tmp_path, capsys):
         assert doc["crossing_bound_gradient"] in {f"l{k}:grad" for k in range(4)}
     assert docs["p3"]["policy"] == {"class": "PriorityPolicy", "partition_bytes": 1 << 20,
                                     "credit_bytes": None, "credit_mode": "strict",
-                                    "cross_barrier": True, "backfill": False}
+                                    "cross_barrier": True, "backfill": False,
+                                    "runtime_passes": True}
     # Flags set the policy's fields; an unlimited credit is "inf" in JSON.
     assert main([*base, "--comm-policy", "priority", "--partition", "2MiB", "--credit", "inf",
                  "--credit-mode", "overdraft", "--steps", "2", "--algorithm", "tree"]) == 0

@@ -37,7 +37,9 @@ from trainsched.sim import (
 MS = 1e-3
 MB = 1_000_000  # 1 ms on the 1 GB/s link below: a 2-rank ring costs S/B without latency
 B = 4096  # every activation and activation gradient of the hand graphs
-TICTAC = "tictac"  # priority queue, one collective per gradient, one in flight, lazy updates
+# TicTac: priority queue, one collective per gradient, one in flight, lazy updates; the wire's
+# rules alone (no pass of the scheduled runtime over a collective's bytes)
+TICTAC = dataclasses.replace(comm_policy("tictac"), runtime_passes=False)
 
 
 def hand_graph(*sizes: int, dw: tuple[float, ...] | None = None) -> Graph:

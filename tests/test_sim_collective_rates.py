@@ -43,18 +43,22 @@ def three_layers(size: int) -> Graph:
     return to_training(Graph(ops, edges), memory_bandwidth_bytes_per_s=6e9)
 
 
+def priority(**options):
+    """The wire's rules alone: no pass of the scheduled runtime over a collective's bytes."""
+    return PriorityPolicy(runtime_passes=False, **options)
+
+
 def fifo_step(cluster: Cluster, size: int = MB) -> float:
     """One collective in flight at a time (FIFO's credit), the barrier before the SGD steps."""
     return simulate_data_parallel(three_layers(size), cluster, ranks=2,
-                                  policy=FifoPolicy()).step_time_s
+                                  policy=FifoPolicy(runtime_passes=False)).step_time_s
 
 
 def unlimited_step(cluster: Cluster, size: int) -> float:
     """Every collective handed to the wire once its gradient is ready (unlimited credit, in
     ready order here), the barrier before the SGD steps."""
-    policy = PriorityPolicy(credit_bytes=math.inf)
     return simulate_data_parallel(three_layers(size), cluster, ranks=2,
-                                  policy=policy).step_time_s
+                                  policy=priority(credit_bytes=math.inf)).step_time_s
 
 
 def test_plain_device_baseline_by_hand():
@@ -86,7 +90,7 @@ def test_collectives_in_flight_together_share_the_wire():
     small collective ahead finishes later than alone (9 against 8)."""
     shared = two_ranks(collective_slots=2, collective_contention=1.0)
     result = simulate_data_parallel(three_layers(3 * MB), shared, ranks=2,
-                                    policy=PriorityPolicy(credit_bytes=math.inf))
+                                    policy=priority(credit_bytes=math.inf))
     assert close(result.step_time_s, 18.5 * MS)
     ends = sorted(t.end_s for t in result.tasks if t.category == "comm" and t.device == "gpu0")
     assert all(close(a, b * MS) for a, b in zip(ends, (9, 13, 14), strict=True)), ends

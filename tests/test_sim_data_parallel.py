@@ -32,6 +32,19 @@ MB = 1_000_000  # 1 ms on the 1 GB/s intra-node link
 ALPHA = 50e-6  # intra-node latency: a 2-rank ring costs 2α + S/B = 0.1 ms + S/B
 
 
+# The wire's rules alone: the hand-worked steps leave out the scheduled runtime's passes over a
+# collective's bytes (charged on their own, test_the_scheduled_runtime_packs_...).
+FIFO = FifoPolicy(runtime_passes=False)
+
+
+def priority(**options):
+    return PriorityPolicy(runtime_passes=False, **options)
+
+
+def fifo(**options):
+    return FifoPolicy(runtime_passes=False, **options)
+
+
 def close(actual: float, expected: float) -> bool:
     return math.isclose(actual, expected, rel_tol=1e-9, abs_tol=1e-15)
 
@@ -134,7 +147,7 @@ def test_fifo_versus_ddp_buckets_by_hand():
     after the last collective."""
     g = three_layers(2 * MB, 600_000, 600_000)
     cluster = make_cluster()
-    fifo = simulate_data_parallel(g, cluster, ranks=2, policy=FifoPolicy())
+    fifo = simulate_data_parallel(g, cluster, ranks=2, policy=FIFO)
     spans_close(fifo, {"L2:dW": (4, 5), "L1:dW": (6, 7), "L0:dW": (7, 8),
                        "L2:grad": (5, 5.7), "L1:grad": (7, 7.7), "L0:grad": (8, 10.1),
                        "barrier": (10.1, 10.1), "L0:opt": (10.1, 11.1), "L1:opt": (11.1, 11.4),
@@ -168,7 +181,7 @@ def test_fifo_versus_ddp_buckets_by_hand():
 def test_optimizer_waits_for_its_own_collective_when_crossing_the_barrier():
     g = three_layers(2 * MB, 600_000, 600_000)
     cluster = make_cluster()
-    result = simulate_data_parallel(g, cluster, ranks=2, policy=FifoPolicy(cross_barrier=True))
+    result = simulate_data_parallel(g, cluster, ranks=2, policy=fifo(cross_barrier=True))
     # L2:opt and L1:opt may start at 5.7 and 7.7 ms, but backward holds the stream until 8 ms;
     # then program order puts L1:opt first.
     spans_close(result, {"L1:opt": (8, 8.3), "L2:opt": (8.3, 8.6), "L0:opt": (10.1, 11.1)})
@@ -177,7 +190,7 @@ def test_optimizer_waits_for_its_own_collective_when_crossing_the_barrier():
     for layer in range(3):
         assert span(result, f"L{layer}:opt")[0] >= span(result, f"L{layer}:grad")[1]
     # With the barrier every optimizer step waits for the last collective.
-    barrier = simulate_data_parallel(g, cluster, ranks=2, policy=FifoPolicy())
+    barrier = simulate_data_parallel(g, cluster, ranks=2, policy=FIFO)
     last = max(t.end_s for t in comm(barrier))
     assert all(t.start_s >= last for t in barrier.tasks if t.category == "optimizer")
 
@@ -193,11 +206,11 @@ def test_priority_and_credit_by_hand():
 
     fifo_order = {"L2:grad": (5, 9.1), "L1:grad": (9.1, 9.8), "L0:grad": (9.8, 11.9)}
     prio_order = {"L2:grad": (5, 9.1), "L0:grad": (9.1, 11.2), "L1:grad": (11.2, 11.9)}
-    spans_close(run(FifoPolicy()), fifo_order)
-    spans_close(run(PriorityPolicy()), prio_order)
+    spans_close(run(FIFO), fifo_order)
+    spans_close(run(priority()), prio_order)
     # Per-layer optimizer steps show the gain: L0:opt at 11.2 instead of 11.9.
-    fifo_x = run(FifoPolicy(cross_barrier=True))
-    prio_x = run(PriorityPolicy(cross_barrier=True))
+    fifo_x = run(fifo(cross_barrier=True))
+    prio_x = run(priority(cross_barrier=True))
     spans_close(fifo_x, {"L2:opt": (9.1, 11.1), "L1:opt": (11.1, 11.4), "L0:opt": (11.9, 12.9)})
     spans_close(prio_x, {"L2:opt": (9.1, 11.1), "L0:opt": (11.2, 12.2), "L1:opt": (12.2, 12.5)})
     assert close(fifo_x.step_time_s, 12.9 * MS) and close(prio_x.step_time_s, 12.5 * MS)
@@ -205,14 +218,14 @@ def test_priority_and_credit_by_hand():
     # Credit 5 MB (strict): at 7 ms 4 + 0.6 <= 5, so g1 is dispatched behind g2 and g0 cannot
     # overtake it: FIFO's order. 4.5 MB holds g1 back: priority's order. Unlimited credit hands
     # everything to the FIFO wire on issue: FIFO's order.
-    five = run(PriorityPolicy(credit_bytes=5 * MB))
+    five = run(priority(credit_bytes=5 * MB))
     spans_close(five, fifo_order)
     dispatched = {t.name: t.args["dispatched_s"] for t in comm(five, "gpu0")}
     assert close(dispatched["L1:grad"], 7 * MS) and close(dispatched["L0:grad"], 9.1 * MS)
-    spans_close(run(PriorityPolicy(credit_bytes=4_500_000)), prio_order)
-    spans_close(run(PriorityPolicy(credit_bytes=math.inf)), fifo_order)
+    spans_close(run(priority(credit_bytes=4_500_000)), prio_order)
+    spans_close(run(priority(credit_bytes=math.inf)), fifo_order)
     # Overdraft dispatches while in flight < credit: 4 < 4.5 lets g1 go at 7 ms.
-    spans_close(run(PriorityPolicy(credit_bytes=4_500_000, credit_mode="overdraft")),
+    spans_close(run(priority(credit_bytes=4_500_000, credit_mode="overdraft")),
                 fifo_order)
 
 
@@ -222,7 +235,7 @@ def test_partitions_let_urgent_gradients_overtake_between_chunks():
     before g2's last one. Every chunk pays its own 2α."""
     g = three_layers(2 * MB, 600_000, 4 * MB)
     result = simulate_data_parallel(g, make_cluster(), ranks=2,
-                                    policy=PriorityPolicy(partition_bytes=1_500_000))
+                                    policy=priority(partition_bytes=1_500_000))
     spans_close(result, {"L2:grad/0": (5, 6.6), "L2:grad/1": (6.6, 8.2),
                          "L0:grad/0": (8.2, 9.8), "L0:grad/1": (9.8, 10.4),
                          "L1:grad": (10.4, 11.1), "L2:grad/2": (11.1, 12.2),
@@ -231,8 +244,9 @@ def test_partitions_let_urgent_gradients_overtake_between_chunks():
     assert [t.args["bytes"] for t in comm(result) if t.name.startswith("L2")] == [
         1_500_000, 1_500_000, 1_000_000]
     # Crossing the barrier, layer 0's step starts when its last chunk ends.
-    crossing = simulate_data_parallel(g, make_cluster(), ranks=2, policy=PriorityPolicy(
-        partition_bytes=1_500_000, cross_barrier=True))
+    crossing = simulate_data_parallel(g, make_cluster(), ranks=2,
+                                      policy=priority(partition_bytes=1_500_000,
+                                                      cross_barrier=True))
     spans_close(crossing, {"L0:opt": (10.4, 11.4), "L1:opt": (11.4, 11.7),
                            "L2:opt": (12.2, 14.2)})
 
@@ -371,8 +385,8 @@ def test_many_identical_ranks_cost_one_representative():
 def test_a_straggler_delays_every_rendezvous():
     g = three_layers(2 * MB, 600_000, 600_000)
     cluster = make_cluster()
-    base = simulate_data_parallel(g, cluster, ranks=4, policy="fifo")
-    slow = simulate_data_parallel(g, cluster, ranks=4, policy="fifo", stragglers={3: 2.0})
+    base = simulate_data_parallel(g, cluster, ranks=4, policy=FIFO)
+    slow = simulate_data_parallel(g, cluster, ranks=4, policy=FIFO, stragglers={3: 2.0})
     assert slow.devices == ("gpu0", "gpu3")
     before = {t.name: t.start_s for t in comm(base)}
     for t in comm(slow):
@@ -552,7 +566,7 @@ def test_host_driven_communication_takes_its_share_of_compute():
     steps = {}
     for share in (0.0, 0.5, 1.0):
         cluster = replace(base, device=replace(base.device, comm_compute_share=share))
-        steps[share] = simulate_data_parallel(g, cluster, ranks=2, policy=FifoPolicy())
+        steps[share] = simulate_data_parallel(g, cluster, ranks=2, policy=FIFO)
     assert close(steps[0.0].step_time_s, 11.7 * MS)
     full = steps[1.0]
     spans_close(full, {"L2:grad (host)": (5, 5.7), "L1:dX": (5.7, 6.7), "L1:dW": (6.7, 7.7),
@@ -637,7 +651,7 @@ def test_steps_let_the_next_forward_cross_the_barrier():
     whatever the number of steps."""
     g = three_layers(600_000, 600_000, 4 * MB)
     cluster = make_cluster()
-    policy = PriorityPolicy(partition_bytes=MB, cross_barrier=True)
+    policy = priority(partition_bytes=MB, cross_barrier=True)
     one = simulate_data_parallel(g, cluster, ranks=2, policy=policy)
     assert close(one.step_time_s, 12.8 * MS)  # L2:opt ends last
     three = simulate_data_parallel(g, cluster, ranks=2, policy=policy, steps=3)
@@ -663,7 +677,7 @@ def test_steps_let_the_next_forward_cross_the_barrier():
     # L0:opt), while L2/2 and L0's all-reduce run: 1.4 ms of exposed communication.
     assert math.isclose(three.exposed_comm_s, 1.4 * MS, rel_tol=1e-9)
     assert len(comm(three, "gpu0")) == 3 * len(comm(one, "gpu0"))
-    for policy in (FifoPolicy(), DdpBucketPolicy(bucket_copies=False)):
+    for policy in (FIFO, DdpBucketPolicy(bucket_copies=False)):
         steps = [simulate_data_parallel(g, cluster, ranks=2, policy=policy, steps=n).step_time_s
                  for n in (1, 2, 4)]
         assert all(close(s, steps[0]) for s in steps), (policy, steps)
@@ -699,3 +713,39 @@ def test_steps_keep_symmetry_memory_and_determinism():
         assert collapsed.peak_memory_bytes == one.peak_memory_bytes
         if not policy.cross_barrier:  # the barrier: each step as the one before
             assert math.isclose(collapsed.step_time_s, one.step_time_s, rel_tol=1e-9)
+
+
+def test_the_scheduled_runtime_packs_fused_groups_and_averages_every_collective():
+    """The scheduled runtime divides every reduced collective by the world size (one pass over
+    its bytes after it) and packs a fused group into one buffer (one pass before it), on the
+    rank's compute stream at the device's memory bandwidth (4 GB/s of reads and writes: a
+    pass over S bytes takes 2S / 4 GB/s). L1 and L2's gradients (0.6 MB each, below the
+    1 MB fusion size) are one fused group of 1.2 MB: in and out 0.6 ms each; L0's (2 MB)
+    goes alone: no packing, 1 ms to average."""
+    from dataclasses import replace
+
+    from trainsched.comm import ByteSchedulerPolicy
+
+    g = three_layers(2 * MB, 600_000, 600_000)
+    base = make_cluster()
+    cluster = replace(base, device=replace(base.device, memory_bandwidth_bytes_per_s=4e9))
+    result = simulate_data_parallel(g, cluster, ranks=2, policy=ByteSchedulerPolicy())
+    colls = {t.name: t for t in comm(result, "gpu0")}
+    copies = {t.name: t for t in result.tasks
+              if t.category == "comm-copy" and t.device == "gpu0"}
+    (fused,) = [n for n in colls if "+" in n]
+    (alone,) = [n for n in colls if "+" not in n]
+    assert sorted(copies) == sorted([f"{fused} copy-in", f"{fused} copy-out",
+                                     f"{alone} copy-out"])
+    durations = {n: t.end_s - t.start_s for n, t in copies.items()}
+    assert close(durations[f"{fused} copy-in"], 0.6 * MS)
+    assert close(durations[f"{fused} copy-out"], 0.6 * MS)
+    assert close(durations[f"{alone} copy-out"], 1.0 * MS)
+    assert copies[f"{fused} copy-in"].end_s <= colls[fused].start_s
+    assert copies[f"{fused} copy-out"].start_s >= colls[fused].end_s
+    assert copies[f"{alone} copy-out"].start_s >= colls[alone].end_s
+    assert all("gpu0/compute" in t.resources for t in copies.values())
+    none = simulate_data_parallel(g, cluster, ranks=2,
+                                  policy=ByteSchedulerPolicy(runtime_passes=False))
+    assert not [t for t in none.tasks if t.category == "comm-copy"]
+    assert none.step_time_s < result.step_time_s

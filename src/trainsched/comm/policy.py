@@ -73,9 +73,11 @@ __all__ = [
     "dispatches_in_plan_order",
     "graph_gradients",
     "may_dispatch",
+    "memory_passes",
     "policy_from_json",
     "policy_to_json",
     "produces_gradient",
+    "scheduled_passes",
     "take_dispatchable",
 ]
 
@@ -142,7 +144,9 @@ class CommPolicy(Protocol):
 
     ``plan`` maps the step's gradients to collectives, listed in plan order (the issue order
     with ``ordered_issue``, the tie-break of both queues). The other members set the issue rule,
-    the queue and the credit (module docstring).
+    the queue and the credit (module docstring). Optionally, ``memory_passes(collective)``
+    says which passes over a collective's bytes the policy's runtime makes on the rank, before
+    and after its all-reduce (:func:`memory_passes`; the simulator charges them).
     """
 
     @property
@@ -161,6 +165,41 @@ class CommPolicy(Protocol):
     def cross_barrier(self) -> bool: ...  # optimizer waits for its own collectives only
 
     def plan(self, gradients: Sequence[Gradient]) -> tuple[Collective, ...]: ...
+
+
+def memory_passes(policy: CommPolicy, collective: Collective) -> tuple[bool, bool]:
+    """Whether ``policy``'s runtime makes a pass over ``collective``'s bytes on the rank
+    before its all-reduce and after it (its optional ``memory_passes`` method; a policy
+    without one makes none)."""
+    passes = getattr(policy, "memory_passes", None)
+    return passes(collective) if passes is not None else (False, False)
+
+
+def scheduled_passes(collective: Collective) -> tuple[bool, bool]:
+    """The passes over ``collective``'s bytes that trainsched's scheduled runtime makes on the
+    rank: a group of several gradients is packed into one buffer before its all-reduce (its
+    members then take their slices of it, no copy back), and every collective is divided by
+    the world size after it (gloo has no average)."""
+    return len(collective.members) > 1, True
+
+
+class _ScheduledRuntimePasses:
+    """``memory_passes`` of a policy run by the scheduled runtime: :func:`scheduled_passes`,
+    or none where its ``runtime_passes`` is False."""
+
+    runtime_passes: bool
+
+    def memory_passes(self, collective: Collective) -> tuple[bool, bool]:
+        return scheduled_passes(collective) if self.runtime_passes else (False, False)
+
+
+class _BucketCopyPasses:
+    """``memory_passes`` of a bucket policy: its ``bucket_copies``, before and after."""
+
+    bucket_copies: bool
+
+    def memory_passes(self, collective: Collective) -> tuple[bool, bool]:
+        return self.bucket_copies, self.bucket_copies
 
 
 def may_dispatch(in_flight_bytes: float, size_bytes: float, credit_bytes: float | None,
@@ -239,11 +278,14 @@ def _check_bytes(owner: str, field: str, value: Any, *, optional: bool = False) 
 
 
 @dataclass(frozen=True, kw_only=True)
-class FifoPolicy:
+class FifoPolicy(_ScheduledRuntimePasses):
     """One collective per gradient, issued as soon as it is ready, so the wire sees ready order
-    (the naive baseline). ``priority`` is the layer index (unused by the FIFO queue)."""
+    (the naive baseline). ``priority`` is the layer index (unused by the FIFO queue).
+    ``runtime_passes``: the scheduled runtime's passes over each collective's bytes
+    (:func:`scheduled_passes`), charged by the simulator; False charges none."""
 
     cross_barrier: bool = False
+    runtime_passes: bool = True
     queue: ClassVar[str] = "fifo"
     credit_bytes: ClassVar[float | None] = None
     credit_mode: ClassVar[str] = "strict"
@@ -256,7 +298,7 @@ class FifoPolicy:
 
 
 @dataclass(frozen=True, kw_only=True)
-class DdpBucketPolicy:
+class DdpBucketPolicy(_BucketCopyPasses):
     """PyTorch DDP's gradient buckets, as its C++ reducer builds and launches them.
 
     Gradients are packed in ``order``: ``"ready"`` (default) is the order they became ready,
@@ -332,7 +374,7 @@ def ddp_buckets(ordered: Sequence[Gradient], first_bucket_bytes: int,
 
 
 @dataclass(frozen=True, kw_only=True)
-class ReadyBucketPolicy:
+class ReadyBucketPolicy(_BucketCopyPasses):
     """DDP's buckets on the scheduled runtime: the cheap schedule where communication is light.
 
     The plan is :class:`DdpBucketPolicy`'s with ``order="ready"``: gradients packed into
@@ -384,7 +426,7 @@ def dispatches_in_plan_order(policy: CommPolicy, plan: Sequence[Collective]) -> 
 
 
 @dataclass(frozen=True, kw_only=True)
-class PriorityPolicy:
+class PriorityPolicy(_ScheduledRuntimePasses):
     """Layer priority: gradients issued on ready into a priority queue (earlier layer first).
 
     A gradient larger than ``partition_bytes`` becomes ``⌈S/p⌉`` chunks ``name/0``,
@@ -394,6 +436,7 @@ class PriorityPolicy:
     with no credit one collective is in flight at a time (whole tensors: TicTac; partitions:
     P3). ``backfill`` (strict credit only): when the most urgent collective does not fit in
     the credit left, the most urgent one that does goes first (:func:`take_dispatchable`).
+    ``runtime_passes``: as :class:`FifoPolicy`'s.
     """
 
     partition_bytes: int | None = None
@@ -401,6 +444,7 @@ class PriorityPolicy:
     credit_mode: str = "strict"
     cross_barrier: bool = False
     backfill: bool = False
+    runtime_passes: bool = True
     queue: ClassVar[str] = "priority"
     ordered_issue: ClassVar[bool] = False
 
@@ -425,7 +469,7 @@ class PriorityPolicy:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ByteSchedulerPolicy:
+class ByteSchedulerPolicy(_ScheduledRuntimePasses):
     """ByteScheduler (``specs/comm.md`` §2): layer priority, partitions, fusion of small
     tensors, a credit window (overdraft by default) and each layer's update as soon as its
     gradients are reduced (``cross_barrier``).
@@ -438,7 +482,7 @@ class ByteSchedulerPolicy:
     the count of the others (``conv1:grad+2``) and carries that member's priority. A fused
     group is issued once its last member is ready, which in backward is its most urgent one
     anyway. ``fusion_bytes=0`` fuses nothing. ``backfill``: as :class:`PriorityPolicy`'s
-    (``credit_mode="strict"`` only).
+    (``credit_mode="strict"`` only). ``runtime_passes``: as :class:`FifoPolicy`'s.
     """
 
     partition_bytes: int = 4 * MiB
@@ -447,6 +491,7 @@ class ByteSchedulerPolicy:
     fusion_bytes: int = 1 * MiB
     cross_barrier: bool = True
     backfill: bool = False
+    runtime_passes: bool = True
     queue: ClassVar[str] = "priority"
     ordered_issue: ClassVar[bool] = False
 

@@ -12,10 +12,12 @@ replays it:
   last rank has all its members ready (and, with ``ordered_issue``, issued the one before it);
   it waits in the queue, is dispatched under the credit, and runs on every rank's channel at
   once, one collective at a time per channel, for ``collective_s(size, ranks)``.
-- **Bucket copies.** A policy with ``bucket_copies`` (DDP's buckets) copies each collective's
-  gradients into a flat buffer before it is issued and back after it ends: two compute tasks
-  of ``2 · size / memory bandwidth`` (read and write) on the rank's stream, ahead of waiting
-  ops.
+- **Passes over the bytes.** ``comm.memory_passes(policy, collective)`` says which of two passes
+  over a collective's bytes its runtime makes on the rank: one before it is issued (DDP's copy
+  of each gradient into its bucket; the scheduled runtime's packing of a fused group) and one
+  after it ends (DDP's copy back; the scheduled runtime's division by the world size). Each is
+  a compute task of ``2 · size / memory bandwidth`` (read and write) on the rank's stream,
+  ahead of waiting ops.
 - **Host-driven communication.** With ``cluster.device.comm_compute_share`` = γ > 0, a
   collective that starts on the wire also puts a task of γ times its duration on each rank's
   compute stream, ahead of every op waiting there (it cannot preempt a running op): the CPU
@@ -120,6 +122,7 @@ from trainsched.comm.policy import (
     check_policy,
     comm_policy,
     graph_gradients,
+    memory_passes,
     produces_gradient,
 )
 from trainsched.costs import (
@@ -505,11 +508,11 @@ def _lower(low: _Lowering, graph: Graph, order: Sequence[str], plan: Sequence[An
     optimizers = [p for p, op in enumerate(ops) if op.kind == "optimizer"]
     out = _Lowered()
     share = low.cluster.device.comm_compute_share if low.cluster is not None else 0.0
-    copies = bool(getattr(policy, "bucket_copies", False))
     copy_bw = low.cluster.device.memory_bandwidth_bytes_per_s if low.cluster is not None else 0
     overhead = low.cluster.device.collective_overhead_s if low.cluster is not None else 0.0
     durations = [collective_s(coll.size_bytes, ranks, low.cluster, algorithm) + overhead
                  for coll in plan]  # fmt: skip
+    passes = [memory_passes(policy, coll) if copy_bw else (False, False) for coll in plan]
     n_ops, n_coll = len(ops), len(plan)
     # the first collective of a step to become ready starts as compute ends: it pays the
     # device's collective_after_compute_s beyond its alpha-beta cost
@@ -575,22 +578,22 @@ def _lower(low: _Lowering, graph: Graph, order: Sequence[str], plan: Sequence[An
                                    priority=steps * n_ops + g, category="comm", device=k,
                                    args=args)  # fmt: skip
                 out.after.append(t)
-                if copies:
-                    copy = 2 * coll.size_bytes / copy_bw  # read and write every byte
-                    info = {"collective": coll.name, "bytes": coll.size_bytes, "rank": rank}
+                copy = 2 * coll.size_bytes / copy_bw if any(passes[c]) else 0.0  # read, write
+                info = {"collective": coll.name, "bytes": coll.size_bytes, "rank": rank}
+                if passes[c][0]:
                     into = low.compute(f"{coll.name} copy-in", copy, k, priority=-1,
                                        category="comm-copy", args=info)
                     for m in coll.members:
                         tasks.add_dependency(base[k] + grad_pos[m], into)
                     tasks.add_dependency(into, t)
+                else:
+                    for m in coll.members:
+                        tasks.add_dependency(base[k] + grad_pos[m], t)
+                if passes[c][1]:
                     back = low.compute(f"{coll.name} copy-out", copy, k, priority=-1,
                                        category="comm-copy", args=info)
                     tasks.add_dependency(t, back)
                     out.after[-1] = back
-                else:
-                    for m in coll.members:
-                        dw = base[k] + grad_pos[m]
-                        tasks.add_dependency(dw, t)
                 row.append(t)
             out.parts.append(row)
             out.sizes.append(coll.size_bytes)
