@@ -106,7 +106,7 @@ def _count(value: Any, minimum: int = 1) -> int:
     return value
 
 
-def _number(meaning: str) -> Callable[[Any], float]:
+def _number_parser(meaning: str) -> Callable[[Any], float]:
     """A parser of one plain number; ``meaning`` says what it is in the error."""
 
     def parse(value: Any) -> float:
@@ -117,12 +117,12 @@ def _number(meaning: str) -> Callable[[Any], float]:
     return parse
 
 
-_share = _number("seconds of compute lost per second of communication")
-_slowdown = _number("how much slower each of two kernels sharing the device runs")
-_rate = _number("the rate, 1 = full speed, while the other side runs")
-_fraction = _number("in [0, 1]")
-_cv = _number("the coefficient of variation: 0.01 for 1%")
-_stretch = _number("how many times longer an action runs inside a pipeline than alone: "
+_share = _number_parser("seconds of compute lost per second of communication")
+_slowdown = _number_parser("how much slower each of two kernels sharing the device runs")
+_rate = _number_parser("the rate, 1 = full speed, while the other side runs")
+_fraction = _number_parser("in [0, 1]")
+_cv = _number_parser("the coefficient of variation: 0.01 for 1%")
+_stretch = _number_parser("how many times longer an action runs inside a pipeline than alone: "
                    "1.1 for 10%")
 
 
