@@ -338,10 +338,6 @@ def predict_ddp(cfg: dict[str, Any], cluster: Any, graphs: dict[str, Any]) -> fl
     from trainsched.comm import DdpBucketPolicy
     from trainsched.sim import simulate_data_parallel
 
-    key = _graph_key(cfg)
-    if key not in graphs:
-        zoo = _zoo(cfg["model"], cfg["batch"], cfg["image"])
-        graphs[key] = _captured(zoo.model, zoo.args, zoo.kwargs)
     cap = cfg["bucket_mib"]
     if cap is None:
         policy = DdpBucketPolicy()
@@ -350,7 +346,8 @@ def predict_ddp(cfg: dict[str, Any], cluster: Any, graphs: dict[str, Any]) -> fl
         # the flat baseline runs no DDP: no buffer broadcast before its forward
         policy = DdpBucketPolicy(bucket_bytes=cap_bytes, first_bucket_bytes=cap_bytes,
                                  buffer_sync=cap != "flat")
-    return simulate_data_parallel(graphs[key], cluster, ranks=2, policy=policy).step_time_s
+    return simulate_data_parallel(graphs[_graph_key(cfg)], cluster, ranks=2,
+                                  policy=policy).step_time_s
 
 
 def captured_on_both_ranks(configs: list[dict[str, Any]], common: dict[str, Any]) -> dict[str, Any]:

@@ -123,7 +123,7 @@ _rate = _number_parser("the rate, 1 = full speed, while the other side runs")
 _fraction = _number_parser("in [0, 1]")
 _cv = _number_parser("the coefficient of variation: 0.01 for 1%")
 _stretch = _number_parser("how many times longer an action runs inside a pipeline than alone: "
-                   "1.1 for 10%")
+                          "1.1 for 10%")
 
 
 def _comm(value: Any) -> str:

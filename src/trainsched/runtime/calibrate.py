@@ -453,14 +453,15 @@ def _worker_main() -> None:  # pragma: no cover - runs in the spawned processes
     dist.destroy_process_group()
 
 
-def _busy_loop(device: Any, sync: Any, seconds: float) -> Any:  # pragma: no cover - workers
-    """A function that computes for about ``seconds`` (a loop of 256 x 256 matmuls, its length
-    set from a timed sample) and returns when the device is done."""
+def _matmul_loop(device: Any, sync: Any) -> tuple[Any, float]:  # pragma: no cover - workers
+    """``(loop, seconds per matmul)``: ``loop(k)`` runs k 256 x 256 matmuls and returns the
+    seconds they took, the device done; the rate from a timed sample after a warm-up."""
     import torch
 
     a = torch.randn(256, 256, device=device)
 
     def loop(k: int) -> float:
+        sync()
         t0 = time.perf_counter()
         for _ in range(k):
             torch.mm(a, a)
@@ -468,8 +469,7 @@ def _busy_loop(device: Any, sync: Any, seconds: float) -> Any:  # pragma: no cov
         return time.perf_counter() - t0
 
     loop(5)
-    k = max(1, round(seconds / max(loop(20) / 20, 1e-7)))
-    return lambda: loop(k)
+    return loop, max(loop(20) / 20, 1e-7)
 
 
 def _interference(dist: Any, device: Any, sync: Any, world_size: int,
@@ -485,16 +485,8 @@ def _interference(dist: Any, device: Any, sync: Any, world_size: int,
 
     import torch
 
-    a = torch.randn(256, 256, device=device)
     buf = torch.ones(1 << 20, dtype=torch.float32, device=device)
-
-    def matmuls(k: int) -> float:
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(k):
-            torch.mm(a, a)
-        sync()
-        return time.perf_counter() - t0
+    matmuls, per_matmul_s = _matmul_loop(device, sync)
 
     def allreduces(k: int) -> float:
         sync()
@@ -504,8 +496,7 @@ def _interference(dist: Any, device: Any, sync: Any, world_size: int,
         sync()
         return time.perf_counter() - t0
 
-    matmuls(5)
-    k = max(10, int(0.15 / max(matmuls(20) / 20, 1e-7)))  # a loop of about 0.15 s
+    k = max(10, int(0.15 / per_matmul_s))  # a loop of about 0.15 s
     dist.barrier()
     allreduces(2)
     d = statistics.median([allreduces(1) for _ in range(5)])
@@ -587,11 +578,12 @@ def _buffer_sync(dist: Any, device: Any, sync: Any, world_size: int,
     x = torch.randn(4, 16, device=device)
     entered: list[float] = []
     module.register_forward_pre_hook(lambda *_: entered.append(time.perf_counter()))
-    busy = _busy_loop(device, sync, BUSY_S)
+    busy, per_matmul_s = _matmul_loop(device, sync)
+    busy_k = max(1, round(BUSY_S / per_matmul_s))
     times = []
     dist.barrier()
     for i in range(3 + repeats):
-        busy()  # as in training, where the broadcast follows the previous step's compute
+        busy(busy_k)  # as in training, where the broadcast follows the previous step's compute
         t0 = time.perf_counter()
         ddp(x).sum().backward()
         if i >= 3:

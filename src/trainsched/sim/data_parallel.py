@@ -513,6 +513,8 @@ def _lower(low: _Lowering, graph: Graph, order: Sequence[str], plan: Sequence[An
     durations = [collective_s(coll.size_bytes, ranks, low.cluster, algorithm) + overhead
                  for coll in plan]  # fmt: skip
     passes = [memory_passes(policy, coll) if copy_bw else (False, False) for coll in plan]
+    copy_s = [2 * coll.size_bytes / copy_bw if any(p) else 0.0  # read and write every byte
+              for coll, p in zip(plan, passes, strict=True)]
     n_ops, n_coll = len(ops), len(plan)
     # the first collective of a step to become ready starts as compute ends: it pays the
     # device's collective_after_compute_s beyond its alpha-beta cost
@@ -578,10 +580,10 @@ def _lower(low: _Lowering, graph: Graph, order: Sequence[str], plan: Sequence[An
                                    priority=steps * n_ops + g, category="comm", device=k,
                                    args=args)  # fmt: skip
                 out.after.append(t)
-                copy = 2 * coll.size_bytes / copy_bw if any(passes[c]) else 0.0  # read, write
+                before, after = passes[c]
                 info = {"collective": coll.name, "bytes": coll.size_bytes, "rank": rank}
-                if passes[c][0]:
-                    into = low.compute(f"{coll.name} copy-in", copy, k, priority=-1,
+                if before:
+                    into = low.compute(f"{coll.name} copy-in", copy_s[c], k, priority=-1,
                                        category="comm-copy", args=info)
                     for m in coll.members:
                         tasks.add_dependency(base[k] + grad_pos[m], into)
@@ -589,8 +591,8 @@ def _lower(low: _Lowering, graph: Graph, order: Sequence[str], plan: Sequence[An
                 else:
                     for m in coll.members:
                         tasks.add_dependency(base[k] + grad_pos[m], t)
-                if passes[c][1]:
-                    back = low.compute(f"{coll.name} copy-out", copy, k, priority=-1,
+                if after:
+                    back = low.compute(f"{coll.name} copy-out", copy_s[c], k, priority=-1,
                                        category="comm-copy", args=info)
                     tasks.add_dependency(t, back)
                     out.after[-1] = back
