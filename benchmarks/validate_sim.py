@@ -177,32 +177,11 @@ def _worker(cfg: dict[str, Any]) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{cfg['port']}",
                             rank=cfg["rank"], world_size=cfg["world_size"],
                             timeout=datetime.timedelta(seconds=300))
-    work = {"ddp": _ddp_worker, "pipeline": _pipeline_worker,
-            "capture": _capture_worker}[cfg["kind"]]
+    work = {"ddp": _ddp_worker, "pipeline": _pipeline_worker}[cfg["kind"]]
     times = work(cfg)
     dist.destroy_process_group()
     if cfg["rank"] == 0:
         Path(cfg["out"]).write_text(json.dumps(times))
-
-
-def _capture_worker(job: dict[str, Any]) -> dict[str, str]:
-    """Both ranks capture every graph of the DDP sweep at the same time, a barrier before each,
-    so that each op's cost is timed while the other process computes on the host's other core,
-    as in the real runs (one process alone measured MobileNet-V3's step 18% faster than two at
-    once, 2026-11-29). Rank 0 saves them to ``job["dir"]``; returns key -> path."""
-    import torch.distributed as dist
-
-    paths = {}
-    for key, (model, batch, image) in job["graphs"].items():
-        zoo = _zoo(model, batch, image)
-        dist.barrier()
-        graph = _captured(zoo.model, zoo.args, zoo.kwargs)
-        if job["rank"] == 0:
-            path = Path(job["dir"], f"graph{len(paths)}.tsg")
-            graph.save(path)
-            paths[key] = str(path)
-    dist.barrier()
-    return paths
 
 
 def _graph_key(cfg: dict[str, Any]) -> str:
@@ -350,15 +329,18 @@ def predict_ddp(cfg: dict[str, Any], cluster: Any, graphs: dict[str, Any]) -> fl
                                   policy=policy).step_time_s
 
 
-def captured_on_both_ranks(configs: list[dict[str, Any]], common: dict[str, Any]) -> dict[str, Any]:
-    """The training graphs of ``configs``, captured by :func:`_capture_worker`."""
-    from trainsched.graph import Graph
+def captured_on_both_ranks(configs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The training graphs of ``configs``, each captured as ``train --comm-policy auto``
+    captures: on 2 processes at once (:func:`trainsched.runtime.host.capture_beside`), so that
+    each op is timed while the other process computes on the host's other core, as in the
+    real runs."""
+    from trainsched.graph import to_training
+    from trainsched.runtime.host import capture_beside
 
     wanted = {_graph_key(c): (c["model"], c["batch"], c["image"]) for c in configs}
-    with tempfile.TemporaryDirectory() as tmp:
-        paths = run_pair({"kind": "capture", "graphs": wanted, "dir": tmp, **common},
-                         timeout_s=3600)
-        return {key: Graph.load(path) for key, path in paths.items()}
+    return {key: to_training(capture_beside(model, ranks=2, batch_size=batch,
+                                            image_size=image), optimizer="sgd")
+            for key, (model, batch, image) in wanted.items()}
 
 
 def predict_pipeline(job: dict[str, Any], cfg: dict[str, Any], cluster: Any,
@@ -529,7 +511,7 @@ def main() -> None:
     print(f"\nDDP sweep: {len(ddp_configs)} configurations, real runs ...", flush=True)
     ddp_times = run_pair({"kind": "ddp", "configs": ddp_configs, **common}, timeout_s=1800)
     print("capturing on both ranks at once, then simulating ...", flush=True)
-    graphs = captured_on_both_ranks(ddp_configs, common)
+    graphs = captured_on_both_ranks(ddp_configs)
     ddp_rows = [_row(c["name"], ddp_times[c["name"]], predict_ddp(c, ar_cluster, graphs),
                      predict_ddp(c, turns_cluster, graphs))
                 for c in ddp_configs]

@@ -225,3 +225,26 @@ def test_the_trimmed_mean_drops_a_stray_sample():
     assert trimmed_mean([5.0, 1.0]) == pytest.approx(3.0)  # fewer than 3: nothing dropped
     with pytest.raises(ValueError):
         trimmed_mean([])
+
+
+@pytest.mark.timeout(60)
+def test_watch_sees_what_a_worker_leaves_in_its_folder_while_it_runs(tmp_path):
+    (tmp_path / "worker.py").write_text(textwrap.dedent("""
+        import json, sys, time
+        from pathlib import Path
+        cfg = json.loads(sys.argv[1])
+        for k in range(1, 4):
+            Path(cfg["folder"], "step").write_text(str(k))
+            time.sleep(0.4)
+    """))
+    seen = []
+
+    def watch() -> None:
+        step = tmp_path / "step"
+        if step.exists() and step.read_text():
+            seen.append(int(step.read_text()))
+
+    exits = run_workers(str(tmp_path / "worker.py"), [{"rank": 0, "folder": str(tmp_path)}],
+                        workdir=tmp_path, timeout_s=30, watch=watch)
+    assert exits[0].status == 0
+    assert sorted(set(seen)) == [1, 2, 3]  # each step was watched while the worker slept

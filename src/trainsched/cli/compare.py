@@ -139,11 +139,23 @@ def run(args: argparse.Namespace) -> int:
             meta["image_size"] = args.image_size
         with ProgressBar(f"capturing {zoo.name}", enabled=not args.json) as bar, \
                 error_context(zoo.name):
-            # measured on the CPU: one thread, as --run trains each rank
-            graph = capture(zoo.model, zoo.args, example_kwargs=zoo.kwargs, costs=costs,
-                            device_kind=cluster.device if costs == "roofline" else None,
-                            name=zoo.name, meta=meta, progress=bar.update,
-                            precision=args.precision or "fp32")
+            if costs == "measured" and args.run:
+                # as --run trains: one thread per rank, the ranks at work at once on this host
+                # (as many as it runs: no more than its cores)
+                import os
+
+                from trainsched.runtime.host import capture_beside
+
+                at_once = min(args.ranks or cluster.num_devices, os.cpu_count() or 1)
+                graph = capture_beside(args.model, ranks=at_once,
+                                       batch_size=args.batch_size, image_size=args.image_size,
+                                       seq_len=args.seq_len, meta=meta, progress=bar.update,
+                                       precision=args.precision or "fp32")
+            else:  # measured on the CPU: one thread, as --run trains each rank
+                graph = capture(zoo.model, zoo.args, example_kwargs=zoo.kwargs, costs=costs,
+                                device_kind=cluster.device if costs == "roofline" else None,
+                                name=zoo.name, meta=meta, progress=bar.update,
+                                precision=args.precision or "fp32")
         files["graph.json"] = graph.save  # the captured graph (a graph file given is an input)
     graph = as_training(graph, args, runs=args.run)
     ranks = args.ranks or cluster.num_devices

@@ -29,6 +29,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -125,16 +126,18 @@ def trimmed_mean(values: Sequence[float]) -> float:
 
 @contextlib.contextmanager
 def job(target: str, config: Mapping[str, Any], nproc: int, *, timeout_s: float,
-        what: str) -> Iterator[Path]:
+        what: str, watch: Callable[[Path], None] | None = None) -> Iterator[Path]:
     """Run ``nproc`` workers of ``target`` (each gets ``config`` with its ``rank`` and ``out``,
     the job's folder) to the end; yields the folder, where rank 0 left ``rank0.json``. A rank
     that fails or a deadline passed is one :class:`TrainschedError` line (``what``: what did
-    not finish, e.g. ``"training"``); the folder is removed after the block."""
+    not finish, e.g. ``"training"``); the folder is removed after the block. ``watch`` is
+    called with the folder while the workers run (progress they leave there)."""
     with tempfile.TemporaryDirectory(prefix="trainsched-job-") as tmp:
         workdir = Path(tmp)
         configs = [{**config, "rank": r, "out": str(workdir)} for r in range(nproc)]
         try:
-            run_workers(target, configs, workdir=workdir, timeout_s=timeout_s)
+            run_workers(target, configs, workdir=workdir, timeout_s=timeout_s,
+                        watch=None if watch is None else partial(watch, workdir))
         except WorkerFailure as failure:
             if failure.rank is None:
                 raise TrainschedError(f"{what} did not finish within {timeout_s:g} s; use "
@@ -193,20 +196,23 @@ class Exit:
 
 def run_workers(target: str, configs: Sequence[dict[str, Any]], *, workdir: Path,
                 timeout_s: float, backend: str = "gloo", wait_all: bool = False,
-                env: Mapping[str, str] | None = None) -> list[Exit]:
+                env: Mapping[str, str] | None = None,
+                watch: Callable[[], None] | None = None) -> list[Exit]:
     """Run one worker per config (rank ``k`` gets ``configs[k]``) and wait for them.
 
     ``target`` is ``"package.module:function"`` or a path to a Python script. Without
     ``wait_all`` the first non-zero exit raises :class:`WorkerFailure` (the others are killed);
     with it every worker runs until it exits or the deadline passes, and the caller reads the
     statuses (used to check how survivors react to a dead rank). Passing the deadline raises
-    :class:`WorkerFailure` with ``rank=None`` unless ``wait_all``.
+    :class:`WorkerFailure` with ``rank=None`` unless ``wait_all``. ``watch`` is called about
+    ten times a second while the workers run.
     """
     environment = worker_env(backend, env)
     start = _starter(environment)
     deadline = time.monotonic() + timeout_s
     procs: list[_Worker] = []
     logs: list[Path] = []
+    next_watch = 0.0
     try:
         for rank, cfg in enumerate(configs):
             log = workdir / f"rank{rank}.log"
@@ -224,6 +230,9 @@ def run_workers(target: str, configs: Sequence[dict[str, Any]], *, workdir: Path
                 if wait_all:
                     break
                 raise WorkerFailure(None, None, "")
+            if watch is not None and time.monotonic() >= next_watch:
+                watch()
+                next_watch = time.monotonic() + 0.1
             time.sleep(0.02)
     finally:
         killed = set()
