@@ -88,7 +88,10 @@ def measure_layers(cut: Any, layers: int, seq: int, sizes: list[int],
                    repeats: int) -> dict[int, dict[str, dict[str, float]]]:
     """Per micro-batch size: the first, a middle and the last layer's F, I, W, B seconds
     (medians, one thread) and saved bytes, each layer run as its own pipeline stage (``cut``:
-    one op list per layer)."""
+    one op list per layer). The sizes and layers take turns, one repeat of each per round, so
+    that the host's drift (its speed moves by up to a third within an hour here) falls on
+    every size alike rather than on the size measured last: ``auto`` compares micro-batch
+    counts by these costs."""
     import torch
 
     from trainsched.capture import build
@@ -97,7 +100,7 @@ def measure_layers(cut: Any, layers: int, seq: int, sizes: list[int],
 
     torch.set_num_threads(1)
     roles = {"first": 0, "middle": min(1, layers - 1), "last": layers - 1}
-    out: dict[int, dict[str, dict[str, float]]] = {}
+    cases = []   # (size, role, stage, its input, output gradients, meter, model)
     for b in sizes:
         z = build(SPEC, batch_size=b, seq_len=seq)
         stages = build_stages(z.model, cut, z.args, num_microbatches=1)
@@ -107,36 +110,39 @@ def measure_layers(cut: Any, layers: int, seq: int, sizes: list[int],
             inputs.append(st.forward(0, inputs[-1]))
             st.backward(0, [torch.ones(s, dtype=d) for s, d in st.grad_specs])
         z.model.zero_grad(set_to_none=True)
-        out[b] = {}
         for role, k in roles.items():
-            st, x = stages[k], inputs[k]
-            grads = [torch.randn(s, dtype=d) for s, d in st.grad_specs]
-            times: dict[str, list[float]] = {"F": [], "I": [], "W": [], "B": []}
-            saved = kept = 0
-            for r in range(repeats + 1):
-                t0 = time.perf_counter()
-                st.meter = meter
-                st.forward(0, x)
-                t1 = time.perf_counter()
-                saved = meter.bytes
-                st.backward_input(0, grads)
-                t2 = time.perf_counter()
-                kept = meter.bytes
-                st.backward_weight(0)
-                t3 = time.perf_counter()
-                st.meter = None
-                st.forward(0, x)
-                t4 = time.perf_counter()
-                st.backward(0, grads)
-                t5 = time.perf_counter()
-                if r:   # the first round warms up
-                    for kind, took in zip("FIWB", (t1 - t0, t2 - t1, t3 - t2, t5 - t4),
-                                          strict=True):
-                        times[kind].append(took)
-            z.model.zero_grad(set_to_none=True)
-            out[b][role] = {k: statistics.median(v) for k, v in times.items()}
-            out[b][role]["saved_bytes"] = saved
-            out[b][role]["kept_bytes"] = kept
+            grads = [torch.randn(s, dtype=d) for s, d in stages[k].grad_specs]
+            cases.append((b, role, stages[k], inputs[k], grads, meter, z.model))
+    times = {(b, role): {"F": [], "I": [], "W": [], "B": []} for b, role, *_ in cases}
+    kept_bytes: dict[tuple[int, str], tuple[int, int]] = {}
+    for r in range(repeats + 1):
+        for b, role, st, x, grads, meter, _model in cases:
+            t0 = time.perf_counter()
+            st.meter = meter
+            st.forward(0, x)
+            t1 = time.perf_counter()
+            saved = meter.bytes
+            st.backward_input(0, grads)
+            t2 = time.perf_counter()
+            kept = meter.bytes
+            st.backward_weight(0)
+            t3 = time.perf_counter()
+            st.meter = None
+            st.forward(0, x)
+            t4 = time.perf_counter()
+            st.backward(0, grads)
+            t5 = time.perf_counter()
+            kept_bytes[b, role] = (saved, kept)
+            if r:   # the first round warms up
+                for kind, took in zip("FIWB", (t1 - t0, t2 - t1, t3 - t2, t5 - t4),
+                                      strict=True):
+                    times[b, role][kind].append(took)
+    for *_, model in cases:
+        model.zero_grad(set_to_none=True)
+    out: dict[int, dict[str, dict[str, float]]] = {b: {} for b in sizes}
+    for (b, role), per_kind in times.items():
+        out[b][role] = {k: statistics.median(v) for k, v in per_kind.items()}
+        out[b][role]["saved_bytes"], out[b][role]["kept_bytes"] = kept_bytes[b, role]
     return out
 
 
