@@ -99,3 +99,19 @@ def test_a_graph_without_measured_times_has_no_spread():
     graph = Graph([Op(name="c", compute_s=1.0)], [])
     assert graph_summary(graph)["timing_spread"] is None
     assert "timing spread" not in describe_graph(graph_summary(graph), top=1)
+
+
+@pytest.mark.parametrize(("beside", "line"), [
+    (1, "  measured beside  1 other process capturing at once (as the ranks of a job on this "
+        "host)"),
+    (3, "  measured beside  3 other processes capturing at once (as the ranks of a job on this "
+        "host)"),
+])
+def test_show_says_how_many_processes_captured_beside(beside, line):
+    graph = Graph([Op(name="c", compute_s=1.0)], [], meta={"measured_beside": beside})
+    assert line in describe_graph(graph_summary(graph), top=1).splitlines()
+
+
+def test_a_capture_alone_says_nothing_of_others():
+    graph = Graph([Op(name="c", compute_s=1.0)], [], meta={"measured_beside": 0})
+    assert "measured beside" not in describe_graph(graph_summary(graph), top=1)

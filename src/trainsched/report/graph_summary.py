@@ -117,6 +117,10 @@ def describe_graph(s: dict[str, Any], top: int) -> str:
                      f"{spread['phases']} measured phases; {spread['over_limit']} above "
                      f"{spread['limit']:g}x (widest {worst['ratio']:.1f}x: {worst['op']} "
                      f"{worst['phase']})")
+    beside = meta.get("measured_beside")
+    if isinstance(beside, int) and beside > 0:
+        lines.append(f"  measured beside  {beside} other process{'es' * (beside > 1)} "
+                     f"capturing at once (as the ranks of a job on this host)")
     overhead = meta.get("step_overhead")
     if isinstance(overhead, dict):
         lines.append(f"  step overhead    {describe_step_overhead(overhead)}")
