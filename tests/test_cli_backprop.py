@@ -39,3 +39,18 @@ def test_a_k_above_the_models_layers_is_one_line(capsys):
                  "--k", "5", "--steps", "1", "--warmup", "0"]) == 2
     err = capsys.readouterr().err
     assert "above the model's 4 split layers" in err and "Traceback" not in err
+
+
+@pytest.mark.timeout(300)
+def test_priority_chooses_k_with_the_policy_it_runs(capsys, tmp_path):
+    # train runs priority crossing the step barrier; choosing k once simulated the registered
+    # default, which does not cross it, and refused ("needs a comm policy whose updates cross")
+    from trainsched.cluster import cluster_preset
+
+    calibration = tmp_path / "cpu.json"
+    calibration.write_text(cluster_preset("cpu").to_json())
+    assert main(["train", "mlp", "--comm-policy", "priority", "--backprop", "ooo",
+                 "--calibration", str(calibration), "--steps", "1", "--warmup", "0",
+                 "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["backprop"] == "ooo" and doc["k"] in range(5)  # the zoo MLP: 4 split layers

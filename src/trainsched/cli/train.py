@@ -426,14 +426,14 @@ def _backprop_k(args: argparse.Namespace, partition: int, credit: float) -> int:
     if args.k is not None:
         check_count("--k", args.k, 0)
         return args.k
-    from dataclasses import replace
-
-    from trainsched.comm.policy import comm_policy
+    from trainsched.runtime.train import segment_for
     from trainsched.sim import sweep_k
 
     graph, cluster = _host_model(args)
-    policy = replace(comm_policy(args.comm_policy), partition_bytes=partition,
-                     credit_bytes=credit, credit_mode=args.credit_mode)
+    # the very policy the run below will use (priority crosses the barrier there)
+    policy = segment_for(args.comm_policy, partition_bytes=partition, credit_bytes=credit,
+                         credit_mode=args.credit_mode,
+                         backfill=args.backfill).policy_object()
     sweep = sweep_k(graph, cluster.first_devices(args.ranks), ranks=args.ranks, policy=policy)
     if not args.json:
         print(f"k chosen by simulation: {sweep.k} of {sweep.layers} layers "
