@@ -5,6 +5,7 @@ model (not for a graph ``.json``)."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from functools import partial
@@ -142,8 +143,6 @@ def run(args: argparse.Namespace) -> int:
             if costs == "measured" and args.run:
                 # as --run trains: one thread per rank, the ranks at work at once on this host
                 # (as many as it runs: no more than its cores)
-                import os
-
                 from trainsched.runtime.host import capture_beside
 
                 at_once = min(args.ranks or cluster.num_devices, os.cpu_count() or 1)

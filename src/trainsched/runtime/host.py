@@ -26,6 +26,8 @@ __all__ = ["capture_beside", "host_model"]
 
 #: How long a capture beside other processes may take before it is called stuck.
 CAPTURE_TIMEOUT_S = 3600.0
+#: What rank 0 of a capture beside others leaves in the job's folder.
+GRAPH_FILE, PROGRESS_FILE = "graph.tsg", "progress"
 
 
 def host_model(model: str, *, ranks: int, batch_size: int | None = None,
@@ -101,8 +103,6 @@ def capture_beside(model: str, *, ranks: int, batch_size: int | None = None,
              what=f"the capture of {model} on {ranks} processes", watch=watch) as out:
         return Graph.load(out / GRAPH_FILE)
 
-
-GRAPH_FILE, PROGRESS_FILE = "graph.tsg", "progress"
 
 
 def _portable(model: str) -> str:
