@@ -11,7 +11,13 @@ run with the configurations interleaved (A B C ... A B C ..., ``--rounds`` round
 - ``torch-zbv``: PyTorch's own ``ScheduleZBVZeroBubble`` through ``torch.distributed.pipelining``
   on ``nn.Sequential`` slices holding the same layers;
 - ``auto``: the schedule and micro-batch count ``choose_from_costs`` picks on the simulator (every
-  registered schedule, every divisor of the batch) when it is not one of the rows above.
+  registered schedule, every divisor of the batch) when it is not one of the rows above;
+- ``bound`` (not a schedule, left out of the replay's figures): each rank runs GPipe's actions
+  on its half of the model with messages neither sent nor waited for (zeros stand for what it
+  would receive), both ranks at once. No schedule of that cut and micro-batch size waits less
+  or sends less, so its time bounds them all from below: at 2 stages and 4 micro-batches with
+  even stages and free messages it is GPipe's time x 4/5 (its bubble is (p-1)/(m+p-1) = 1/5),
+  so ``--microbatches 4`` can beat GPipe by 1.25x at most; the row says what this host allows.
 
 A step is one forward and backward of the batch (no optimizer step), timed from a barrier to
 the slowest rank's end. **Memory**: per rank, the peak bytes of saved activations (and, for
@@ -309,6 +315,17 @@ def _calibrate(cfg: dict[str, Any]) -> dict[str, Any]:
     return {"one_way_s": one_way, "actions": both, "alone": alone}
 
 
+def _drop(key: Any, dst: int, tensors: list[Any]) -> None:
+    """The bound row's send: nothing leaves the rank."""
+
+
+def _zeros(key: Any, src: int, specs: Any) -> list[Any]:
+    """The bound row's receive: zeros of the message's shapes, at once."""
+    import torch
+
+    return [torch.zeros(shape, dtype=dtype) for shape, dtype in specs]
+
+
 def _timed(cfg: dict[str, Any]) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
@@ -358,12 +375,16 @@ def _timed(cfg: dict[str, Any]) -> dict[str, Any]:
             width = max(len(st.input_names) for st in stages) + 1
 
             def step(schedule: Any = schedule, owned: Any = owned, inputs: Any = inputs,
-                     n: int = len(stages), width: int = width) -> None:
+                     n: int = len(stages), width: int = width,
+                     no_wait: bool = c["kind"] == "bound") -> None:
                 mailbox = GlooMailbox(rank, n, schedule.num_microbatches, width)
                 for st in owned.values():
                     st.meter = meter
-                run_actions(rank, schedule, owned, inputs, mailbox.send, mailbox.recv)
-                mailbox.flush()
+                if no_wait:  # the same actions, messages neither sent nor waited for
+                    run_actions(rank, schedule, owned, inputs, _drop, _zeros)
+                else:
+                    run_actions(rank, schedule, owned, inputs, mailbox.send, mailbox.recv)
+                    mailbox.flush()
                 for st in owned.values():
                     st.meter = None
         runs[c["name"]] = step
@@ -481,6 +502,7 @@ def main() -> None:
     configs = [ours(n, m, n) for n in ROWS]
     configs.append({"name": "torch-zbv", "kind": "torch-zbv", "schedule_name": "zbv",
                     "microbatches": m, "num_stages": 4})
+    configs.append({**ours("gpipe", m, "bound"), "kind": "bound"})
     auto_label = f"auto:{choice.schedule_name}/m={choice.num_microbatches}"
     if (choice.schedule_name, choice.num_microbatches) not in {(n, m) for n in ROWS}:
         configs.append(ours(choice.schedule_name, choice.num_microbatches, auto_label))
@@ -492,8 +514,11 @@ def main() -> None:
                       "rounds": args.rounds, "steps": args.steps, "warmup": args.warmup},
                      timeout_s=3600)
 
+    bound_s = statistics.median(timed["times"]["bound"])
     rows = []
     for c in configs:
+        if c["kind"] == "bound":
+            continue
         name, mb = c["schedule_name"], c["microbatches"]
         p = schedule_stage_count(name, 2)
         stages = costs_of(p, mb)
@@ -521,6 +546,7 @@ def main() -> None:
     gpipe_s = by["gpipe"]["measured_s"]
     generated = [r for r in rows if r["row"] != "torch-zbv"]
     fastest = min(generated, key=lambda r: r["measured_s"])
+    at_m = min((r for r in generated if r["microbatches"] == m), key=lambda r: r["measured_s"])
     errors = [abs(r["error"]) for r in rows]
     tau = kendall_tau([r["measured_s"] for r in rows], [r["predicted_s"] for r in rows])
     load_after = Path("/proc/loadavg").read_text().split()[:3]
@@ -549,11 +575,17 @@ def main() -> None:
         "zb_h1_peak_le_1f1b": max(by["zb-h1"]["peak_bytes"]) <= max(by["1f1b"]["peak_bytes"]),
         "median_abs_error": statistics.median(errors), "max_abs_error": max(errors),
         "kendall_tau": tau,
+        "no_wait_bound_s": bound_s, "bound_vs_gpipe": gpipe_s / bound_s,
+        "fastest_at_m": at_m["row"], "fastest_at_m_of_bound": bound_s / at_m["measured_s"],
     }
     print(f"\nauto ({auto_label}): {summary['auto_vs_gpipe']:.2f}x GPipe (target >= 1.25), "
           f"{summary['auto_vs_torch_zbv']:.2f}x torch ZBV (target >= 1.05)")
     print(f"fastest generated ({fastest['row']}): {summary['fastest_vs_gpipe']:.2f}x GPipe, "
           f"{summary['fastest_vs_torch_zbv']:.2f}x torch ZBV")
+    print(f"no-wait bound (each rank's {m} F and {m} B of GPipe's cut, no messages, both ranks "
+          f"at once): {bound_s * 1e3:.0f} ms = {summary['bound_vs_gpipe']:.2f}x GPipe; the "
+          f"fastest generated row at {m} micro-batches ({at_m['row']}) "
+          f"runs at {summary['fastest_at_m_of_bound']:.0%} of its speed")
     print(f"ZB-H1 peak <= 1F1B peak: {summary['zb_h1_peak_le_1f1b']}")
     print(f"replay: median |error| {summary['median_abs_error']:.1%} (target <= 10%), max "
           f"{summary['max_abs_error']:.1%}, Kendall tau {tau:.2f} (target >= 0.8)")
