@@ -169,6 +169,23 @@ def test_error_without_json_prints_nothing_on_stdout(capsys):
     assert out == ""
 
 
+@pytest.mark.parametrize("verb", ["simulate", "show", "place"])
+def test_a_model_name_where_a_graph_file_goes_says_how_to_capture_it(tmp_path, capsys,
+                                                                     monkeypatch, verb):
+    monkeypatch.chdir(tmp_path)
+    cluster = [] if verb == "show" else ["--cluster", "p3.16xlarge"]
+    code, out, err = run(capsys, verb, "resnet50", *cluster)
+    assert_failed(code, out, err, "resnet50: no such graph file",
+                  "trainsched profile resnet50 -o graph.tsg", "trainsched compare resnet50")
+
+
+def test_a_missing_graph_file_gets_no_capture_hint(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(capsys, "simulate", "r50.tsg", "--cluster", "p3.16xlarge")
+    assert_failed(code, out, err, "r50.tsg: no such graph file")
+    assert "profile" not in err
+
+
 def test_usage_error_with_json_adds_the_error_object(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["show", "--json"])

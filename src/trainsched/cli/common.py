@@ -287,12 +287,21 @@ def collector_paused(ops: Callable[[], int]) -> Iterator[None]:
             gc.freeze()
 
 
+GRAPH_SUFFIXES = (".json", ".tsg")
+
+
 def load_graph(path: str, args: argparse.Namespace) -> Any:
     """A graph file, read with a progress bar on stderr when it is a terminal (never with
-    ``--json``): a graph of a million ops takes a while."""
+    ``--json``): a graph of a million ops takes a while. A missing file named like a model
+    rather than a graph file is an error that says how to make the graph."""
     from trainsched.graph import Graph
     from trainsched.report.progress import ProgressBar
 
+    if not path.endswith(GRAPH_SUFFIXES) and not Path(path).exists():
+        raise TrainschedError(
+            f"{path}: no such graph file; this command reads a graph (.tsg or .json). For a "
+            f"model, capture it first: trainsched profile {path} -o graph.tsg (trainsched "
+            f"models lists the zoo), or run trainsched compare {path}, which captures it")
     graph = None
     with collector_paused(lambda: len(graph) if graph is not None else 0), \
             ProgressBar(f"reading {path}", enabled=not getattr(args, "json", False)) as bar:

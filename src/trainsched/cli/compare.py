@@ -14,6 +14,7 @@ from typing import Any
 
 from trainsched.cli.common import (
     COST_CHOICES,
+    GRAPH_SUFFIXES,
     OPTIMIZER_DEFAULT,
     Applies,
     Fact,
@@ -76,7 +77,6 @@ def add_parser(sub: Subcommands) -> None:
 #: ``--run``'s flags' defaults (given in code: without ``--run`` the flags do not apply).
 RUN_DEFAULTS = {"steps": 5, "warmup": 2}
 #: A model argument ending in one of these is a graph file (JSON text, or the binary format).
-GRAPH_SUFFIXES = (".json", ".tsg")
 
 
 def check_flags(args: argparse.Namespace) -> None:
