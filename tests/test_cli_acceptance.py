@@ -269,5 +269,7 @@ def test_simulate_refuses_costs_of_another_device_and_names_the_tier(tmp_path, c
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert "costs are measured on cpu, but cluster p3.16xlarge has V100-16GB devices" in err
+    # the command that makes fitting costs, for the model the graph names
+    assert "trainsched profile chain --costs roofline --device-kind V100-16GB" in err
     assert main(["simulate", str(path), "--cluster", "cpu"]) == 0
     assert "costs            measured on cpu, fp32" in capsys.readouterr().out

@@ -76,11 +76,14 @@ def check_costs_fit(graph: Graph, cluster: Cluster) -> None:
         return
     elsewhere = ("a cpu cluster (the cpu preset, or this host calibrated: trainsched calibrate)"
                  if where.lower() == "cpu" else f"a cluster of {where} devices")
+    model = graph.meta.get("model")
+    model = model if isinstance(model, str) and model else "MODEL"
     raise TrainschedError(
         f"the graph's costs are {tier} on {where}, but cluster {cluster.label} has {kind} "
         f"devices, so its step would be {where}'s, not {kind}'s: capture roofline costs for "
-        f"{kind} (capture(..., costs='roofline', device_kind='{kind}'); trainsched profile and "
-        f"compare do it for a cluster), or simulate on {elsewhere}")
+        f"{kind} (trainsched profile {model} --costs roofline --device-kind {kind}; in Python "
+        f"capture(..., costs='roofline', device_kind='{kind}'); trainsched compare {model} "
+        f"with the same --cluster captures them itself), or simulate on {elsewhere}")
 
 
 def simulate(plan: Plan, graph: Graph, cluster: Cluster, *,
