@@ -102,14 +102,17 @@ def backprop_lines(backprop: Mapping[str, Any] | None) -> list[str]:
     sweep = backprop.get("sweep")
     if sweep is None:
         return [line + " (given)", held]
-    times = sweep["step_time_s"]
-    worst = max(range(len(times)), key=lambda k: (times[k], -k))
+    times, k = sweep["step_time_s"], sweep["k"]
+    worst = max(range(len(times)), key=lambda j: (times[j], -j))
     cap = sweep["memory_cap_bytes"]
+    parts = [f"in order (k=0) {format_duration(times[0])}",
+             (f"chosen k={k} {format_duration(times[k])} ({sweep['speedup']:.3f}x)" if k
+              else "no k faster, so k=0")]
+    if worst not in (0, k):
+        parts.append(f"slowest k={worst} {format_duration(times[worst])}")
     return [line + f" (chosen: every k in 0..{sweep['layers']} simulated"
             + (f", within {format_size(cap)})" if cap is not None else ")"),
-            f"  k sweep          k=0 {format_duration(times[0])}, k={sweep['k']} "
-            f"{format_duration(times[sweep['k']])} ({sweep['speedup']:.3f}x), slowest "
-            f"k={worst} {format_duration(times[worst])}", held]
+            "  k sweep          " + "; ".join(parts), held]
 
 
 def simulate_report(doc: Mapping[str, Any], model: str) -> str:
