@@ -210,34 +210,6 @@ def _worker(cfg: dict[str, Any]) -> None:
         Path(cfg["out"]).write_text(json.dumps(result))
 
 
-class _Timed:
-    """A pipeline stage whose compute actions are timed (the calibration run)."""
-
-    def __init__(self, stage: Any, record: dict[str, list[float]]) -> None:
-        self._stage, self._record = stage, record
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stage, name)
-
-    def _timed(self, kind: str, fn: Any, *args: Any) -> Any:
-        t0 = time.perf_counter()
-        out = fn(*args)
-        self._record.setdefault(kind, []).append(time.perf_counter() - t0)
-        return out
-
-    def forward(self, m: int, x: Any) -> Any:
-        return self._timed("F", self._stage.forward, m, x)
-
-    def backward(self, m: int, g: Any) -> Any:
-        return self._timed("B", self._stage.backward, m, g)
-
-    def backward_input(self, m: int, g: Any) -> Any:
-        return self._timed("I", self._stage.backward_input, m, g)
-
-    def backward_weight(self, m: int) -> Any:
-        return self._timed("W", self._stage.backward_weight, m)
-
-
 def _model(cfg: dict[str, Any]) -> Any:
     from trainsched.capture import build
 
@@ -251,6 +223,7 @@ def _calibrate(cfg: dict[str, Any]) -> dict[str, Any]:
 
     from trainsched.plan import Schedule
     from trainsched.runtime.pipeline import GlooMailbox, run_actions
+    from trainsched.runtime.pipeline_host import TimedStage
     from trainsched.runtime.stage_modules import (
         build_stages,
         flat_microbatches,
@@ -289,7 +262,7 @@ def _calibrate(cfg: dict[str, Any]) -> dict[str, Any]:
     stages = build_stages(z.model, cfg["stages"], *micro[0],
                           num_microbatches=cfg["microbatches"])
     record: dict[str, list[float]] = {}
-    owned = {rank: _Timed(stages[rank], record)}
+    owned = {rank: TimedStage(stages[rank], record)}
     inputs = flat_microbatches(stages[0], micro) if rank == 0 else []
     mailbox = GlooMailbox(rank, 2, cfg["microbatches"], 2)
     sends: list[float] = []

@@ -64,6 +64,12 @@ def test_real_calibration_on_two_gloo_ranks():
     assert cluster.device.collective_after_compute_s == cal.collective_after_compute_s
     assert data["collective_after_compute_s"] == cal.collective_after_compute_s
     assert "an all-reduce right after compute" in cal.table()
+    # the pipeline runtime's own host time, measured by running it (gloo)
+    assert 0.0 < cal.pipeline_action_s < 1.0 and 0.0 < cal.pipeline_message_s < 1.0
+    assert cluster.device.microbatch_overhead_s == cal.pipeline_action_s
+    assert cluster.device.message_host_s == cal.pipeline_message_s
+    assert data["pipeline_action_s"] == cal.pipeline_action_s
+    assert "pipeline runtime:" in cal.table()
     assert "gloo" in cluster.description and cal.measured_at in cluster.description
     assert Cluster.from_dict(cluster.to_dict()) == cluster
     assert cal.to_cluster(name="here").name == "here"

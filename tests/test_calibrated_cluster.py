@@ -31,7 +31,8 @@ def _calibration() -> Calibration:
                        memory_bandwidth_bytes_per_s=5e9, compute_rate_with_comm=0.6,
                        comm_rate_with_compute=0.3, collective_slots=2,
                        collective_contention=0.9, buffer_sync_s=1.2e-3,
-                       collective_after_compute_s=2.5e-3)
+                       collective_after_compute_s=2.5e-3, pipeline_action_s=3.4e-4,
+                       pipeline_message_s=1.5e-4)
 
 
 def test_the_cluster_file_carries_every_fitted_quantity():
@@ -45,6 +46,7 @@ def test_the_cluster_file_carries_every_fitted_quantity():
     assert dev.memory_bandwidth_bytes_per_s == 5e9
     assert dev.buffer_sync_s == 1.2e-3
     assert dev.collective_after_compute_s == 2.5e-3
+    assert (dev.microbatch_overhead_s, dev.message_host_s) == (3.4e-4, 1.5e-4)
 
 
 def test_the_take_turns_file_carries_gamma_and_no_rates():

@@ -32,6 +32,11 @@ is timed alone and followed by a 1 MiB all-reduce, in turn and with no barrier; 
 all-reduce took there beyond the fitted line is ``collective_after_compute_s`` (at least 0),
 which the data-parallel simulator adds to the first collective of every step.
 
+With gloo, ranks 0 and 1 also run GPipe over a model whose ops take microseconds on the pipeline
+runtime, every action, send and receive timed (:mod:`~trainsched.runtime.pipeline_host`): the
+runtime's own host time per action and per message, which the pipeline simulator charges
+(``microbatch_overhead_s``, ``message_host_s``).
+
 The parent process never imports torch unless ``backend="nccl"`` (to check for CUDA); workers
 do. A rank that dies makes the whole run fail at once with :class:`TrainschedError`; the run as a
 whole is bounded by ``timeout_s``.
@@ -109,6 +114,8 @@ class Calibration:
     collective_contention: float = 1.0  # how collectives in flight together share the wire
     buffer_sync_s: float = 0.0  # DDP's buffer broadcast before forward (fixed part)
     collective_after_compute_s: float = 0.0  # a step's first collective beyond the fit
+    pipeline_action_s: float = 0.0  # the pipeline runtime's host time per action
+    pipeline_message_s: float = 0.0  # ... and per point-to-point message, on each side
 
     def p2p_predict(self, size_bytes: float) -> float:
         return self.p2p.latency_s + size_bytes / self.p2p.bandwidth_bytes_per_s
@@ -143,6 +150,8 @@ class Calibration:
             "collective_contention": self.collective_contention,
             "buffer_sync_s": self.buffer_sync_s,
             "collective_after_compute_s": self.collective_after_compute_s,
+            "pipeline_action_s": self.pipeline_action_s,
+            "pipeline_message_s": self.pipeline_message_s,
         }
 
     def to_json(self) -> str:
@@ -166,6 +175,9 @@ class Calibration:
                          f"(fixed part)")
         lines.append(f"an all-reduce right after compute: "
                      f"{self.collective_after_compute_s * 1e3:+.3f} ms beyond the fit")
+        if self.pipeline_action_s or self.pipeline_message_s:
+            lines.append(f"pipeline runtime: {self.pipeline_action_s * 1e3:.3f} ms per action, "
+                         f"{self.pipeline_message_s * 1e3:.3f} ms per message on each side")
         if self.memory_bandwidth_bytes_per_s:
             lines.append(f"memory bandwidth (64 MiB copy, read + write, every rank at once): "
                          f"{self.memory_bandwidth_bytes_per_s / 1e9:.1f} GB/s")
@@ -201,6 +213,8 @@ class Calibration:
         device = dataclasses.replace(
             base.device, **interference, buffer_sync_s=self.buffer_sync_s,
             collective_after_compute_s=self.collective_after_compute_s,
+            microbatch_overhead_s=self.pipeline_action_s,
+            message_host_s=self.pipeline_message_s,
             memory_bandwidth_bytes_per_s=(self.memory_bandwidth_bytes_per_s
                                           or base.device.memory_bandwidth_bytes_per_s))
         return Cluster(name=name, description=description, device=device,
@@ -345,6 +359,7 @@ def calibrate(*, world_size: int = 2, sizes_bytes: Sequence[int] | None = None, 
     host = {**_host_info(backend), **data.get("host", {})}
     share = min(max(float(data.get("comm_compute_share", 0.0)), 0.0), 4.0)
     rates = data.get("rates", {})
+    pipeline = data.get("pipeline_host") or (0.0, 0.0)
     memory = data.get("memory_bandwidth")
     cal = Calibration(backend=backend, world_size=world_size, host=host, measured_at=measured_at,
                       repeats=repeats, warmup=warmup, rows=rows, p2p=p2p, allreduce=allreduce,
@@ -354,7 +369,9 @@ def calibrate(*, world_size: int = 2, sizes_bytes: Sequence[int] | None = None, 
                       comm_rate_with_compute=_clamp(rates.get("comm", 1.0), 0.01, 1.0),
                       collective_slots=GLOO_THREADS if backend == "gloo" else 1,
                       collective_contention=_clamp(rates.get("contention", 1.0), 0.0, 1.0),
-                      buffer_sync_s=_clamp(data.get("buffer_sync", 0.0), 0.0, 1.0))
+                      buffer_sync_s=_clamp(data.get("buffer_sync", 0.0), 0.0, 1.0),
+                      pipeline_action_s=_clamp(pipeline[0], 0.0, 1.0),
+                      pipeline_message_s=_clamp(pipeline[1], 0.0, 1.0))
     cal = _with_after_compute(cal, data.get("after_compute"))
     return dataclasses.replace(cal, p2p_errors=_errors(cal.p2p_predict, rows, "p2p_s"),
                                allreduce_errors=_errors(cal.allreduce_predict, rows,
@@ -439,6 +456,11 @@ def _worker_main() -> None:  # pragma: no cover - runs in the spawned processes
     memory = _copy_bandwidth(dist, device, sync, n)
     buffer_sync = _buffer_sync(dist, device, sync, n)
     after_compute = _after_compute(dist, device, sync, n)
+    pipeline = None
+    if backend == "gloo":  # the pipeline runtime's messages go through gloo
+        from trainsched.runtime.pipeline_host import pipeline_host_times
+
+        pipeline = pipeline_host_times(rank, n)
     dist.barrier()
     if rank == 0:
         host = {"torch": torch.__version__, "torch_threads": torch.get_num_threads()}
@@ -448,7 +470,8 @@ def _worker_main() -> None:  # pragma: no cover - runs in the spawned processes
         with open(tmp, "w") as fh:
             json.dump({"rows": rows, "host": host, "comm_compute_share": share,
                        "rates": rates, "memory_bandwidth": memory,
-                       "buffer_sync": buffer_sync, "after_compute": after_compute}, fh)
+                       "buffer_sync": buffer_sync, "after_compute": after_compute,
+                       "pipeline_host": pipeline}, fh)
         os.replace(tmp, cfg["result"])
     dist.destroy_process_group()
 
