@@ -225,3 +225,27 @@ def test_one_rank_has_no_sync_rows():
 
     assert compare_sync(_chain(), resolve_cluster("p3.16xlarge"), ranks=1, batch_size=16,
                         bsp_step_s=1.0) == []
+
+
+@pytest.mark.parametrize(("microbatches", "captured", "note"), [
+    ("2", [8, 4], True),  # measured costs: the model timed again at 4 samples
+    ("1", [8], False),  # one micro-batch is the batch: nothing to time again
+])
+def test_measured_pipelines_are_costed_at_their_micro_batch_size(tmp_path, capsys, monkeypatch,
+                                                                microbatches, captured, note):
+    import trainsched.capture as capturing
+
+    batches: list[int] = []
+    real = capturing.capture
+
+    def spy(model, args, *rest, **kwargs):
+        batches.append(int(args[0].shape[0]))
+        return real(model, args, *rest, **kwargs)
+
+    monkeypatch.setattr(capturing, "capture", spy)
+    monkeypatch.chdir(tmp_path)
+    assert main(["compare", "mlp", "--cluster", "cpu", "--ranks", "2", "--batch-size", "8",
+                 "--microbatches", microbatches, "--costs", "measured"]) == 0
+    out = capsys.readouterr().out
+    assert batches == captured
+    assert ("(costs timed at that size)" in out) is note

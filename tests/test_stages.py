@@ -158,3 +158,40 @@ def test_uniform_stages_and_validation():
         StageCosts(**{**fields, "activation_bytes": (3,)})
     with pytest.raises(TrainschedError, match="at least one stage"):
         StageCosts(**{k: () for k in fields})
+
+
+def micro_forward_graph() -> Graph:
+    """The graph of :func:`forward_graph` as if captured at a quarter of its batch, where the
+    ops cost more than a quarter (a CPU at small sizes): per op forward, dX, dW (ms) a 0.5, -,
+    0.5; b 0.5, 0.5, 0.5; c 1, 1, 1; d 0.25, 0.25, 0.25. Saved 5, 6, 7, 8; edges a quarter."""
+    spec = {"a": (0.5, 0.5, 5), "b": (0.5, 0.5, 6), "c": (1, 1, 7), "d": (0.25, 0.25, 8)}
+    ops = [Op(name=n, compute_s=f * MS, backward_input_s=b * MS, backward_weight_s=b * MS,
+              param_bytes=100 if n != "d" else 700, saved_bytes=s, output_bytes=16)
+           for n, (f, b, s) in spec.items()]  # fmt: skip
+    edges = [Edge(src="a", dst="b", size_bytes=250), Edge(src="a", dst="c", size_bytes=250),
+             Edge(src="b", dst="c", size_bytes=500), Edge(src="c", dst="d", size_bytes=750),
+             Edge(src="a", dst="d", size_bytes=125, tensor="a.skip")]
+    return Graph(ops, edges)
+
+
+def test_a_microbatch_graph_gives_a_microbatch_its_own_costs_and_bytes():
+    micro = to_training(micro_forward_graph(), optimizer="adam")
+    stages = stage_costs_from_graph(training_graph(), 2, 4, microbatch_graph=micro)
+    assert stages.ops == (("a", "b"), ("c", "d"))  # cut on the batch's graph, as without it
+    assert stages.num_microbatches == 4
+    # The micro-batch graph's costs as they are, not the batch's / 4: F a + b = 0.5 + 0.5,
+    # c + d = 1 + 0.25; I (a has no dX) 0.5 and 1.25; W 1 and 1.25 ms.
+    assert all(map(close, stages.forward_s, (1 * MS, 1.25 * MS)))
+    assert all(map(close, stages.backward_input_s, (0.5 * MS, 1.25 * MS)))
+    assert all(map(close, stages.backward_weight_s, (1 * MS, 1.25 * MS)))
+    # Bytes too: b -> c 500, a -> c 250, a.skip 125 cross; saved 5 + 6 and 7 + 8.
+    assert stages.activation_bytes == (875, 0)
+    assert stages.saved_bytes == (11, 15)
+    # Resident state is the model's, whatever the batch.
+    assert stages.param_bytes == (200, 800)
+
+
+def test_a_microbatch_graph_of_other_ops_is_refused():
+    other = to_training(Graph([Op(name="x", compute_s=MS)], []))
+    with pytest.raises(TrainschedError, match="the micro-batch graph's ops are not the graph's"):
+        stage_costs_from_graph(training_graph(), 2, 4, microbatch_graph=other)

@@ -83,13 +83,16 @@ class Row:
 
 
 def compare_plans(graph: Graph, cluster: Cluster, planned: dict[str, Planned],
-                  batch_size: int) -> tuple[list[Row], dict[str, SimResult]]:
-    """Simulate each plan (``planned`` must hold ``single``, the baseline); rows ranked by
-    throughput (then name), and the results by strategy name."""
+                  batch_size: int, microbatch_graph: Graph | None = None,
+                  ) -> tuple[list[Row], dict[str, SimResult]]:
+    """Simulate each plan (``planned`` must hold ``single``, the baseline; pipelines with
+    ``microbatch_graph``'s costs when given, see :class:`Options`); rows ranked by throughput
+    (then name), and the results by strategy name."""
     if "single" not in planned:
         raise TrainschedError("compare needs the 'single' strategy: every speedup is measured "
                               "against it")
-    results = {name: simulate(p.plan, graph, cluster) for name, p in planned.items()}
+    results = {name: simulate(p.plan, graph, cluster, microbatch_graph=microbatch_graph)
+               for name, p in planned.items()}
     base = results["single"]
     base_rate = batch_size / base.step_time_s if base.step_time_s else 0.0
     rows = []
@@ -113,7 +116,8 @@ def compare(graph: Graph, cluster: Cluster, options: Options,
     ranked by throughput (then name), and the raw results of the strategies asked for."""
     wanted = list(strategies()) if names is None else list(names)
     planned = make_plans(graph, cluster, options, list(dict.fromkeys(["single", *wanted])))
-    rows, results = compare_plans(graph, cluster, planned, options.batch_size)
+    rows, results = compare_plans(graph, cluster, planned, options.batch_size,
+                                  options.microbatch_graph)
     return [r for r in rows if r.strategy in wanted], {n: results[n] for n in wanted}
 
 

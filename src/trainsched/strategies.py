@@ -24,7 +24,7 @@ says why each other one cannot, as ``trainsched compare`` shows them.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from trainsched.backprop.reorder import BACKPROP_ORDERS
 from trainsched.backprop.schedules import SCHEDULES, build_schedule, schedule_stage_count
@@ -51,17 +51,24 @@ __all__ = ["Options", "Planned", "Strategy", "default_microbatches", "make_plans
 @dataclass(frozen=True, kw_only=True)
 class Options:
     """How wide the parallel strategies are: ranks (or stages) and micro-batches; the batch
-    size per rank (data parallel) or per step (the others). Each an integer >= 1."""
+    size per rank (data parallel) or per step (the others). Each an integer >= 1.
+    ``microbatch_graph``: the model's graph captured at the micro-batch size, whose costs the
+    pipeline strategies take as a micro-batch's (``stage_costs_from_graph``); without it they
+    divide the batch's costs by the micro-batch count."""
 
     ranks: int
     microbatches: int
     batch_size: int
+    microbatch_graph: Graph | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("ranks", "microbatches", "batch_size"):
             value = getattr(self, name)
             if not (is_int(value) and value >= 1):
                 raise TrainschedError(f"Options.{name} must be an integer >= 1, got {value!r}")
+        if self.microbatch_graph is not None and not isinstance(self.microbatch_graph, Graph):
+            raise TrainschedError(f"Options.microbatch_graph must be a Graph, got "
+                                  f"{type(self.microbatch_graph).__name__}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -153,7 +160,7 @@ def _pipeline(name: str) -> Strategy:
                                   f"micro-batch needs at least one sample; use at most {batch} "
                                   f"micro-batches or a larger batch")
         stages = stage_costs_from_graph(graph, schedule_stage_count(name, o.ranks),
-                                        o.microbatches)
+                                        o.microbatches, microbatch_graph=o.microbatch_graph)
         plan = PipelinePlan(model=ModelRef.of(graph),
                             stages=stages.ops,
                             schedule=build_schedule(name, o.ranks, o.microbatches,

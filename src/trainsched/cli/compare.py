@@ -138,34 +138,50 @@ def run(args: argparse.Namespace) -> int:
             meta["seq_len"] = zoo.seq_len
         if args.image_size is not None:
             meta["image_size"] = args.image_size
-        with ProgressBar(f"capturing {zoo.name}", enabled=not args.json) as bar, \
-                error_context(zoo.name):
-            if costs == "measured" and args.run:
-                # as --run trains: one thread per rank, the ranks at work at once on this host
-                # (as many as it runs: no more than its cores)
-                from trainsched.runtime.host import capture_beside
 
-                at_once = min(args.ranks or cluster.num_devices, os.cpu_count() or 1)
-                graph = capture_beside(args.model, ranks=at_once,
-                                       batch_size=args.batch_size, image_size=args.image_size,
-                                       seq_len=args.seq_len, meta=meta, progress=bar.update,
-                                       precision=args.precision or "fp32")
-            else:  # measured on the CPU: one thread, as --run trains each rank
-                graph = capture(zoo.model, zoo.args, example_kwargs=zoo.kwargs, costs=costs,
-                                device_kind=cluster.device if costs == "roofline" else None,
-                                name=zoo.name, meta=meta, progress=bar.update,
-                                precision=args.precision or "fp32")
+        def captured(batch_size: int, what: str) -> Any:
+            with ProgressBar(f"capturing {what}", enabled=not args.json) as bar, \
+                    error_context(zoo.name):
+                if costs == "measured" and args.run:
+                    # as --run trains: one thread per rank, the ranks at work at once on this
+                    # host (as many as it runs: no more than its cores)
+                    from trainsched.runtime.host import capture_beside
+
+                    at_once = min(args.ranks or cluster.num_devices, os.cpu_count() or 1)
+                    return capture_beside(args.model, ranks=at_once, batch_size=batch_size,
+                                          image_size=args.image_size, seq_len=args.seq_len,
+                                          meta={**meta, "batch_size": batch_size},
+                                          progress=bar.update,
+                                          precision=args.precision or "fp32")
+                # measured on the CPU: one thread, as --run trains each rank
+                sized = zoo if batch_size == zoo.batch_size else build(
+                    args.model, batch_size=batch_size, seq_len=args.seq_len,
+                    image_size=args.image_size)
+                return capture(sized.model, sized.args, example_kwargs=sized.kwargs, costs=costs,
+                               device_kind=cluster.device if costs == "roofline" else None,
+                               name=zoo.name, meta={**meta, "batch_size": batch_size},
+                               progress=bar.update, precision=args.precision or "fp32")
+
+        graph = captured(zoo.batch_size, zoo.name)
         files["graph.json"] = graph.save  # the captured graph (a graph file given is an input)
     graph = as_training(graph, args, runs=args.run)
     ranks = args.ranks or cluster.num_devices
     batch = graph.meta.get("batch_size")
-    options = comparing.Options(
-        ranks=ranks, batch_size=int(batch or 1),
-        microbatches=args.microbatches or default_microbatches(ranks, batch))
+    microbatches = args.microbatches or default_microbatches(ranks, batch)
+    micro_graph = None
+    if (not args.model.endswith(GRAPH_SUFFIXES) and graph.meta.get("tier") == "measured"
+            and microbatches > 1 and batch and batch % microbatches == 0):
+        # measured costs do not scale with the batch: time a micro-batch as it runs
+        micro_graph = as_training(captured(batch // microbatches, f"{zoo.name} at micro-batch "
+                                                                  f"{batch // microbatches}"),
+                                  args, runs=args.run)
+    options = comparing.Options(ranks=ranks, batch_size=int(batch or 1),
+                                microbatches=microbatches, microbatch_graph=micro_graph)
     if args.run and cluster.device.kind.startswith("cpu"):
         cluster = _host_cluster(args, cluster, out_dir, files)
     planned, skipped = comparing.plan_strategies(graph, cluster, options)
-    rows, results = comparing.compare_plans(graph, cluster, planned, options.batch_size)
+    rows, results = comparing.compare_plans(graph, cluster, planned, options.batch_size,
+                                            micro_graph)
     model = graph.meta.get("model", args.model)
     for name, result in results.items():
         files[f"{name}.trace.json"] = partial(
@@ -179,7 +195,8 @@ def run(args: argparse.Namespace) -> int:
     if graph.meta.get("seq_len") is not None:
         sizes.append(f"seq {graph.meta['seq_len']}")
     if any(planned[name].plan.kind == "pipeline" for name in planned):
-        sizes.append(f"{options.microbatches} micro-batches per pipeline step")
+        sizes.append(f"{options.microbatches} micro-batches per pipeline step"
+                     + (" (costs timed at that size)" if micro_graph is not None else ""))
     title = f"{model} ({', '.join(sizes)}) on {cluster.label}, {ranks} devices"
     files["compare.png"] = lambda path: write_chart(str(path), rows, title)
     doc = {"model": model, "cluster": cluster.label, "ranks": ranks,

@@ -87,11 +87,14 @@ def check_costs_fit(graph: Graph, cluster: Cluster) -> None:
 
 
 def simulate(plan: Plan, graph: Graph, cluster: Cluster, *,
-             progress: Progress | None = None) -> SimResult:
+             progress: Progress | None = None,
+             microbatch_graph: Graph | None = None) -> SimResult:
     """Predict one step of ``plan`` for ``graph`` on ``cluster`` (module docstring); a graph
     whose costs belong to another device kind is refused (:func:`check_costs_fit`).
     ``progress(done, total, phase)`` hears how far a single-device or placed simulation is
-    (:func:`simulate_single`); the other executors do not report."""
+    (:func:`simulate_single`); the other executors do not report. ``microbatch_graph`` (a
+    pipeline plan only): the model captured at the micro-batch size, whose costs are a
+    micro-batch's (:func:`stage_costs_from_graph`)."""
     if not isinstance(graph, Graph):
         raise TrainschedError(f"simulate needs a Graph, got {type(graph).__name__}")
     if not isinstance(cluster, Cluster):
@@ -117,7 +120,7 @@ def simulate(plan: Plan, graph: Graph, cluster: Cluster, *,
     if isinstance(plan, PipelinePlan):
         plan.validate(graph, cluster)
         stages = stage_costs_from_graph(graph, plan.num_stages, plan.num_microbatches,
-                                        cut=list(plan.cuts))
+                                        cut=list(plan.cuts), microbatch_graph=microbatch_graph)
         return simulate_pipeline(stages, plan.schedule, cluster)
     raise TrainschedError(f"not a plan: {type(plan).__name__} (trainsched.plan has the kinds)")
 
