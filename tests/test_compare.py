@@ -249,3 +249,5 @@ def test_measured_pipelines_are_costed_at_their_micro_batch_size(tmp_path, capsy
     out = capsys.readouterr().out
     assert batches == captured
     assert ("(costs timed at that size)" in out) is note
+    doc = json.loads((tmp_path / "compare-out" / "compare.json").read_text())
+    assert doc["microbatch_costs_timed"] is note

@@ -287,6 +287,7 @@ def collector_paused(ops: Callable[[], int]) -> Iterator[None]:
             gc.freeze()
 
 
+#: A model argument ending in one of these is a graph file (JSON text, or the binary format).
 GRAPH_SUFFIXES = (".json", ".tsg")
 
 

@@ -76,7 +76,6 @@ def add_parser(sub: Subcommands) -> None:
 
 #: ``--run``'s flags' defaults (given in code: without ``--run`` the flags do not apply).
 RUN_DEFAULTS = {"steps": 5, "warmup": 2}
-#: A model argument ending in one of these is a graph file (JSON text, or the binary format).
 
 
 def check_flags(args: argparse.Namespace) -> None:
@@ -200,7 +199,8 @@ def run(args: argparse.Namespace) -> int:
     title = f"{model} ({', '.join(sizes)}) on {cluster.label}, {ranks} devices"
     files["compare.png"] = lambda path: write_chart(str(path), rows, title)
     doc = {"model": model, "cluster": cluster.label, "ranks": ranks,
-           "microbatches": options.microbatches, "batch_size": options.batch_size,
+           "microbatches": options.microbatches, "microbatch_costs_timed": micro_graph is not None,
+           "batch_size": options.batch_size,
            "tier": graph.meta.get("tier"), "rows": [r.to_dict() for r in rows]}
     sync_rows = comparing.compare_sync(
         graph, cluster, ranks=ranks, batch_size=options.batch_size,
