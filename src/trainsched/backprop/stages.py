@@ -226,6 +226,15 @@ def _owner(op: Any) -> str:
     return op.forward_op or (op.name if op.kind == "forward" else op.name.rsplit(":", 1)[0])
 
 
+def _phase_times(graph: Graph, order: Sequence[str]) -> dict[str, list[float]]:
+    """Per forward op in ``order``: the summed time of its forward, dX and dW ops."""
+    phase = {n: [0.0, 0.0, 0.0] for n in order}
+    for op in graph.ops:
+        if op.kind in PHASES:
+            phase[_owner(op)][PHASES[op.kind]] += op.compute_s
+    return phase
+
+
 def stage_costs_from_graph(graph: Graph, num_stages: int, num_microbatches: int, *,
                            cut: str | Sequence[int | str] = "compute",
                            microbatch_graph: Graph | None = None) -> StageCosts:
@@ -268,19 +277,17 @@ def stage_costs_from_graph(graph: Graph, num_stages: int, num_microbatches: int,
         if {op.name for op in microbatch_graph.ops} != {op.name for op in graph.ops}:
             raise TrainschedError("the micro-batch graph's ops are not the graph's: capture "
                                   "the same model the same way at the micro-batch size")
-    phase = {n: [0.0, 0.0, 0.0] for n in order}  # forward, dX, dW of each forward op
     resident = {n: [0, 0, 0] for n in order}  # params + buffers, grads, optimizer state
     for op in graph.ops:
         owner = _owner(op)
         if owner not in forward:
             raise TrainschedError(f"op {op.name!r} ({op.kind}) belongs to no forward op of the "
                                   "graph (set its forward_op); cannot assign it to a stage")
-        if op.kind in PHASES:
-            phase[owner][PHASES[op.kind]] += op.compute_s
         if op.kind == "backward_weight":
             resident[owner][1] += op.output_bytes
         resident[owner][0] += op.param_bytes + op.buffer_bytes
         resident[owner][2] += op.optimizer_state_bytes
+    phase = _phase_times(graph, order)
 
     if isinstance(cut, str):
         if cut not in CUT_MODES:
@@ -309,10 +316,7 @@ def stage_costs_from_graph(graph: Graph, num_stages: int, num_microbatches: int,
     m = num_microbatches
     sized = graph
     if microbatch_graph is not None:  # a micro-batch's own costs and bytes: nothing to divide
-        phase = {n: [0.0, 0.0, 0.0] for n in order}
-        for op in microbatch_graph.ops:
-            if op.kind in PHASES:
-                phase[_owner(op)][PHASES[op.kind]] += op.compute_s
+        phase = _phase_times(microbatch_graph, order)
         m, sized = 1, microbatch_graph
     # A tensor (producer, key) read in later stages crosses every cut up to its last reader's
     # stage, once, at the largest size any edge gives it; a stage it skips forwards it.
