@@ -140,3 +140,15 @@ def test_a_memory_limit_without_auto_is_refused(graph_path, capsys):
     args[args.index("auto")] = "1f1b"
     assert main(args) == 2
     assert "--schedule auto" in capsys.readouterr().err
+
+
+def test_a_roofline_graphs_launches_stop_the_count_growing():
+    # 1 s of each 4 s phase is its op's launch, paid once per micro-batch: a phase costs
+    # 3/m + 1, so GPipe's step is (m + 1) x 3 x (3/m + 1): 24, 22.5 and 26.25 s for m = 1, 2,
+    # 4 (15 s at m = 4 when everything divides).
+    graph = _graph()
+    graph = Graph(graph.ops, graph.edges, {**graph.meta, "tier": "roofline",
+                                           "launch_overhead_s": 1.0})
+    choice = choose_pipeline(graph, CLUSTER, 2, schedules=["gpipe"])
+    assert [c.step_time_s for c in choice.candidates] == [24.0, 22.5, 26.25]
+    assert choice.num_microbatches == 2

@@ -319,3 +319,11 @@ def test_a_placed_plan_keeps_its_order_through_the_file_and_simulate_replays_it(
                                    order=late).step_time_s
     assert step > simulate(ordered, graph, cluster).step_time_s
     assert json.loads(plan_to_json(every_kind(graph)[1]))["strategy"].get("order") is None
+
+
+@pytest.mark.parametrize("index", range(4))
+def test_a_micro_batch_graph_is_refused_for_a_plan_without_micro_batches(index):
+    graph = chain()
+    plan = every_kind(graph)[index]
+    with pytest.raises(TrainschedError, match=f"this is a {plan.kind} plan"):
+        simulate(plan, graph, resolve_cluster("p3.16xlarge"), microbatch_graph=graph)

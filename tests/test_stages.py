@@ -11,6 +11,7 @@ import pytest
 from trainsched.backprop.stages import (
     StageCosts,
     balanced_cuts,
+    launch_s,
     stage_costs_from_graph,
     uniform_stages,
 )
@@ -195,3 +196,36 @@ def test_a_microbatch_graph_of_other_ops_is_refused():
     other = to_training(Graph([Op(name="x", compute_s=MS)], []))
     with pytest.raises(TrainschedError, match="the micro-batch graph's ops are not the graph's"):
         stage_costs_from_graph(training_graph(), 2, 4, microbatch_graph=other)
+
+
+def roofline(graph: Graph, **meta: object) -> Graph:
+    return Graph(graph.ops, graph.edges, {"tier": "roofline", **meta})
+
+
+def test_a_roofline_graph_pays_each_ops_launch_once_per_microbatch():
+    # 0.25 ms of each op's time is its launch: per micro-batch of 1/2, (t - 0.25) / 2 + 0.25.
+    # Stage 0 F: a 1 + b 1 ms -> 0.375 + 0.375 + ... = (2 - 0.5) / 2 + 0.5 = 1.25 ms (1 when
+    # divided); I: a has none, b 1 -> 0.625; W: a 1 + b 1 -> 1.25. Stage 1 F: c 2 + d 1 ->
+    # (3 - 0.5) / 2 + 0.5 = 1.75; I and W the same.
+    stages = stage_costs_from_graph(roofline(training_graph(), launch_overhead_s=0.25 * MS), 2, 2)
+    assert all(map(close, stages.forward_s, (1.25 * MS, 1.75 * MS)))
+    assert all(map(close, stages.backward_input_s, (0.625 * MS, 1.75 * MS)))
+    assert all(map(close, stages.backward_weight_s, (1.25 * MS, 1.75 * MS)))
+    # Bytes still divide; the cut is the same (the batch's times balance it).
+    assert stages.ops == (("a", "b"), ("c", "d")) and stages.activation_bytes == (1750, 0)
+
+
+def test_launch_is_the_graphs_own_or_its_catalogue_devices_and_only_for_roofline_costs():
+    assert launch_s(roofline(forward_graph(), launch_overhead_s=3e-6)) == 3e-6
+    assert launch_s(roofline(forward_graph(), device="V100")) == 5e-6  # a file from before
+    assert launch_s(roofline(forward_graph(), device="my-asic")) == 0.0  # not in the catalogue
+    assert launch_s(Graph(forward_graph().ops, forward_graph().edges,
+                          {"tier": "measured", "launch_overhead_s": 3e-6})) == 0.0
+    with pytest.raises(TrainschedError, match="launch_overhead_s must be a duration"):
+        launch_s(roofline(forward_graph(), launch_overhead_s=-1))
+
+
+def test_an_op_cheaper_than_the_launch_pays_only_its_time():
+    # Every op here costs 1-2 ms, below a 5 ms "launch": each is paid whole per micro-batch.
+    stages = stage_costs_from_graph(roofline(training_graph(), launch_overhead_s=5 * MS), 2, 4)
+    assert all(map(close, stages.forward_s, (2 * MS, 3 * MS)))

@@ -19,6 +19,7 @@ from typing import Any
 from trainsched.cluster import Cluster
 from trainsched.errors import TrainschedError
 from trainsched.graph import Graph
+from trainsched.plan import PipelinePlan
 from trainsched.sim import SimResult, bubble_fraction, simulate
 from trainsched.strategies import Options, Planned, make_plans, plan_strategies, strategies
 
@@ -91,7 +92,8 @@ def compare_plans(graph: Graph, cluster: Cluster, planned: dict[str, Planned],
     if "single" not in planned:
         raise TrainschedError("compare needs the 'single' strategy: every speedup is measured "
                               "against it")
-    results = {name: simulate(p.plan, graph, cluster, microbatch_graph=microbatch_graph)
+    results = {name: simulate(p.plan, graph, cluster, microbatch_graph=microbatch_graph
+                              if isinstance(p.plan, PipelinePlan) else None)
                for name, p in planned.items()}
     base = results["single"]
     base_rate = batch_size / base.step_time_s if base.step_time_s else 0.0

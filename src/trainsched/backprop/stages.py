@@ -9,9 +9,12 @@ the state it holds all step.
 :func:`stage_costs_from_graph` cuts a training graph's forward ops, in topological order, into
 contiguous stages balanced by compute (forward + dX + dW) or by parameter bytes, or at cut points
 the caller gives. **Linear scaling**: the graph is costed at the full batch, and a micro-batch of
-1/m of it is taken to cost exactly 1/m of every time and of every activation and saved byte
-(bytes rounded up to whole bytes). That overestimates the speed of small micro-batches, whose
-kernels are launch- or memory-bound; cost the graph at the micro-batch size to avoid it.
+1/m of it is taken to cost 1/m of every time and of every activation and saved byte (bytes
+rounded up to whole bytes), except the part of each op's time that does not depend on its
+size: a roofline graph's op pays its device's launch overhead once per micro-batch
+(:func:`launch_s`). The rest still overestimates the speed of small micro-batches, whose
+kernels are memory-bound or, measured on a CPU, slower per sample; cost the graph at the
+micro-batch size to avoid it (``microbatch_graph``).
 :func:`uniform_stages` builds equal stages by hand (tests, closed forms).
 """
 
@@ -26,7 +29,8 @@ from trainsched.errors import TrainschedError
 from trainsched.graph import Graph, to_training
 from trainsched.units import is_int
 
-__all__ = ["CUT_MODES", "StageCosts", "balanced_cuts", "stage_costs_from_graph", "uniform_stages"]
+__all__ = ["CUT_MODES", "StageCosts", "balanced_cuts", "launch_s", "microbatch_count",
+           "stage_costs_from_graph", "uniform_stages"]
 
 CUT_MODES = ("compute", "params")
 
@@ -226,12 +230,52 @@ def _owner(op: Any) -> str:
     return op.forward_op or (op.name if op.kind == "forward" else op.name.rsplit(":", 1)[0])
 
 
-def _phase_times(graph: Graph, order: Sequence[str]) -> dict[str, list[float]]:
-    """Per forward op in ``order``: the summed time of its forward, dX and dW ops."""
-    phase = {n: [0.0, 0.0, 0.0] for n in order}
+def launch_s(graph: Graph) -> float:
+    """The time each op of ``graph`` pays once per run whatever its size: the device's launch
+    overhead in a roofline graph (``meta["launch_overhead_s"]``, which capture records; for a
+    graph written before it, the catalogue's figure for ``meta["device"]``), else 0 (measured
+    times do not separate it)."""
+    meta = graph.meta
+    if meta.get("tier") != "roofline":
+        return 0.0
+    value = meta.get("launch_overhead_s")
+    if value is None:
+        from trainsched.cluster.catalogue import device_kind
+
+        try:
+            value = device_kind(str(meta.get("device"))).launch_overhead_s
+        except TrainschedError:
+            return 0.0
+    if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+        raise TrainschedError(f"the graph's meta launch_overhead_s must be a duration >= 0 s, "
+                              f"got {value!r}")
+    return float(value)
+
+
+def microbatch_count(graph: Graph, microbatch_graph: Graph) -> int | None:
+    """How many micro-batches of ``microbatch_graph``'s size make ``graph``'s batch, from the
+    two graphs' ``meta["batch_size"]``; ``None`` when either does not say. A size that does
+    not divide the batch is refused."""
+    batch, micro = graph.meta.get("batch_size"), microbatch_graph.meta.get("batch_size")
+    if not (is_int(batch) and is_int(micro) and batch >= 1 and micro >= 1):
+        return None
+    if batch % micro:
+        raise TrainschedError(f"the micro-batch graph's batch of {micro} does not divide the "
+                              f"graph's batch of {batch}: capture it at a divisor of {batch}")
+    return batch // micro
+
+
+def _phase_times(graph: Graph, order: Sequence[str],
+                 launch: float = 0.0) -> dict[str, list[list[float]]]:
+    """Per forward op in ``order``, per phase (forward, dX, dW): ``[summed time, the part of
+    it paid per run whatever the size]``, the second ``launch`` for every op that costs
+    anything (at most its time)."""
+    phase = {n: [[0.0, 0.0], [0.0, 0.0], [0.0, 0.0]] for n in order}
     for op in graph.ops:
         if op.kind in PHASES:
-            phase[_owner(op)][PHASES[op.kind]] += op.compute_s
+            cell = phase[_owner(op)][PHASES[op.kind]]
+            cell[0] += op.compute_s
+            cell[1] += min(op.compute_s, launch)
     return phase
 
 
@@ -247,8 +291,9 @@ def stage_costs_from_graph(graph: Graph, num_stages: int, num_microbatches: int,
     or a sequence of ``num_stages - 1`` cut points, each the first op of a stage (by name, or
     by index in that order). The backward and optimizer ops of a forward op (their
     ``forward_op``) go with it. Per micro-batch (``/ num_microbatches``, the linear-scaling
-    assumption of the module docstring): F, I and W are the summed ``compute_s`` of the
-    stage's forward, ``backward_input`` and ``backward_weight`` ops; ``saved_bytes`` the summed
+    assumption of the module docstring, each op's :func:`launch_s` paid whole): F, I and W are
+    the summed ``compute_s`` of the stage's forward, ``backward_input`` and ``backward_weight``
+    ops; ``saved_bytes`` the summed
     ``saved_bytes`` of its forward ops; ``activation_bytes[s]`` the bytes of the forward edges
     from stages ``<= s`` to stages ``> s`` (one tensor counted once, also when it skips a
     stage, which forwards it). Resident: ``param_bytes`` (with buffers), the gradients its dW
@@ -259,7 +304,9 @@ def stage_costs_from_graph(graph: Graph, num_stages: int, num_microbatches: int,
     (the same ops by name). Its F, I and W times and its saved and activation bytes are then a
     micro-batch's as they are, not the batch's divided by ``num_microbatches``: measured on a
     CPU, a micro-batch of 2 images costs ResNet-50 more than a quarter of a batch of 8 (2.3x
-    more at 32 x 32 on this project's host). The cut is made on ``graph``.
+    more at 32 x 32 on this project's host). The cut is made on ``graph``. Where both graphs
+    record their batch size, the micro-batch graph's must be the batch over
+    ``num_microbatches`` (:func:`microbatch_count`).
     """
     for name, value in (("num_stages", num_stages), ("num_microbatches", num_microbatches)):
         if not (is_int(value) and value >= 1):
@@ -277,6 +324,13 @@ def stage_costs_from_graph(graph: Graph, num_stages: int, num_microbatches: int,
         if {op.name for op in microbatch_graph.ops} != {op.name for op in graph.ops}:
             raise TrainschedError("the micro-batch graph's ops are not the graph's: capture "
                                   "the same model the same way at the micro-batch size")
+        count = microbatch_count(graph, microbatch_graph)
+        if count is not None and count != num_microbatches:
+            raise TrainschedError(
+                f"the micro-batch graph holds 1/{count} of the graph's batch of "
+                f"{graph.meta['batch_size']}, not 1/{num_microbatches}: capture it at "
+                f"{graph.meta['batch_size']} / {num_microbatches} samples, or use "
+                f"{count} micro-batches")
     resident = {n: [0, 0, 0] for n in order}  # params + buffers, grads, optimizer state
     for op in graph.ops:
         owner = _owner(op)
@@ -287,14 +341,14 @@ def stage_costs_from_graph(graph: Graph, num_stages: int, num_microbatches: int,
             resident[owner][1] += op.output_bytes
         resident[owner][0] += op.param_bytes + op.buffer_bytes
         resident[owner][2] += op.optimizer_state_bytes
-    phase = _phase_times(graph, order)
+    phase = _phase_times(graph, order, launch_s(graph))
 
     if isinstance(cut, str):
         if cut not in CUT_MODES:
             raise TrainschedError(f"unknown cut {cut!r}; use one of {', '.join(CUT_MODES)} or a "
                                   "list of cut points")
         if cut == "compute":
-            weights = [math.fsum(phase[n]) for n in order]
+            weights = [math.fsum(total for total, _ in phase[n]) for n in order]
         else:
             weights = [float(graph.op(n).param_bytes) for n in order]
         if num_stages > 1 and not any(weights):
@@ -316,7 +370,7 @@ def stage_costs_from_graph(graph: Graph, num_stages: int, num_microbatches: int,
     m = num_microbatches
     sized = graph
     if microbatch_graph is not None:  # a micro-batch's own costs and bytes: nothing to divide
-        phase = _phase_times(microbatch_graph, order)
+        phase = _phase_times(microbatch_graph, order, launch_s(microbatch_graph))
         m, sized = 1, microbatch_graph
     # A tensor (producer, key) read in later stages crosses every cut up to its last reader's
     # stage, once, at the largest size any edge gives it; a stage it skips forwards it.
@@ -331,8 +385,9 @@ def stage_costs_from_graph(graph: Graph, num_stages: int, num_microbatches: int,
         for s in range(stage_of[src], last):
             crossing[s] += size
 
-    def per_mb_s(values: list[float]) -> float:
-        return math.fsum(values) / m
+    def per_mb_s(cells: list[list[float]]) -> float:  # the size-free part is paid every time
+        fixed = math.fsum(f for _, f in cells)
+        return (math.fsum(t for t, _ in cells) - fixed) / m + fixed
 
     def per_mb_bytes(total: int) -> int:
         return -(-total // m)

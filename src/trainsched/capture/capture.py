@@ -180,7 +180,8 @@ def _capture(model: torch.nn.Module, example_inputs: Any, example_kwargs: Any,
                           memory_bandwidth_bytes_per_s=_copy_bandwidth(run_device))
     elif spec is not None:
         graph_meta.update(device=spec.kind,
-                          memory_bandwidth_bytes_per_s=spec.memory_bandwidth_bytes_per_s)
+                          memory_bandwidth_bytes_per_s=spec.memory_bandwidth_bytes_per_s,
+                          launch_overhead_s=spec.launch_overhead_s)
     if inputs_require_grad:
         graph_meta["grad_inputs"] = [n for n, v in traced.inputs.items()
                                      if isinstance(v, torch.Tensor) and v.is_floating_point()]

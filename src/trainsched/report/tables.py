@@ -126,6 +126,8 @@ def simulate_report(doc: Mapping[str, Any], model: str) -> str:
         lines += data_plan_lines(doc)
     if doc.get("slots"):
         lines += slot_lines(doc["slots"])
+    if doc.get("pipeline"):
+        lines.append(pipeline_line(doc["pipeline"]))
     steps = doc.get("steps", 1)
     lines.append(f"  step time        {format_duration(doc['step_time_s'])} "
                  f"(dependency bound {format_duration(doc['dependency_bound_s'])}"
@@ -146,6 +148,22 @@ def simulate_report(doc: Mapping[str, Any], model: str) -> str:
     if doc.get("choice"):
         lines += pipeline_choice_lines(doc["choice"])
     return "\n".join(lines)
+
+
+#: Where a pipeline's micro-batch costs came from, as ``simulate`` says it.
+MICROBATCH_COSTS = {"graph": "costs of the micro-batch graph",
+                    "divided": "costs the graph's divided by {m}",
+                    "divided, launches whole": "costs the graph's divided by {m}, each op's "
+                                               "launch paid whole"}
+
+
+def pipeline_line(pipeline: Mapping[str, Any]) -> str:
+    """A pipeline plan's shape: schedule, stages, micro-batches and their costs' source."""
+    m, samples = pipeline["microbatches"], pipeline["microbatch_samples"]
+    size = f" of {samples} sample{'s' if samples != 1 else ''}" if samples is not None else ""
+    return (f"  pipeline         {pipeline['schedule']}, {pipeline['stages']} stages, {m} "
+            f"micro-batch{'es' if m != 1 else ''}{size}; "
+            f"{MICROBATCH_COSTS[pipeline['microbatch_costs']].format(m=m)}")
 
 
 def pipeline_choice_lines(choice: Mapping[str, Any]) -> list[str]:

@@ -19,15 +19,18 @@ ranks' peaks (resident state, saved activations, buffers in flight).
   micro-batches. A candidate that cannot be
   built (a schedule that needs more micro-batches than that) is listed with the reason. When
   no candidate fits, the error names the smallest limit that works: the smallest peak of all.
-- **Linear scaling**: the graph's costs are divided by the micro-batch count, so more
-  micro-batches never make a stage slower; what stops the count growing is the host time of
-  each action and message (``cluster.device.microbatch_overhead_s``, ``message_host_s``).
-  Without them, the largest count that fits usually wins.
+- **Linear scaling**: the graph's costs are divided by the micro-batch count, except each
+  op's launch overhead in a roofline graph, paid once per micro-batch
+  (:func:`~trainsched.backprop.stages.launch_s`); what else stops the count growing is the
+  host time of each action and message (``cluster.device.microbatch_overhead_s``,
+  ``message_host_s``). Measured costs divide whole: without those host times the largest
+  count that fits usually wins, so give such a graph its micro-batch captures
+  (``microbatch_graphs``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from trainsched.backprop.schedules import SCHEDULES, build_schedule, schedule_stage_count
@@ -105,11 +108,18 @@ def _peak(result: PipelineResult) -> int:
 def choose_pipeline(graph: Graph, cluster: Cluster, num_ranks: int, *,
                     batch_size: int | None = None, memory_limit_bytes: int | None = None,
                     schedules: Sequence[str] | None = None,
-                    microbatches: Sequence[int] | None = None) -> PipelineChoice:
+                    microbatches: Sequence[int] | None = None,
+                    microbatch_graphs: Mapping[int, Graph] | None = None) -> PipelineChoice:
     """The schedule and micro-batch count with the shortest simulated step under the memory
     limit (module docstring). ``schedules`` defaults to every registered one, ``microbatches``
     to :func:`microbatch_candidates` of ``batch_size`` (default: the graph's
-    ``meta["batch_size"]``); ``memory_limit_bytes`` to the cluster's device memory."""
+    ``meta["batch_size"]``); ``memory_limit_bytes`` to the cluster's device memory.
+
+    ``microbatch_graphs``: per micro-batch count m, the model captured at the micro-batch size
+    (1/m of the batch), whose costs a micro-batch then has as they are
+    (:func:`~trainsched.backprop.stages.stage_costs_from_graph`). The counts tried are then
+    its keys (and 1, the graph itself, if asked for); a count without its graph is refused,
+    so that no candidate is costed another way than the others."""
     if not isinstance(graph, Graph):
         raise TrainschedError(f"choose_pipeline needs a Graph, got {type(graph).__name__}")
     if not isinstance(cluster, Cluster):
@@ -124,16 +134,30 @@ def choose_pipeline(graph: Graph, cluster: Cluster, num_ranks: int, *,
     if batch_size is None:
         known = graph.meta.get("batch_size")
         batch_size = known if is_int(known) and known >= 1 else None
-    counts = list(microbatches) if microbatches is not None \
-        else list(microbatch_candidates(batch_size, num_ranks))
+    sized = {m: training_graph(g) for m, g in (microbatch_graphs or {}).items()}
+    if microbatches is not None:
+        counts = list(microbatches)
+    else:
+        counts = sorted(sized) if sized else list(microbatch_candidates(batch_size, num_ranks))
     for m in counts:
         if not (is_int(m) and m >= 1):
             raise TrainschedError(f"micro-batch counts must be integers >= 1, got {m!r}")
         if batch_size is not None and m > batch_size:
             raise TrainschedError(f"{m} micro-batches of a batch of {batch_size}: a micro-batch "
                                   f"needs at least one sample; try at most {batch_size}")
-    return choose_from_costs(lambda p, m: stage_costs_from_graph(graph, p, m), cluster,
-                             num_ranks, counts, memory_limit_bytes=limit, schedules=schedules)
+    if sized:
+        missing = [m for m in counts if m != 1 and m not in sized]
+        if missing:
+            raise TrainschedError(
+                f"no micro-batch graph for {', '.join(map(str, missing))} micro-batches: with "
+                f"micro-batch graphs every count needs its own (those given: "
+                f"{', '.join(map(str, sorted(sized)))})")
+
+    def costs_of(p: int, m: int) -> StageCosts:
+        return stage_costs_from_graph(graph, p, m, microbatch_graph=sized.get(m))
+
+    return choose_from_costs(costs_of, cluster, num_ranks, counts, memory_limit_bytes=limit,
+                             schedules=schedules)
 
 
 def choose_from_costs(costs_of: CostsOf, cluster: Cluster, num_ranks: int,

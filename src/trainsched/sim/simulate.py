@@ -101,6 +101,11 @@ def simulate(plan: Plan, graph: Graph, cluster: Cluster, *,
         raise TrainschedError(f"simulate needs a Cluster (trainsched.cluster.resolve_cluster "
                               f"makes one from a preset name), got {type(cluster).__name__}")
     check_costs_fit(graph, cluster)
+    if microbatch_graph is not None:
+        if not isinstance(plan, PipelinePlan):
+            raise TrainschedError(f"a micro-batch graph costs a pipeline's micro-batches; this "
+                                  f"is a {getattr(plan, 'kind', type(plan).__name__)} plan")
+        check_costs_fit(microbatch_graph, cluster)
     graph = training_graph(graph)
     if isinstance(plan, SinglePlan):
         plan.validate(graph, cluster)
