@@ -44,12 +44,18 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from _common import cpu_model, write_results
-from trainsched.backprop.schedules import SCHEDULES, build_schedule, schedule_stage_count
+from trainsched.backprop.schedules import (
+    SCHEDULES,
+    build_schedule,
+    schedule_stage_count,
+    stage_ranks,
+)
 from trainsched.backprop.stages import StageCosts, stage_costs_from_graph
 from trainsched.cluster import resolve_cluster
 from trainsched.costs import p2p_s
 from trainsched.graph import Graph
 from trainsched.sim import simulate_pipeline
+from trainsched.sim.pipeline_choice import plan_stages
 
 GiB = 1 << 30
 PUBLISHED = (1.41, 1.99)   # Out-Of-Order BackProp (EuroSys 2022), pipeline, over GPipe
@@ -160,13 +166,15 @@ def simulate_setup(graph: Graph, setup: Setup) -> list[dict[str, Any]]:
     cluster = resolve_cluster("p3.16xlarge", nodes=-(-setup.gpus // 8))
     limit = cluster.device.memory_bytes
     p, m = setup.gpus, setup.microbatches
-    cuts: dict[tuple[str, int], StageCosts] = {}
+    cuts: dict[tuple[str, int, tuple[int, ...] | None], StageCosts] = {}
 
-    def stages_for(cut: str, count: int) -> StageCosts:
-        if (cut, count) not in cuts:
+    def stages_for(cut: str, count: int, ranks: tuple[int, ...] | None = None) -> StageCosts:
+        """``compute``: balanced by compute, by rank when given the stages' ranks."""
+        if (cut, count, ranks) not in cuts:
             how = paper_cut(graph, setup.layers, p) if cut == "paper" else "compute"
-            cuts[cut, count] = per_microbatch(stage_costs_from_graph(graph, count, 1, cut=how))
-        return cuts[cut, count]
+            cuts[cut, count, ranks] = per_microbatch(stage_costs_from_graph(
+                graph, count, 1, cut=how, stage_to_rank=ranks))
+        return cuts[cut, count, ranks]
 
     rows = []
     for cut in ("compute", "paper"):
@@ -175,6 +183,7 @@ def simulate_setup(graph: Graph, setup: Setup) -> list[dict[str, Any]]:
             count = p if name == WINDOW else schedule_stage_count(name, p)
             if cut == "paper" and count != p:
                 continue
+            ranks = tuple(range(p)) if name == WINDOW else stage_ranks(name, p, m)
             stages = stages_for(cut, count)
             options: dict[str, Any] = {}
             if name != WINDOW and SCHEDULES.tags(name).get("costs"):
@@ -183,9 +192,13 @@ def simulate_setup(graph: Graph, setup: Setup) -> list[dict[str, Any]]:
                 options["p2p_s"] = [p2p_s(stages.activation_bytes[s], cluster.link(s, s + 1))
                                     for s in range(p - 1)]
             began = time.perf_counter()
-            schedule = build_schedule("1f1b", p, m, split_backward=True) if name == WINDOW \
-                else build_schedule(name, p, m, stages=stages, **options)
-            result = simulate_pipeline(stages, schedule, cluster)
+            if count > p:  # several stages per rank: the better cut, as plans choose it
+                stages, schedule, result = plan_stages(
+                    lambda c, _m, r, cut=cut: stages_for(cut, c, r), name, p, m, cluster)
+            else:
+                schedule = build_schedule("1f1b", p, m, split_backward=True) \
+                    if name == WINDOW else build_schedule(name, p, m, stages=stages, **options)
+                result = simulate_pipeline(stages, schedule, cluster)
             work = m * math.fsum(stages.forward_s + stages.backward_input_s
                                  + stages.backward_weight_s)
             if name == "gpipe":
@@ -195,6 +208,7 @@ def simulate_setup(graph: Graph, setup: Setup) -> list[dict[str, Any]]:
             rows.append({
                 "layers": setup.layers, "gpus": p, "batch": setup.batch, "microbatches": m,
                 "cut": cut, "schedule": name, "stages": count,
+                "balanced_by": "rank" if stages is not stages_for(cut, count) else "stage",
                 "step_time_s": result.step_time_s, "speedup_over_gpipe":
                 gpipe_s / result.step_time_s, "bound_over_gpipe": gpipe_s / (work / p),
                 "bubble_fraction": result.bubble_fraction, "peak_memory_bytes": peak,
@@ -202,7 +216,11 @@ def simulate_setup(graph: Graph, setup: Setup) -> list[dict[str, Any]]:
                 "max_stage_s": max(a + b + c for a, b, c in zip(
                     stages.forward_s, stages.backward_input_s, stages.backward_weight_s,
                     strict=True)),
-                "mean_stage_s": work / m / count})
+                "mean_stage_s": work / m / count,
+                "max_rank_s": max(math.fsum(
+                    a + b + c for s, (a, b, c) in enumerate(zip(
+                        stages.forward_s, stages.backward_input_s, stages.backward_weight_s,
+                        strict=True)) if ranks[s] == r) for r in range(p))})
     return rows
 
 

@@ -152,3 +152,72 @@ def test_a_roofline_graphs_launches_stop_the_count_growing():
     choice = choose_pipeline(graph, CLUSTER, 2, schedules=["gpipe"])
     assert [c.step_time_s for c in choice.candidates] == [24.0, 22.5, 26.25]
     assert choice.num_microbatches == 2
+
+
+def _chain(costs: list[float]) -> Graph:
+    """A chain of layers, each costing its entry (s) of forward, dX and dW for the batch."""
+    ops = [Op(name="x", target="input")]
+    ops += [Op(name=f"l{k}", compute_s=c, backward_input_s=c, backward_weight_s=c,
+               param_bytes=10, saved_bytes=40, output_bytes=0) for k, c in enumerate(costs)]
+    edges = [Edge(src="x", dst="l0", size_bytes=0)]
+    edges += [Edge(src=f"l{k}", dst=f"l{k + 1}", size_bytes=0) for k in range(len(costs) - 1)]
+    return Graph(ops, edges, {"batch_size": 4, "grad_inputs": ["x"]})
+
+
+def _spy(graph: Graph, calls: list) -> object:
+    from trainsched.backprop.stages import stage_costs_from_graph
+
+    def costs_of(count, m, stage_to_rank):
+        calls.append(stage_to_rank)
+        return stage_costs_from_graph(graph, count, m, stage_to_rank=stage_to_rank)
+    return costs_of
+
+
+def test_several_stages_per_rank_keep_the_faster_of_the_two_cuts():
+    from trainsched.backprop.schedules import build_schedule
+    from trainsched.sim.pipeline import simulate_pipeline
+    from trainsched.sim.pipeline_choice import plan_stages
+
+    # ZBV on 2 ranks holds stages 0 and 3 on rank 0: cut by stage, [l0-l4 | l5 | l6 | l7]
+    # gives rank 0 5 + 5 = 10 of 12; cut by rank, [l0 | l1-l5 | l6 | l7], 6 and 6.
+    graph, calls = _chain([1.0] * 7 + [5.0]), []
+    stages, schedule, result = plan_stages(_spy(graph, calls), "zbv", 2, 4, CLUSTER)
+    assert calls == [None, (0, 1, 1, 0)]
+    assert stages.ops == (("x", "l0"), ("l1", "l2", "l3", "l4", "l5"), ("l6",), ("l7",))
+    steps = []
+    for placement in calls:
+        from trainsched.backprop.stages import stage_costs_from_graph
+
+        each = stage_costs_from_graph(graph, 4, 4, stage_to_rank=placement)
+        steps.append(simulate_pipeline(each, build_schedule("zbv", 2, 4), CLUSTER).step_time_s)
+    assert steps[1] < steps[0] and result.step_time_s == steps[1]
+
+
+def test_one_stage_per_rank_is_cut_once_by_stage():
+    from trainsched.sim.pipeline_choice import plan_stages
+
+    calls: list = []
+    plan_stages(_spy(_chain([1.0] * 7 + [5.0]), calls), "1f1b", 2, 4, CLUSTER)
+    assert calls == [None]
+
+
+def test_a_rank_balanced_cut_that_is_slower_is_not_kept():
+    from trainsched.backprop.schedules import build_schedule
+    from trainsched.backprop.stages import stage_costs_from_graph
+    from trainsched.sim.pipeline import simulate_pipeline
+    from trainsched.sim.pipeline_choice import plan_stages
+
+    # Interleaved 1F1B, loop placement (per phase, s): by stage [x l0 l1 | l2 l3 | l4 l5 | l6]
+    # = 7 | 10 | 10 | 3 loads the ranks 7 + 10 = 17 and 10 + 3 = 13; by rank
+    # [x l0 | l1 l2 l3 | l4 l5 | l6] = 4 | 13 | 10 | 3 loads them 14 and 16, more even, but
+    # its 13 s stage holds up every micro-batch.
+    graph = _chain([4.0, 3.0, 4.0, 6.0, 4.0, 6.0, 3.0])
+    by_stage = stage_costs_from_graph(graph, 4, 4)
+    by_rank = stage_costs_from_graph(graph, 4, 4, stage_to_rank=(0, 1, 0, 1))
+    assert by_rank.ops == (("x", "l0"), ("l1", "l2", "l3"), ("l4", "l5"), ("l6",))
+    step = {name: simulate_pipeline(s, build_schedule("interleaved-1f1b", 2, 4, stages=s),
+                                    CLUSTER).step_time_s
+            for name, s in (("stage", by_stage), ("rank", by_rank))}
+    assert step["stage"] < step["rank"]
+    stages, _, result = plan_stages(_spy(graph, []), "interleaved-1f1b", 2, 4, CLUSTER)
+    assert stages.ops == by_stage.ops and result.step_time_s == step["stage"]

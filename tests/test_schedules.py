@@ -14,6 +14,7 @@ from trainsched.backprop.schedules import (
     build_schedule,
     gpipe,
     one_f_one_b,
+    stage_ranks,
 )
 from trainsched.errors import TrainschedError
 from trainsched.plan import Schedule
@@ -198,3 +199,15 @@ def test_csv_round_trips_through_pytorch(pipelining, tmp_path, name, p, m, split
     assert lowered.to_csv() == torch_csv
     assert "SEND_F" in torch_csv or p == 1
     assert all(lowered.compute_actions(r) == ours.compute_actions(r) for r in range(p))
+
+
+@pytest.mark.parametrize(("name", "ranks", "expected"), [
+    ("1f1b", 3, (0, 1, 2)),
+    ("zb-greedy", 2, (0, 1)),
+    ("interleaved-1f1b", 2, (0, 1, 0, 1)),  # loop: stage s on rank s mod p
+    ("modulo", 3, (0, 1, 2, 0, 1, 2)),
+    ("zbv", 2, (0, 1, 1, 0)),  # V: down the ranks and back
+    ("zbv", 3, (0, 1, 2, 2, 1, 0)),
+])
+def test_the_rank_of_each_stage_is_known_before_the_cut(name, ranks, expected):
+    assert stage_ranks(name, ranks, 6) == expected

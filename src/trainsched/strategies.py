@@ -27,8 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from trainsched.backprop.reorder import BACKPROP_ORDERS
-from trainsched.backprop.schedules import SCHEDULES, build_schedule, schedule_stage_count
-from trainsched.backprop.stages import stage_costs_from_graph
+from trainsched.backprop.schedules import SCHEDULES
+from trainsched.backprop.stages import StageCosts, stage_costs_from_graph
 from trainsched.cluster import Cluster
 from trainsched.comm.policy import COMM_POLICIES, ByteSchedulerPolicy, comm_policy
 from trainsched.errors import TrainschedError
@@ -159,12 +159,14 @@ def _pipeline(name: str) -> Strategy:
             raise TrainschedError(f"{o.microbatches} micro-batches of a batch of {batch}: a "
                                   f"micro-batch needs at least one sample; use at most {batch} "
                                   f"micro-batches or a larger batch")
-        stages = stage_costs_from_graph(graph, schedule_stage_count(name, o.ranks),
-                                        o.microbatches, microbatch_graph=o.microbatch_graph)
-        plan = PipelinePlan(model=ModelRef.of(graph),
-                            stages=stages.ops,
-                            schedule=build_schedule(name, o.ranks, o.microbatches,
-                                                    stages=stages),
+        from trainsched.sim.pipeline_choice import plan_stages
+
+        def costs_of(count: int, m: int, stage_to_rank: tuple[int, ...] | None) -> StageCosts:
+            return stage_costs_from_graph(graph, count, m, microbatch_graph=o.microbatch_graph,
+                                          stage_to_rank=stage_to_rank)
+
+        stages, schedule, _ = plan_stages(costs_of, name, o.ranks, o.microbatches, cluster)
+        plan = PipelinePlan(model=ModelRef.of(graph), stages=stages.ops, schedule=schedule,
                             schedule_name=name)
         return Planned(plan=plan, samples_per_step=o.batch_size,
                        description=f"{o.ranks} stages balanced by compute, {o.microbatches} "

@@ -25,7 +25,7 @@ from typing import Any
 
 from trainsched.backprop.fast_forward import fast_forward, modulo
 from trainsched.backprop.interleaved import interleaved_1f1b, interleaved_zero_bubble, zb_h1, zbv
-from trainsched.backprop.stages import StageCosts
+from trainsched.backprop.stages import StageCosts, uniform_stages
 from trainsched.backprop.zero_bubble import zb_h2, zero_bubble
 from trainsched.errors import TrainschedError
 from trainsched.plan import Action, Schedule
@@ -128,6 +128,22 @@ def schedule_stage_count(name: str, num_ranks: int, **options: Any) -> int:
         raise TrainschedError(f"pipeline schedule {name!r} runs {tags.get('chunks', 1)} "
                               "stage(s) per rank; it takes no chunks option")
     return num_ranks * options.get("chunks", tags.get("chunks", 1))
+
+
+def stage_ranks(name: str, num_ranks: int, num_microbatches: int,
+                **options: Any) -> tuple[int, ...]:
+    """The rank of each stage of schedule ``name`` on ``num_ranks`` ranks (its
+    ``stage_to_rank``), known before the model is cut, so that a cut can balance what each rank
+    computes (``stage_costs_from_graph(..., stage_to_rank=)``). One stage per rank: stage r on
+    rank r; several: the placement of the schedule built with equal stage costs (loop for
+    interleaved and modulo, V-shaped for ZBV)."""
+    count = schedule_stage_count(name, num_ranks, **options)
+    if count == num_ranks:
+        return tuple(range(num_ranks))
+    stages = uniform_stages(count, 1.0, 1.0, 1.0)
+    schedule = build_schedule(name, num_ranks, num_microbatches, stages=stages, **options)
+    assert schedule.stage_to_rank is not None
+    return tuple(schedule.stage_to_rank)
 
 
 def build_schedule(name: str, num_ranks: int, num_microbatches: int,

@@ -14,7 +14,6 @@ servers, dedicated; one where it describes none).
 from __future__ import annotations
 
 import argparse
-import contextlib
 from typing import Any
 
 from trainsched.backprop.reorder import BACKPROP_ORDERS
@@ -31,11 +30,17 @@ from trainsched.cli.common import (
     check_count,
     collector_paused,
     dump,
-    error_context,
     given,
     parse_credit,
     training_graph,
     tune_ranges,
+)
+from trainsched.cli.simulate_pipeline import (
+    auto_pipeline,
+    microbatch_graphs,
+    pipeline_doc,
+    pipeline_plan,
+    plan_microbatch_graph,
 )
 from trainsched.cli.simulate_sync import (
     STEP_NOISE,
@@ -201,34 +206,14 @@ def costs_line(graph: Any) -> str | None:
     return f"{tier}{f' on {where}' if where and tier != 'static' else ''}, {precision}"
 
 
-def microbatch_graphs(graph: Any, args: argparse.Namespace) -> dict[int, Any]:
-    """The ``--microbatch-graph`` files as training graphs, by the micro-batch count each makes
-    of ``graph``'s batch (:func:`~trainsched.backprop.stages.microbatch_count`)."""
-    from trainsched.backprop.stages import microbatch_count
-
-    sized: dict[int, Any] = {}
-    for path in args.microbatch_graph or ():
-        micro = training_graph(path, args)
-        with error_context(f"--microbatch-graph {path}"):
-            count = microbatch_count(graph, micro)
-            if count is None:
-                raise TrainschedError(
-                    f"it or {args.graph} does not record its batch size (meta batch_size), so "
-                    f"the micro-batch count is unknown: profile both with --batch-size")
-            if count in sized:
-                raise TrainschedError(f"a second graph of 1/{count} of the batch; give one "
-                                      f"per micro-batch count")
-        sized[count] = micro
-    return sized
-
-
 def build_plan(graph: Any, cluster: Any, args: argparse.Namespace, *, policy: Any = None,
                steps: int = 1, k: int = 0, slots: tuple[Any, ...] = (),
                sized: dict[int, Any] | None = None) -> Any:
     """The plan the flags describe (``--parallelism`` and its options); data parallelism runs
     ``policy`` for ``steps`` steps, deferring ``k`` layers with an out-of-order
     ``--backprop``; one device runs its weight gradients in ``slots``; a pipeline's
-    micro-batches cost what ``sized`` (:func:`microbatch_graphs`) says for their count."""
+    micro-batches cost what ``sized`` (:func:`~.simulate_pipeline.microbatch_graphs`) says for
+    their count."""
     from trainsched import plan as plans
 
     model = plans.ModelRef.of(graph)
@@ -247,54 +232,7 @@ def build_plan(graph: Any, cluster: Any, args: argparse.Namespace, *, policy: An
                                       steps=steps, startup_overlap=args.startup_overlap,
                                       backprop=args.backprop or "inorder", k=k,
                                       sync=args.sync or "bsp", **plan_servers(args, cluster))
-    from trainsched.backprop.schedules import build_schedule, schedule_stage_count
-    from trainsched.backprop.stages import stage_costs_from_graph
-    from trainsched.strategies import default_microbatches
-
-    sized = sized or {}
-    if (args.schedule or "").strip().lower() == "auto":
-        return _auto_pipeline(graph, cluster, args, ranks, sized)[0]
-    if args.memory_limit is not None:
-        raise TrainschedError("--memory-limit: the limit picks a schedule; it applies with "
-                              "--schedule auto")
-    if len(sized) > 1:
-        raise TrainschedError(f"--microbatch-graph: {len(sized)} files cost "
-                              f"{len(sized)} micro-batch counts, and one schedule runs one; "
-                              f"give one, or several with --schedule auto")
-    batch = graph.meta.get("batch_size")
-    micro = args.microbatches or next(iter(sized), None) or default_microbatches(ranks, batch)
-    if sized and micro not in sized:
-        raise TrainschedError(f"--microbatches {micro}: the --microbatch-graph holds 1/"
-                              f"{next(iter(sized))} of the batch; drop --microbatches (the "
-                              f"graph sets the count) or profile 1/{micro} of the batch")
-    if isinstance(batch, int) and micro > batch:
-        raise TrainschedError(f"--microbatches {micro}: the graph's batch has {batch} samples "
-                              f"and a micro-batch needs at least one; give at most {batch}")
-    schedule = args.schedule or "1f1b"
-    stages = stage_costs_from_graph(graph, schedule_stage_count(schedule, ranks), micro,
-                                    microbatch_graph=sized.get(micro))
-    return plans.PipelinePlan(model=model, stages=stages.ops,
-                              schedule=build_schedule(schedule, ranks, micro, stages=stages),
-                              schedule_name=schedule.strip().lower())
-
-
-def _auto_pipeline(graph: Any, cluster: Any, args: argparse.Namespace, ranks: int,
-                   sized: dict[int, Any]) -> tuple[Any, Any]:
-    """``--schedule auto``: the plan of the schedule and micro-batch count that
-    :func:`trainsched.sim.pipeline_choice.choose_pipeline` picks (micro-batches costed by
-    ``sized`` where given), and its choice."""
-    from trainsched import plan as plans
-    from trainsched.sim.pipeline_choice import choose_pipeline
-    from trainsched.units import parse_size
-
-    limit = None if args.memory_limit is None else parse_size(args.memory_limit)
-    with error_context("--microbatch-graph") if sized else contextlib.nullcontext():
-        choice = choose_pipeline(graph, cluster, ranks, memory_limit_bytes=limit,
-                                 microbatches=[args.microbatches] if args.microbatches else None,
-                                 microbatch_graphs=sized)
-    plan = plans.PipelinePlan(model=plans.ModelRef.of(graph), stages=choice.stages.ops,
-                              schedule=choice.schedule, schedule_name=choice.schedule_name)
-    return plan, choice
+    return pipeline_plan(graph, cluster, args, ranks, sized or {})
 
 
 def _ranks(args: argparse.Namespace, cluster: Any) -> int:
@@ -408,8 +346,8 @@ def run(args: argparse.Namespace) -> int:
         choice = choose_slots(graph, cluster)
     sized = microbatch_graphs(graph, args) if args.parallelism == "pipeline" else {}
     if args.parallelism == "pipeline" and (args.schedule or "").strip().lower() == "auto":
-        plan, pipeline_choice = _auto_pipeline(graph, cluster, args, _ranks(args, cluster),
-                                               sized)
+        plan, pipeline_choice = auto_pipeline(graph, cluster, args, _ranks(args, cluster),
+                                              sized)
     else:
         plan = build_plan(graph, cluster, args, policy=policy, steps=steps, k=k,
                           slots=choice.slots if choice is not None else (), sized=sized)
@@ -438,7 +376,7 @@ def run(args: argparse.Namespace) -> int:
         "trace": args.trace,
     }
     if args.parallelism == "pipeline":
-        doc["pipeline"] = _pipeline_doc(plan, graph, micro_graph)
+        doc["pipeline"] = pipeline_doc(plan, graph, micro_graph)
     if choice is not None:
         doc["slots"] = _slots_doc(choice)
     if pipeline_choice is not None:
@@ -456,22 +394,6 @@ def run(args: argparse.Namespace) -> int:
                    sync=sync_doc(plan, graph, cluster, result, args), **_slowest_meta(slowest))
     print(dump(doc) if args.json else simulate_report(doc, graph.meta.get("model", args.graph)))
     return 0
-
-
-def _pipeline_doc(plan: Any, graph: Any, micro_graph: Any) -> dict[str, Any]:
-    """A pipeline plan's shape for the report: schedule, stages, micro-batches, samples in
-    each (where the graph's batch says) and where a micro-batch's costs came from:
-    ``"graph"`` (a micro-batch graph), ``"divided"`` or ``"divided, launches whole"``
-    (:func:`~trainsched.backprop.stages.launch_s`)."""
-    from trainsched.backprop.stages import launch_s
-    from trainsched.units import is_int
-
-    batch, m = graph.meta.get("batch_size"), plan.num_microbatches
-    costs = "graph" if micro_graph is not None else \
-        "divided, launches whole" if launch_s(graph) else "divided"
-    return {"schedule": plan.schedule_name, "stages": plan.num_stages, "microbatches": m,
-            "microbatch_samples": batch // m if is_int(batch) and batch % m == 0 else None,
-            "microbatch_costs": costs}
 
 
 def _slowest_rank_doc(cluster: Any, ranks: int) -> dict[str, Any] | None:
@@ -544,19 +466,7 @@ def _run_plan_file(args: argparse.Namespace) -> int:
     graph = training_graph(args.graph, args)
     cluster = resolve_cluster(args.cluster)
     plan = load_plan(args.plan)
-    micro_graph = None
-    if args.microbatch_graph:
-        if not isinstance(plan, PipelinePlan):
-            raise TrainschedError(f"--microbatch-graph: the plan in {args.plan} is a "
-                                  f"{plan.kind} plan; micro-batch graphs cost a pipeline's "
-                                  f"micro-batches")
-        sized = microbatch_graphs(graph, args)
-        micro_graph = sized.get(plan.num_microbatches)
-        if len(sized) > 1 or micro_graph is None:
-            raise TrainschedError(
-                f"--microbatch-graph: the plan in {args.plan} runs {plan.num_microbatches} "
-                f"micro-batches; give the one graph of 1/{plan.num_microbatches} of the batch "
-                f"(given: 1/{', 1/'.join(map(str, sorted(sized)))})")
+    micro_graph = plan_microbatch_graph(plan, graph, args)
     with collector_paused(lambda: len(graph)), \
             ProgressBar("simulating", enabled=not args.json) as bar:
         result = simulate(plan, graph, cluster, progress=bar.update, microbatch_graph=micro_graph)
@@ -572,7 +482,7 @@ def _run_plan_file(args: argparse.Namespace) -> int:
            "peak_memory_bytes": dict(result.peak_memory_bytes), "oom": dict(result.oom),
            "events": result.events, "costs": costs_line(graph), "trace": args.trace}
     if isinstance(plan, PipelinePlan):
-        doc["pipeline"] = _pipeline_doc(plan, graph, micro_graph)
+        doc["pipeline"] = pipeline_doc(plan, graph, micro_graph)
     if isinstance(plan, DataParallelPlan):
         bound, gradient = crossing_bound_s(graph, cluster, ranks=plan.ranks,
                                            algorithm=plan.algorithm)
