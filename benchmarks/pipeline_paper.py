@@ -55,7 +55,7 @@ from trainsched.cluster import resolve_cluster
 from trainsched.costs import p2p_s
 from trainsched.graph import Graph
 from trainsched.sim import simulate_pipeline
-from trainsched.sim.pipeline_choice import plan_stages
+from trainsched.sim.pipeline_choice import Cut, plan_stages, schedule_cuts
 
 GiB = 1 << 30
 PUBLISHED = (1.41, 1.99)   # Out-Of-Order BackProp (EuroSys 2022), pipeline, over GPipe
@@ -166,15 +166,16 @@ def simulate_setup(graph: Graph, setup: Setup) -> list[dict[str, Any]]:
     cluster = resolve_cluster("p3.16xlarge", nodes=-(-setup.gpus // 8))
     limit = cluster.device.memory_bytes
     p, m = setup.gpus, setup.microbatches
-    cuts: dict[tuple[str, int, tuple[int, ...] | None], StageCosts] = {}
+    cuts: dict[tuple[str, int, Cut], StageCosts] = {}
 
-    def stages_for(cut: str, count: int, ranks: tuple[int, ...] | None = None) -> StageCosts:
-        """``compute``: balanced by compute, by rank when given the stages' ranks."""
-        if (cut, count, ranks) not in cuts:
-            how = paper_cut(graph, setup.layers, p) if cut == "paper" else "compute"
-            cuts[cut, count, ranks] = per_microbatch(stage_costs_from_graph(
-                graph, count, 1, cut=how, stage_to_rank=ranks))
-        return cuts[cut, count, ranks]
+    def stages_for(cut: str, count: int, points: Cut = "compute") -> StageCosts:
+        """``compute``: balanced by compute, or at ``points``; ``paper``: the published cut."""
+        if (cut, count, points) not in cuts:
+            how = paper_cut(graph, setup.layers, p) if cut == "paper" else \
+                points if isinstance(points, str) else list(points)
+            cuts[cut, count, points] = per_microbatch(stage_costs_from_graph(
+                graph, count, 1, cut=how))
+        return cuts[cut, count, points]
 
     rows = []
     for cut in ("compute", "paper"):
@@ -185,6 +186,7 @@ def simulate_setup(graph: Graph, setup: Setup) -> list[dict[str, Any]]:
                 continue
             ranks = tuple(range(p)) if name == WINDOW else stage_ranks(name, p, m)
             stages = stages_for(cut, count)
+            tried = 1
             options: dict[str, Any] = {}
             if name != WINDOW and SCHEDULES.tags(name).get("costs"):
                 options["memory_limit_bytes"] = [max(0, limit - r)
@@ -192,9 +194,12 @@ def simulate_setup(graph: Graph, setup: Setup) -> list[dict[str, Any]]:
                 options["p2p_s"] = [p2p_s(stages.activation_bytes[s], cluster.link(s, s + 1))
                                     for s in range(p - 1)]
             began = time.perf_counter()
-            if count > p:  # several stages per rank: the better cut, as plans choose it
+            if count > p:  # several stages per rank: the fastest cut, as plans choose it
+                candidates = schedule_cuts(graph, name, p, m)
+                tried = len(candidates)
                 stages, schedule, result = plan_stages(
-                    lambda c, _m, r, cut=cut: stages_for(cut, c, r), name, p, m, cluster)
+                    lambda c, _m, points, cut=cut: stages_for(cut, c, points), name, p, m,
+                    cluster, cuts=candidates)
             else:
                 schedule = build_schedule("1f1b", p, m, split_backward=True) \
                     if name == WINDOW else build_schedule(name, p, m, stages=stages, **options)
@@ -209,6 +214,7 @@ def simulate_setup(graph: Graph, setup: Setup) -> list[dict[str, Any]]:
                 "layers": setup.layers, "gpus": p, "batch": setup.batch, "microbatches": m,
                 "cut": cut, "schedule": name, "stages": count,
                 "balanced_by": "rank" if stages is not stages_for(cut, count) else "stage",
+                "cuts_tried": tried,
                 "step_time_s": result.step_time_s, "speedup_over_gpipe":
                 gpipe_s / result.step_time_s, "bound_over_gpipe": gpipe_s / (work / p),
                 "bubble_fraction": result.bubble_fraction, "peak_memory_bytes": peak,

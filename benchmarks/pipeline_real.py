@@ -440,7 +440,7 @@ def main() -> None:
             f"{role} F {v['F'] * 1e3:.1f} I {v['I'] * 1e3:.1f} W {v['W'] * 1e3:.1f} ms"
             for role, v in alone[b].items()), flush=True)
 
-    def costs_of(num_stages: int, mb: int, _ranks: Any = None) -> Any:  # whole layers per stage
+    def costs_of(num_stages: int, mb: int, _cut: Any = None) -> Any:  # whole layers per stage
         return stage_costs(alone, num_stages, mb, layers, batch, act_per_sample, param_bytes)
 
     small, big = cal["one_way_s"]["4"], cal["one_way_s"][str(batch // m * act_per_sample)]

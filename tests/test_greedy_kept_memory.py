@@ -92,7 +92,7 @@ def test_auto_under_1f1b_peak_picks_1f1b_when_w_keeps_more():
                                          latency="0s"),
                       intra_node=Link(bandwidth_bytes_per_s=1e30, latency_s=0.0))
 
-    def costs(p: int, m: int, stage_to_rank: tuple[int, ...]) -> StageCosts:
+    def costs(p: int, m: int, cut: object) -> StageCosts:
         return stages_of([(2.0 / p,) * 3] * p, [96 // p] * p, [128 // p] * p)
 
     choice = choose_from_costs(costs, cluster, 2, [4], memory_limit_bytes=96)

@@ -167,57 +167,74 @@ def _chain(costs: list[float]) -> Graph:
 def _spy(graph: Graph, calls: list) -> object:
     from trainsched.backprop.stages import stage_costs_from_graph
 
-    def costs_of(count, m, stage_to_rank):
-        calls.append(stage_to_rank)
-        return stage_costs_from_graph(graph, count, m, stage_to_rank=stage_to_rank)
+    def costs_of(count, m, cut):
+        calls.append(cut)
+        return stage_costs_from_graph(graph, count, m, cut=cut if cut == "compute" else list(cut))
     return costs_of
 
 
-def test_several_stages_per_rank_keep_the_faster_of_the_two_cuts():
-    from trainsched.backprop.schedules import build_schedule
-    from trainsched.sim.pipeline import simulate_pipeline
-    from trainsched.sim.pipeline_choice import plan_stages
-
-    # ZBV on 2 ranks holds stages 0 and 3 on rank 0: cut by stage, [l0-l4 | l5 | l6 | l7]
-    # gives rank 0 5 + 5 = 10 of 12; cut by rank, [l0 | l1-l5 | l6 | l7], 6 and 6.
-    graph, calls = _chain([1.0] * 7 + [5.0]), []
-    stages, schedule, result = plan_stages(_spy(graph, calls), "zbv", 2, 4, CLUSTER)
-    assert calls == [None, (0, 1, 1, 0)]
-    assert stages.ops == (("x", "l0"), ("l1", "l2", "l3", "l4", "l5"), ("l6",), ("l7",))
-    steps = []
-    for placement in calls:
-        from trainsched.backprop.stages import stage_costs_from_graph
-
-        each = stage_costs_from_graph(graph, 4, 4, stage_to_rank=placement)
-        steps.append(simulate_pipeline(each, build_schedule("zbv", 2, 4), CLUSTER).step_time_s)
-    assert steps[1] < steps[0] and result.step_time_s == steps[1]
-
-
-def test_one_stage_per_rank_is_cut_once_by_stage():
-    from trainsched.sim.pipeline_choice import plan_stages
-
-    calls: list = []
-    plan_stages(_spy(_chain([1.0] * 7 + [5.0]), calls), "1f1b", 2, 4, CLUSTER)
-    assert calls == [None]
-
-
-def test_a_rank_balanced_cut_that_is_slower_is_not_kept():
+def _step(graph: Graph, name: str, cut) -> float:
     from trainsched.backprop.schedules import build_schedule
     from trainsched.backprop.stages import stage_costs_from_graph
     from trainsched.sim.pipeline import simulate_pipeline
-    from trainsched.sim.pipeline_choice import plan_stages
+
+    stages = stage_costs_from_graph(graph, 4, 4, cut=cut if cut == "compute" else list(cut))
+    return simulate_pipeline(stages, build_schedule(name, 2, 4, stages=stages),
+                             CLUSTER).step_time_s
+
+
+def test_several_stages_per_rank_try_the_cuts_that_balance_the_ranks():
+    from trainsched.sim.pipeline_choice import schedule_cuts
+
+    # ZBV on 2 ranks holds stages 0 and 3 on rank 0. Each layer weighs 3x its cost: by stage
+    # [x l0-l4 | l5 | l6 | l7] loads rank 0 with 15 + 15 and rank 1 with 6; cut by rank,
+    # [x l0 | l1-l5 | l6 | l7], 18 and 18 (the input x costs nothing).
+    graph = _chain([1.0] * 7 + [5.0])
+    assert schedule_cuts(graph, "zbv", 2, 4) == ("compute", (2, 7, 8))
+    assert schedule_cuts(graph, "1f1b", 2, 4) == ("compute",)  # one stage per rank
+
+
+def test_the_fastest_cut_is_kept():
+    from trainsched.sim.pipeline_choice import plan_stages, schedule_cuts
+
+    graph, calls = _chain([1.0] * 7 + [5.0]), []
+    cuts = schedule_cuts(graph, "zbv", 2, 4)
+    stages, _, result = plan_stages(_spy(graph, calls), "zbv", 2, 4, CLUSTER, cuts=cuts)
+    assert calls == list(cuts)  # each simulated once, in order
+    steps = [_step(graph, "zbv", cut) for cut in cuts]
+    assert steps[1] < steps[0] and result.step_time_s == steps[1]
+    assert stages.ops == (("x", "l0"), ("l1", "l2", "l3", "l4", "l5"), ("l6",), ("l7",))
+
+
+def test_a_rank_balanced_cut_that_is_slower_is_not_kept():
+    from trainsched.sim.pipeline_choice import plan_stages, schedule_cuts
 
     # Interleaved 1F1B, loop placement (per phase, s): by stage [x l0 l1 | l2 l3 | l4 l5 | l6]
-    # = 7 | 10 | 10 | 3 loads the ranks 7 + 10 = 17 and 10 + 3 = 13; by rank
-    # [x l0 | l1 l2 l3 | l4 l5 | l6] = 4 | 13 | 10 | 3 loads them 14 and 16, more even, but
-    # its 13 s stage holds up every micro-batch.
+    # = 7 | 10 | 10 | 3 loads the ranks 7 + 10 = 17 and 10 + 3 = 13; cuts more even by rank
+    # hold a longer stage that every micro-batch waits on.
     graph = _chain([4.0, 3.0, 4.0, 6.0, 4.0, 6.0, 3.0])
-    by_stage = stage_costs_from_graph(graph, 4, 4)
-    by_rank = stage_costs_from_graph(graph, 4, 4, stage_to_rank=(0, 1, 0, 1))
-    assert by_rank.ops == (("x", "l0"), ("l1", "l2", "l3"), ("l4", "l5"), ("l6",))
-    step = {name: simulate_pipeline(s, build_schedule("interleaved-1f1b", 2, 4, stages=s),
-                                    CLUSTER).step_time_s
-            for name, s in (("stage", by_stage), ("rank", by_rank))}
-    assert step["stage"] < step["rank"]
-    stages, _, result = plan_stages(_spy(graph, []), "interleaved-1f1b", 2, 4, CLUSTER)
-    assert stages.ops == by_stage.ops and result.step_time_s == step["stage"]
+    cuts = schedule_cuts(graph, "interleaved-1f1b", 2, 4)
+    assert len(cuts) > 1
+    steps = [_step(graph, "interleaved-1f1b", cut) for cut in cuts]
+    assert steps[0] < min(steps[1:])
+    stages, _, result = plan_stages(_spy(graph, []), "interleaved-1f1b", 2, 4, CLUSTER,
+                                    cuts=cuts)
+    assert stages.ops == (("x", "l0", "l1"), ("l2", "l3"), ("l4", "l5"), ("l6",))
+    assert result.step_time_s == steps[0]
+
+
+def test_no_cut_to_try_is_an_error():
+    from trainsched.sim.pipeline_choice import plan_stages
+
+    with pytest.raises(TrainschedError, match="at least one cut"):
+        plan_stages(_spy(_chain([1.0, 2.0]), []), "1f1b", 2, 4, CLUSTER, cuts=())
+
+
+def test_progress_hears_every_candidate_and_the_end():
+    heard: list = []
+    choose_pipeline(_graph(), CLUSTER, 2, schedules=TWO,
+                    progress=lambda done, total, item: heard.append((done, total, item)))
+    assert heard == [(0, 6, "gpipe, 1 micro-batch"), (1, 6, "gpipe, 2 micro-batches"),
+                     (2, 6, "gpipe, 4 micro-batches"), (3, 6, "1f1b, 1 micro-batch"),
+                     (4, 6, "1f1b, 2 micro-batches"), (5, 6, "1f1b, 4 micro-batches"),
+                     (6, 6, "")]

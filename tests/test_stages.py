@@ -13,6 +13,7 @@ from trainsched.backprop.stages import (
     balanced_cuts,
     launch_s,
     rank_balanced_cuts,
+    rank_cuts,
     stage_costs_from_graph,
     uniform_stages,
 )
@@ -240,27 +241,30 @@ def _loads(weights, points, stage_to_rank):
     return sorted(total, reverse=True)
 
 
-def test_a_v_shaped_placement_balances_the_ranks_not_the_stages():
-    # 8 ops, the last costing 5: stage-balanced [1 1 1 1 1 | 1 | 1 | 5] puts 5 + 5 on rank 0
-    # (stages 0 and 3, V-shaped) and 2 on rank 1; [1 | 1 1 1 1 1 | 1 | 5] gives both 6.
+def test_a_v_shaped_placement_gets_cuts_that_balance_the_ranks():
+    # 8 ops, the last costing 5, 4 stages, V-shaped on 2 ranks (stages 0 and 3 on rank 0):
+    # by stage [1 1 1 1 1 | 1 | 1 | 5] loads rank 0 with 5 + 5 and rank 1 with 2; the share
+    # is 6. Forwards: stages 0 and 1 (first of their ranks) keep 5 and 1, stage 2 (rank 1's
+    # last) ends at rank 1's share, 6 - 1 = 5, but must leave an op for stage 3: [5 | 1 | 1 |
+    # 5] again. Backwards: stage 3 and 2 keep 5 and 1, stage 1 ends at 6 - 1 = 5 counting from
+    # the back: [1 | 1 1 1 1 1 | 1 | 5], 6 and 6, which is also the best.
     weights = [1.0] * 7 + [5.0]
     start = balanced_cuts(weights, 4)
-    assert _loads(weights, start, (0, 1, 1, 0)) == [10.0, 2.0]
-    assert rank_balanced_cuts(weights, start, (0, 1, 1, 0)) == (1, 6, 7)
+    assert start == (5, 6, 7) and _loads(weights, start, (0, 1, 1, 0)) == [10.0, 2.0]
+    assert rank_balanced_cuts(weights, start, (0, 1, 1, 0)) == ((1, 6, 7),)
 
 
 def test_ops_that_cost_nothing_do_not_stop_a_cut_moving():
-    # Zero-cost ops (views) between the ones that cost: a move steps over them.
+    # Zero-cost ops (views) between the ones that cost: the polish steps over them.
     weights = [1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 0.0, 5.0]
-    cuts = rank_balanced_cuts(weights, balanced_cuts(weights, 4), (0, 1, 1, 0))
-    assert _loads(weights, cuts, (0, 1, 1, 0)) == [5.5, 4.5] or \
-        _loads(weights, cuts, (0, 1, 1, 0)) == [6.0, 4.0]
-    assert _loads(weights, cuts, (0, 1, 1, 0))[0] == min(
-        _loads(weights, c, (0, 1, 1, 0))[0]
-        for c in itertools.combinations(range(1, len(weights)), 3))
+    mapping = (0, 1, 1, 0)
+    best = min(_loads(weights, c, mapping)[0]
+               for c in itertools.combinations(range(1, len(weights)), 3))
+    cuts = rank_balanced_cuts(weights, balanced_cuts(weights, 4), mapping)
+    assert _loads(weights, cuts[0], mapping)[0] == best
 
 
-def test_rank_balancing_never_ends_worse_than_it_starts_and_often_finds_the_best():
+def test_the_first_cut_has_the_lowest_loads_never_above_the_start():
     rng = random.Random(7)
     best_found = 0
     for _ in range(60):
@@ -269,31 +273,30 @@ def test_rank_balancing_never_ends_worse_than_it_starts_and_often_finds_the_best
         weights[rng.randrange(n)] += 1.0  # something to balance
         mapping = rng.choice([(0, 1, 0, 1), (0, 1, 1, 0)])
         start = balanced_cuts(weights, 4)
-        cuts = rank_balanced_cuts(weights, start, mapping)
-        assert len(cuts) == 3 and 0 < cuts[0] < cuts[1] < cuts[2] < n
-        assert _loads(weights, cuts, mapping) <= _loads(weights, start, mapping)
+        cuts = rank_balanced_cuts(weights, start, mapping) or (start,)
+        assert len(set(cuts)) == len(cuts) and (start not in cuts or cuts == (start,))
+        for cut in cuts:
+            assert len(cut) == 3 and 0 < cut[0] < cut[1] < cut[2] < n
+        polished = _loads(weights, cuts[0], mapping)
+        assert polished <= _loads(weights, start, mapping)
+        assert all(polished <= _loads(weights, c, mapping) for c in cuts)
         optimum = min(_loads(weights, c, mapping)
                       for c in itertools.combinations(range(1, n), 3))
-        best_found += _loads(weights, cuts, mapping)[0] == optimum[0]
-    assert best_found >= 45  # single moves reach the best largest load in most cases
+        best_found += polished[0] == optimum[0]
+    assert best_found >= 45  # 47 of 60 when written: a local search, not always the best
 
 
-def test_stage_costs_balance_the_ranks_when_told_the_placement():
-    # forward_graph's weights a 2, b 3, c 6, d 3 on 4 stages (one op each) cannot move; on 3
-    # stages with 2 ranks (a rank holding stages 0 and 2): by stage [a b | c | d] = 5 | 6 | 3
-    # loads rank 0 with 8; [a | b | c d] loads 2 + 9 = 11; [a | b c | d] 2 + 3 = 5 vs 9:
-    # the best is the stage-balanced one, which stays.
-    plain = stage_costs_from_graph(training_graph(), 3, 2)
-    placed = stage_costs_from_graph(training_graph(), 3, 2, stage_to_rank=(0, 1, 0))
-    assert placed.ops == plain.ops == (("a", "b"), ("c",), ("d",))
-    # Loop placement of 4 ops on 2 stages per rank... with rank 0 holding stages 0 and 1,
-    # [a b | c | d] gives rank 0 11 vs 3; [a | b | c | d] is 4 stages. On 3 stages with
-    # stages 0 and 1 on rank 0: [a | b | c d] 5 vs 9, [a | b c | d] 11 vs 3, [a b | c | d]
-    # 11 vs 3: the first wins.
-    moved = stage_costs_from_graph(training_graph(), 3, 2, stage_to_rank=(0, 0, 1))
-    assert moved.ops == (("a",), ("b",), ("c", "d"))
+def test_rank_cuts_of_a_graph_come_from_its_stage_balanced_cut():
+    # forward_graph's ops weigh a 2, b 3, c 6, d 3 (forward + dX + dW, ms). Three stages on
+    # two ranks, stages 0 and 1 on rank 0: by stage [a b | c | d] loads 11 and 3 (share 7).
+    # Forwards, stage 0 keeps a b (5) and stage 1, rank 0's last, would end at 7 but must
+    # leave d to stage 2: the same cut. Backwards, stage 2 (rank 1's only) ends at 7 from the
+    # back, nearer at c d (9) than at d (3); stage 1 keeps its 6 but only b is left before
+    # a: [a | b | c d], 5 and 9, which no single move improves.
+    assert rank_cuts(training_graph(), 3, (0, 0, 1)) == ((1, 2),)
+    assert rank_cuts(training_graph(), 3, (0, 1, 2)) == ()  # one stage per rank
 
 
 def test_a_placement_of_the_wrong_length_is_refused():
     with pytest.raises(TrainschedError, match="stage_to_rank must give a rank"):
-        stage_costs_from_graph(training_graph(), 3, 2, stage_to_rank=(0, 1))
+        rank_cuts(training_graph(), 3, (0, 1))

@@ -159,13 +159,15 @@ def _pipeline(name: str) -> Strategy:
             raise TrainschedError(f"{o.microbatches} micro-batches of a batch of {batch}: a "
                                   f"micro-batch needs at least one sample; use at most {batch} "
                                   f"micro-batches or a larger batch")
-        from trainsched.sim.pipeline_choice import plan_stages
+        from trainsched.sim.pipeline_choice import Cut, plan_stages, schedule_cuts
 
-        def costs_of(count: int, m: int, stage_to_rank: tuple[int, ...] | None) -> StageCosts:
+        def costs_of(count: int, m: int, cut: Cut) -> StageCosts:
             return stage_costs_from_graph(graph, count, m, microbatch_graph=o.microbatch_graph,
-                                          stage_to_rank=stage_to_rank)
+                                          cut=cut if isinstance(cut, str) else list(cut))
 
-        stages, schedule, _ = plan_stages(costs_of, name, o.ranks, o.microbatches, cluster)
+        stages, schedule, _ = plan_stages(
+            costs_of, name, o.ranks, o.microbatches, cluster,
+            cuts=schedule_cuts(graph, name, o.ranks, o.microbatches))
         plan = PipelinePlan(model=ModelRef.of(graph), stages=stages.ops, schedule=schedule,
                             schedule_name=name)
         return Planned(plan=plan, samples_per_step=o.batch_size,

@@ -20,6 +20,7 @@ micro-batch size to avoid it (``microbatch_graph``).
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ from trainsched.graph import Graph, to_training
 from trainsched.units import is_int
 
 __all__ = ["CUT_MODES", "StageCosts", "balanced_cuts", "launch_s", "microbatch_count",
-           "rank_balanced_cuts", "stage_costs_from_graph", "uniform_stages"]
+           "rank_balanced_cuts", "rank_cuts", "stage_costs_from_graph", "uniform_stages"]
 
 CUT_MODES = ("compute", "params")
 
@@ -193,26 +194,34 @@ def _pack(weights: Sequence[float], limit: float, num_parts: int) -> tuple[int, 
 
 
 def rank_balanced_cuts(weights: Sequence[float], points: Sequence[int],
-                       stage_to_rank: Sequence[int]) -> tuple[int, ...]:
-    """``points`` (cut points of ``weights``, one stage per run) moved until the ranks' loads
-    are as even as these moves make them: a rank's load is the sum of its stages'
-    (``stage_to_rank[s]`` owns run ``s``).
+                       stage_to_rank: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+    """Cuts of ``weights`` (one stage per run) that even out the ranks' loads, built from
+    ``points``: a rank's load is the sum of its stages' (``stage_to_rank[s]`` owns run ``s``).
 
     A cut balanced by stage leaves a rank that holds several stages (interleaved, V-shaped
     placements) with whatever its stages add up to: on BERT-24 over 16 ranks with two stages
-    each, 6 to 16 ms. Here each round tries every run of consecutive cuts shifted together by
-    one op, earlier or later (past any ops that cost nothing, which change no load), and keeps
-    the move that most lowers the loads sorted largest first and compared in turn; it stops
-    when no move lowers them. So the result is never worse than ``points``, every accepted move
-    strictly improves it (no cycles), and ties keep the first candidate tried (runs by first
-    cut, then length, earlier before later). It is a local search: not always the best cut.
+    each, 6 to 16 ms. Two cuts are built going forwards and going backwards through the
+    stages: a stage that is not its rank's last (first) keeps the length ``points`` gave it,
+    the rank's last (first) one ends where the rank's load reaches the even share,
+    ``sum(weights) / ranks`` (at the nearest op boundary; every stage keeps an op). The one
+    with the lowest loads among ``points`` and those two (sorted largest first, compared in
+    turn) is then improved one cut and one op at a time (past ops that cost nothing, which
+    change no load) while a move lowers them. Returned: that improved cut, then the forward
+    and the backward one, without repeats and without ``points`` (empty when nothing beats
+    it); each takes time about linear in the stages.
+
+    Which is fastest is the simulator's call: on the published BERT setups each of the three
+    and the stage-balanced cut was the fastest for some schedule (the loads do not see how a
+    schedule's micro-batches wait on one long stage).
     """
     n, num_stages = len(weights), len(points) + 1
     assert len(stage_to_rank) == num_stages and all(0 < p < n for p in points)
-    prefix = [0.0]
-    for w in weights:
-        prefix.append(prefix[-1] + w)
     ranks = max(stage_to_rank) + 1
+    forward = _fitted_cuts(weights, points, stage_to_rank, ranks)
+    mirrored = _fitted_cuts(weights[::-1], [n - p for p in reversed(points)],
+                            stage_to_rank[::-1], ranks)
+    backward = [n - p for p in reversed(mirrored)]
+    prefix = _prefix(weights)
 
     def loads(cuts: Sequence[int]) -> list[float]:
         bounds = [0, *cuts, n]
@@ -221,30 +230,89 @@ def rank_balanced_cuts(weights: Sequence[float], points: Sequence[int],
             total[stage_to_rank[s]] += prefix[bounds[s + 1]] - prefix[bounds[s]]
         return sorted(total, reverse=True)
 
-    def step(p: int, direction: int) -> int:
-        """``p`` moved past one op that costs something, towards ``direction``."""
-        q = p + direction
-        while 0 < q < n and prefix[q] == prefix[p]:
-            q += direction
-        return q
-
-    best, best_loads = list(points), loads(points)
-    while True:
+    best = min([list(points), forward, backward], key=loads)  # ties: points first
+    best_loads = loads(best)
+    while True:  # one cut, one costed op at a time, the move that lowers the loads most
         found = None
-        for first in range(len(best)):
-            for last in range(first, len(best)):
-                for direction in (-1, 1):
-                    trial = best.copy()
-                    for k in range(first, last + 1):
-                        trial[k] = step(best[k], direction)
-                    if not all(a < b for a, b in zip([0, *trial], [*trial, n], strict=True)):
-                        continue  # every stage keeps an op
-                    trial_loads = loads(trial)
-                    if trial_loads < (found[1] if found else best_loads):
-                        found = (trial, trial_loads)
+        for k in range(len(best)):
+            lo = best[k - 1] if k else 0
+            hi = best[k + 1] if k + 1 < len(best) else n
+            for step in (-1, 1):
+                p = best[k] + step
+                while lo < p < hi and prefix[p] == prefix[best[k]]:
+                    p += step
+                if not lo < p < hi:
+                    continue
+                trial = best.copy()
+                trial[k] = p
+                trial_loads = loads(trial)
+                if trial_loads < (found[1] if found else best_loads):
+                    found = (trial, trial_loads)
         if found is None:
-            return tuple(best)
+            break
         best, best_loads = found
+    out: list[tuple[int, ...]] = []
+    for cut in (tuple(best), tuple(forward), tuple(backward)):
+        if cut != tuple(points) and cut not in out:
+            out.append(cut)
+    return tuple(out)
+
+
+def rank_cuts(graph: Graph, num_stages: int,
+              stage_to_rank: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+    """:func:`rank_balanced_cuts` of ``graph``'s forward ops, from the cut balanced by stage
+    (``stage_costs_from_graph``'s ``cut="compute"``), each as cut points for its ``cut``;
+    none where every rank holds one stage. ``stage_to_rank``: the rank of each stage in the
+    schedule that will run them (:func:`trainsched.backprop.schedules.stage_ranks`)."""
+    mapping = tuple(stage_to_rank)
+    if len(mapping) != num_stages or not all(is_int(r) and r >= 0 for r in mapping):
+        raise TrainschedError(f"stage_to_rank must give a rank >= 0 for each of the "
+                              f"{num_stages} stages, got {stage_to_rank!r}")
+    if len(set(mapping)) == num_stages:
+        return ()
+    if graph.forward_only():
+        graph = to_training(graph)
+    order = tuple(n for n in graph.topological_order() if graph.op(n).kind == "forward")
+    if num_stages > len(order):
+        return ()  # stage_costs_from_graph says why
+    phase = _phase_times(graph, order, launch_s(graph))
+    weights = [math.fsum(total for total, _ in phase[n]) for n in order]
+    if not any(weights):
+        return ()
+    return rank_balanced_cuts(weights, balanced_cuts(weights, num_stages), mapping)
+
+
+def _prefix(weights: Sequence[float]) -> list[float]:
+    prefix = [0.0]
+    for w in weights:
+        prefix.append(prefix[-1] + w)
+    return prefix
+
+
+def _fitted_cuts(weights: Sequence[float], points: Sequence[int],
+                 stage_to_rank: Sequence[int], ranks: int) -> list[int]:
+    """:func:`rank_balanced_cuts`'s forward cut: each stage in order keeps its length in
+    ``points`` unless it is its rank's last, which ends where the rank reaches its share."""
+    n, num_stages = len(weights), len(points) + 1
+    prefix = _prefix(weights)
+    share = prefix[-1] / ranks
+    last = {r: s for s, r in enumerate(stage_to_rank)}
+    bounds = [0, *points, n]
+    load = [0.0] * ranks
+    cuts: list[int] = []
+    start = 0
+    for s in range(num_stages - 1):
+        r = stage_to_rank[s]
+        length = share - load[r] if last[r] == s else prefix[bounds[s + 1]] - prefix[bounds[s]]
+        want = prefix[start] + length
+        lo, hi = start + 1, n - (num_stages - 1 - s)  # every stage keeps an op
+        end = min(max(bisect.bisect_left(prefix, want, lo, hi + 1), lo), hi)
+        if end > lo and want - prefix[end - 1] <= prefix[end] - want:
+            end -= 1  # the nearer boundary; ties to the earlier
+        load[r] += prefix[end] - prefix[start]
+        cuts.append(end)
+        start = end
+    return cuts
 
 
 def _check_cuts(cut: Sequence[Any], order: Sequence[str], num_stages: int) -> tuple[int, ...]:
@@ -336,8 +404,7 @@ def _phase_times(graph: Graph, order: Sequence[str],
 
 def stage_costs_from_graph(graph: Graph, num_stages: int, num_microbatches: int, *,
                            cut: str | Sequence[int | str] = "compute",
-                           microbatch_graph: Graph | None = None,
-                           stage_to_rank: Sequence[int] | None = None) -> StageCosts:
+                           microbatch_graph: Graph | None = None) -> StageCosts:
     """Cut ``graph``'s forward ops into ``num_stages`` contiguous stages and cost them.
 
     ``graph`` is a training graph (:func:`trainsched.graph.to_training`); a forward-only
@@ -363,11 +430,6 @@ def stage_costs_from_graph(graph: Graph, num_stages: int, num_microbatches: int,
     more at 32 x 32 on this project's host). The cut is made on ``graph``. Where both graphs
     record their batch size, the micro-batch graph's must be the batch over
     ``num_microbatches`` (:func:`microbatch_count`).
-
-    ``stage_to_rank``: the rank of each stage in the schedule that will run them
-    (:func:`trainsched.backprop.schedules.stage_ranks`). Where a rank holds several stages,
-    ``cut="compute"`` then balances the ranks' compute rather than the stages'
-    (:func:`rank_balanced_cuts`, from the stage-balanced cut).
     """
     for name, value in (("num_stages", num_stages), ("num_microbatches", num_microbatches)):
         if not (is_int(value) and value >= 1):
@@ -417,13 +479,6 @@ def stage_costs_from_graph(graph: Graph, num_stages: int, num_microbatches: int,
             raise TrainschedError(f"the graph's forward ops have no {what} to balance; give "
                                   "explicit cut points or another cut")
         points = balanced_cuts(weights, num_stages) if num_stages > 1 else ()
-        if cut == "compute" and stage_to_rank is not None:
-            mapping = tuple(stage_to_rank)
-            if len(mapping) != num_stages or not all(is_int(r) and r >= 0 for r in mapping):
-                raise TrainschedError(f"stage_to_rank must give a rank >= 0 for each of the "
-                                      f"{num_stages} stages, got {stage_to_rank!r}")
-            if len(set(mapping)) < num_stages:  # a rank holds several stages
-                points = rank_balanced_cuts(weights, points, mapping)
     elif isinstance(cut, Sequence):
         points = _check_cuts(list(cut), order, num_stages)
     else:

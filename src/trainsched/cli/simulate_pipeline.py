@@ -10,6 +10,7 @@ from typing import Any
 
 from trainsched.cli.common import error_context, training_graph
 from trainsched.errors import TrainschedError
+from trainsched.report.progress import ProgressBar
 
 __all__ = ["auto_pipeline", "microbatch_graphs", "pipeline_doc", "pipeline_plan",
            "plan_microbatch_graph"]
@@ -43,7 +44,7 @@ def pipeline_plan(graph: Any, cluster: Any, args: argparse.Namespace, ranks: int
     cut chosen by :func:`trainsched.sim.pipeline_choice.plan_stages`."""
     from trainsched import plan as plans
     from trainsched.backprop.stages import StageCosts, stage_costs_from_graph
-    from trainsched.sim.pipeline_choice import plan_stages
+    from trainsched.sim.pipeline_choice import Cut, plan_stages, schedule_cuts
     from trainsched.strategies import default_microbatches
 
     if (args.schedule or "").strip().lower() == "auto":
@@ -66,11 +67,12 @@ def pipeline_plan(graph: Any, cluster: Any, args: argparse.Namespace, ranks: int
                               f"and a micro-batch needs at least one; give at most {batch}")
     name = (args.schedule or "1f1b").strip().lower()
 
-    def costs_of(count: int, m: int, stage_to_rank: tuple[int, ...] | None) -> StageCosts:
+    def costs_of(count: int, m: int, cut: Cut) -> StageCosts:
         return stage_costs_from_graph(graph, count, m, microbatch_graph=sized.get(m),
-                                      stage_to_rank=stage_to_rank)
+                                      cut=cut if isinstance(cut, str) else list(cut))
 
-    stages, schedule, _ = plan_stages(costs_of, name, ranks, micro, cluster)
+    stages, schedule, _ = plan_stages(costs_of, name, ranks, micro, cluster,
+                                      cuts=schedule_cuts(graph, name, ranks, micro))
     return plans.PipelinePlan(model=plans.ModelRef.of(graph), stages=stages.ops,
                               schedule=schedule, schedule_name=name)
 
@@ -85,10 +87,11 @@ def auto_pipeline(graph: Any, cluster: Any, args: argparse.Namespace, ranks: int
     from trainsched.units import parse_size
 
     limit = None if args.memory_limit is None else parse_size(args.memory_limit)
-    with error_context("--microbatch-graph") if sized else contextlib.nullcontext():
+    with error_context("--microbatch-graph") if sized else contextlib.nullcontext(), \
+            ProgressBar("choosing a schedule", enabled=not args.json) as bar:
         choice = choose_pipeline(graph, cluster, ranks, memory_limit_bytes=limit,
                                  microbatches=[args.microbatches] if args.microbatches else None,
-                                 microbatch_graphs=sized)
+                                 microbatch_graphs=sized, progress=bar.update)
     plan = plans.PipelinePlan(model=plans.ModelRef.of(graph), stages=choice.stages.ops,
                               schedule=choice.schedule, schedule_name=choice.schedule_name)
     return plan, choice

@@ -39,7 +39,7 @@ from trainsched.backprop.schedules import (
     schedule_stage_count,
     stage_ranks,
 )
-from trainsched.backprop.stages import StageCosts, stage_costs_from_graph
+from trainsched.backprop.stages import StageCosts, rank_cuts, stage_costs_from_graph
 from trainsched.cluster import Cluster
 from trainsched.errors import TrainschedError
 from trainsched.graph import Graph
@@ -48,13 +48,19 @@ from trainsched.sim.pipeline import PipelineResult, simulate_pipeline
 from trainsched.sim.simulate import training_graph
 from trainsched.units import format_duration, format_size, is_int
 
-__all__ = ["Candidate", "PipelineChoice", "choose_from_costs", "choose_pipeline",
-           "microbatch_candidates", "plan_stages"]
+__all__ = ["Candidate", "Cut", "PipelineChoice", "choose_from_costs", "choose_pipeline",
+           "microbatch_candidates", "plan_stages", "schedule_cuts"]
 
-#: ``(num_stages, num_microbatches, stage_to_rank) -> StageCosts``: what one micro-batch costs
-#: per stage; ``stage_to_rank``: ``None`` for stages balanced by their own costs, else the
-#: rank of each stage, for a cut that balances the ranks (``stage_costs_from_graph``'s).
-CostsOf = Callable[[int, int, "tuple[int, ...] | None"], StageCosts]
+#: ``progress(done, total, item)``: how far a long piece of work is.
+Progress = Callable[[int, int, str], None]
+#: Where a model is cut (``stage_costs_from_graph``'s ``cut``): ``"compute"``, stages balanced
+#: by their own costs, or cut points.
+Cut = str | tuple[int, ...]
+#: ``(num_stages, num_microbatches, cut) -> StageCosts``: what one micro-batch costs per stage
+#: of the model cut at ``cut``.
+CostsOf = Callable[[int, int, Cut], StageCosts]
+#: ``(schedule name, num_microbatches) -> the cuts to try``, the first the default.
+CutsOf = Callable[[str, int], Sequence[Cut]]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,7 +122,8 @@ def choose_pipeline(graph: Graph, cluster: Cluster, num_ranks: int, *,
                     batch_size: int | None = None, memory_limit_bytes: int | None = None,
                     schedules: Sequence[str] | None = None,
                     microbatches: Sequence[int] | None = None,
-                    microbatch_graphs: Mapping[int, Graph] | None = None) -> PipelineChoice:
+                    microbatch_graphs: Mapping[int, Graph] | None = None,
+                    progress: Progress | None = None) -> PipelineChoice:
     """The schedule and micro-batch count with the shortest simulated step under the memory
     limit (module docstring). ``schedules`` defaults to every registered one, ``microbatches``
     to :func:`microbatch_candidates` of ``batch_size`` (default: the graph's
@@ -126,7 +133,8 @@ def choose_pipeline(graph: Graph, cluster: Cluster, num_ranks: int, *,
     (1/m of the batch), whose costs a micro-batch then has as they are
     (:func:`~trainsched.backprop.stages.stage_costs_from_graph`). The counts tried are then
     its keys (and 1, the graph itself, if asked for); a count without its graph is refused,
-    so that no candidate is costed another way than the others."""
+    so that no candidate is costed another way than the others. ``progress(done, total,
+    candidate)`` hears each candidate simulated."""
     if not isinstance(graph, Graph):
         raise TrainschedError(f"choose_pipeline needs a Graph, got {type(graph).__name__}")
     if not isinstance(cluster, Cluster):
@@ -160,32 +168,44 @@ def choose_pipeline(graph: Graph, cluster: Cluster, num_ranks: int, *,
                 f"micro-batch graphs every count needs its own (those given: "
                 f"{', '.join(map(str, sorted(sized)))})")
 
-    def costs_of(p: int, m: int, stage_to_rank: tuple[int, ...] | None) -> StageCosts:
+    def costs_of(p: int, m: int, cut: Cut) -> StageCosts:
         return stage_costs_from_graph(graph, p, m, microbatch_graph=sized.get(m),
-                                      stage_to_rank=stage_to_rank)
+                                      cut=cut if isinstance(cut, str) else list(cut))
 
     return choose_from_costs(costs_of, cluster, num_ranks, counts, memory_limit_bytes=limit,
-                             schedules=schedules)
+                             schedules=schedules, progress=progress,
+                             cuts_of=lambda name, m: schedule_cuts(graph, name, num_ranks, m))
+
+
+def schedule_cuts(graph: Graph, name: str, num_ranks: int,
+                  num_microbatches: int) -> tuple[Cut, ...]:
+    """The cuts :func:`plan_stages` tries for schedule ``name``: stages balanced by their
+    costs, then, where a rank holds several stages, the cuts that balance the ranks
+    (:func:`~trainsched.backprop.stages.rank_cuts`)."""
+    count = schedule_stage_count(name, num_ranks)
+    if count == num_ranks:
+        return ("compute",)
+    return ("compute", *rank_cuts(graph, count, stage_ranks(name, num_ranks, num_microbatches)))
 
 
 def plan_stages(costs_of: CostsOf, name: str, num_ranks: int, num_microbatches: int,
-                cluster: Cluster, *, memory_limit_bytes: int | None = None,
+                cluster: Cluster, *, cuts: Sequence[Cut] = ("compute",),
+                memory_limit_bytes: int | None = None,
                 ) -> tuple[StageCosts, Schedule, PipelineResult]:
-    """The stages, schedule and simulated step of schedule ``name`` with the better of two cuts.
+    """The stages, schedule and simulated step of schedule ``name`` at the fastest of ``cuts``.
 
-    Stages balanced by their own costs (``costs_of(count, m, None)``) suit a schedule with one
-    stage per rank. Where a rank holds several (interleaved, modulo, ZBV) a cut that balances
-    the ranks' totals (``costs_of(count, m, stage_to_rank)``) can be faster or slower: on the
-    published BERT setups it sped ZBV up 6% on 8 GPUs and slowed it 13% on 16, as the stages'
-    own balance also sets each micro-batch's path. Both are simulated and the shorter step
-    kept (one that fits under ``memory_limit_bytes`` before one that does not; ties: the
-    stage-balanced cut). A schedule planned with costs (the Zero Bubble greedy) may hold, per
-    rank, ``memory_limit_bytes`` less its stages' resident state."""
+    Stages balanced by their own costs (``"compute"``) suit a schedule with one stage per rank.
+    Where a rank holds several (interleaved, modulo, ZBV), cuts that balance the ranks' totals
+    (:func:`schedule_cuts`) can be faster or slower, as each micro-batch also waits on the
+    longest stage of its path: on the published BERT setups each of them, and the
+    stage-balanced cut, was the fastest for some schedule. Every cut is simulated and the
+    shortest step kept (one that fits under ``memory_limit_bytes`` before one that does not;
+    ties: the cut listed first). A schedule planned with costs (the Zero Bubble greedy) may
+    hold, per rank, ``memory_limit_bytes`` less its stages' resident state."""
     count = schedule_stage_count(name, num_ranks)
-    mapping = stage_ranks(name, num_ranks, num_microbatches)
     best: tuple[tuple[bool, float], StageCosts, Schedule, PipelineResult] | None = None
-    for placement in (None, mapping) if count > num_ranks else (None,):
-        stages = costs_of(count, num_microbatches, placement)
+    for cut in cuts:
+        stages = costs_of(count, num_microbatches, cut)
         options = {}
         if memory_limit_bytes is not None and SCHEDULES.tags(name).get("costs"):
             # one stage per rank: each may hold the limit less its resident state
@@ -197,16 +217,21 @@ def plan_stages(costs_of: CostsOf, name: str, num_ranks: int, num_microbatches: 
         key = (over, result.step_time_s)
         if best is None or key < best[0]:
             best = (key, stages, schedule, result)
-    assert best is not None
+    if best is None:
+        raise TrainschedError("plan_stages needs at least one cut to try")
     return best[1], best[2], best[3]
 
 
 def choose_from_costs(costs_of: CostsOf, cluster: Cluster, num_ranks: int,
                       microbatches: Sequence[int], *, memory_limit_bytes: int,
-                      schedules: Sequence[str] | None = None) -> PipelineChoice:
-    """:func:`choose_pipeline` on stage costs from ``costs_of(num_stages, m, stage_to_rank)``
-    (measured per micro-batch size, say, instead of a graph's linear scaling; each schedule
-    with its cut chosen by :func:`plan_stages`); every count is tried."""
+                      schedules: Sequence[str] | None = None,
+                      progress: Progress | None = None,
+                      cuts_of: CutsOf | None = None) -> PipelineChoice:
+    """:func:`choose_pipeline` on stage costs from ``costs_of(num_stages, m, cut)`` (measured
+    per micro-batch size, say, instead of a graph's linear scaling); each schedule at the
+    fastest of the cuts ``cuts_of(name, m)`` gives (:func:`plan_stages`; default: only
+    ``"compute"``); every count is tried, and ``progress(done, total, candidate)`` hears
+    each."""
     limit, counts = memory_limit_bytes, list(microbatches)
     names = list(SCHEDULES)
     if schedules is not None:
@@ -219,11 +244,15 @@ def choose_from_costs(costs_of: CostsOf, cluster: Cluster, num_ranks: int,
 
     tried: list[Candidate] = []
     built: dict[int, tuple[StageCosts, Schedule, PipelineResult]] = {}
+    total = len(names) * len(counts)
     for name in names:
         for m in counts:
+            if progress is not None:
+                progress(len(tried), total, f"{name}, {m} micro-batch{'es' if m > 1 else ''}")
             try:
+                cuts = ("compute",) if cuts_of is None else tuple(cuts_of(name, m))
                 stages, schedule, result = plan_stages(costs_of, name, num_ranks, m, cluster,
-                                                       memory_limit_bytes=limit)
+                                                       cuts=cuts, memory_limit_bytes=limit)
             except TrainschedError as exc:
                 tried.append(Candidate(schedule=name, num_microbatches=m, step_time_s=None,
                                        peak_memory_bytes=None, fits=False, note=str(exc)))
@@ -234,6 +263,8 @@ def choose_from_costs(costs_of: CostsOf, cluster: Cluster, num_ranks: int,
                                    step_time_s=result.step_time_s, peak_memory_bytes=peak,
                                    fits=peak <= limit,
                                    note="" if peak <= limit else "over the memory limit"))
+    if progress is not None:
+        progress(total, total, "")
     if not built:
         raise TrainschedError(f"no pipeline schedule could be built for {num_ranks} ranks; "
                               f"first reason: {tried[0].note}")
