@@ -75,8 +75,18 @@ def test_the_micro_batch_graph_sets_the_count_and_its_costs(files, capsys):
 def test_the_report_names_the_schedule_the_micro_batches_and_their_costs(files, capsys):
     assert main(_simulate(files, "--schedule", "gpipe", "--microbatch-graph",
                           files["half"])) == 0
+    out = capsys.readouterr().out
     assert ("pipeline         gpipe, 2 stages, 2 micro-batches of 2 samples; costs of the "
-            "micro-batch graph") in capsys.readouterr().out
+            "micro-batch graph") in out
+    assert "  batch            4 samples\n" in out  # the graph's batch, no sequence
+
+
+def test_the_report_says_a_data_parallel_batch_is_per_rank(files, capsys):
+    assert main(["simulate", files["batch"], "--cluster", files["cluster"], "--parallelism",
+                 "data"]) == 0
+    assert "  batch            4 samples per rank\n" in capsys.readouterr().out
+    doc = _json(capsys, ["simulate", files["batch"], "--cluster", files["cluster"]])
+    assert doc["batch"] == {"samples": 4, "seq_len": None}
 
 
 def test_auto_tries_the_counts_of_the_graphs_given(files, capsys):
@@ -156,3 +166,10 @@ def test_it_applies_to_pipelines_only(files, capsys):
     assert main(["simulate", files["batch"], "--cluster", files["cluster"], "--parallelism",
                  "data", "--microbatch-graph", files["half"]]) == 2
     assert "--microbatch-graph" in capsys.readouterr().err
+
+
+def test_a_sequence_model_names_its_tokens(tmp_path, files, capsys):
+    graph = Graph.load(files["batch"])
+    Graph(graph.ops, graph.edges, {**graph.meta, "seq_len": 128}).save(tmp_path / "seq.json")
+    assert main(["simulate", str(tmp_path / "seq.json"), "--cluster", files["cluster"]]) == 0
+    assert "  batch            4 samples x 128 tokens\n" in capsys.readouterr().out

@@ -206,6 +206,17 @@ def costs_line(graph: Any) -> str | None:
     return f"{tier}{f' on {where}' if where and tier != 'static' else ''}, {precision}"
 
 
+def batch_doc(graph: Any) -> dict[str, Any] | None:
+    """The samples (and tokens per sample) the graph was captured at, where its meta says:
+    one device's batch, a data-parallel rank's, or a pipeline step's."""
+    from trainsched.units import is_int
+
+    samples, seq = graph.meta.get("batch_size"), graph.meta.get("seq_len")
+    if not is_int(samples):
+        return None
+    return {"samples": samples, "seq_len": seq if is_int(seq) else None}
+
+
 def build_plan(graph: Any, cluster: Any, args: argparse.Namespace, *, policy: Any = None,
                steps: int = 1, k: int = 0, slots: tuple[Any, ...] = (),
                sized: dict[int, Any] | None = None) -> Any:
@@ -372,7 +383,7 @@ def run(args: argparse.Namespace) -> int:
         "bubble_fraction": bubble_fraction(result),
         "peak_memory_bytes": dict(result.peak_memory_bytes),
         "oom": dict(result.oom),
-        "events": result.events, "costs": costs_line(graph),
+        "events": result.events, "costs": costs_line(graph), "batch": batch_doc(graph),
         "trace": args.trace,
     }
     if args.parallelism == "pipeline":
@@ -480,7 +491,8 @@ def _run_plan_file(args: argparse.Namespace) -> int:
            "step_time_s": result.step_time_s, "dependency_bound_s": result.dependency_bound_s,
            "exposed_comm_s": result.exposed_comm_s, "bubble_fraction": bubble_fraction(result),
            "peak_memory_bytes": dict(result.peak_memory_bytes), "oom": dict(result.oom),
-           "events": result.events, "costs": costs_line(graph), "trace": args.trace}
+           "events": result.events, "costs": costs_line(graph), "batch": batch_doc(graph),
+           "trace": args.trace}
     if isinstance(plan, PipelinePlan):
         doc["pipeline"] = pipeline_doc(plan, graph, micro_graph)
     if isinstance(plan, DataParallelPlan):

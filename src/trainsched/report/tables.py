@@ -122,6 +122,11 @@ def simulate_report(doc: Mapping[str, Any], model: str) -> str:
     if costs:
         lines.append(f"  costs            {costs}")
     data = doc["parallelism"] == "data"
+    batch = doc.get("batch")
+    if batch:
+        tokens = f" x {batch['seq_len']} tokens" if batch["seq_len"] else ""
+        lines.append(f"  batch            {batch['samples']} samples{tokens}"
+                     f"{' per rank' if data else ''}")
     if data:
         lines += data_plan_lines(doc)
     if doc.get("slots"):
