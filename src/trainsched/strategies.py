@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 
 from trainsched.backprop.reorder import BACKPROP_ORDERS
 from trainsched.backprop.schedules import SCHEDULES
-from trainsched.backprop.stages import StageCosts, stage_costs_from_graph
 from trainsched.cluster import Cluster
 from trainsched.comm.policy import COMM_POLICIES, ByteSchedulerPolicy, comm_policy
 from trainsched.errors import TrainschedError
@@ -159,14 +158,11 @@ def _pipeline(name: str) -> Strategy:
             raise TrainschedError(f"{o.microbatches} micro-batches of a batch of {batch}: a "
                                   f"micro-batch needs at least one sample; use at most {batch} "
                                   f"micro-batches or a larger batch")
-        from trainsched.sim.pipeline_choice import Cut, plan_stages, schedule_cuts
+        from trainsched.sim.pipeline_choice import graph_costs, plan_stages, schedule_cuts
 
-        def costs_of(count: int, m: int, cut: Cut) -> StageCosts:
-            return stage_costs_from_graph(graph, count, m, microbatch_graph=o.microbatch_graph,
-                                          cut=cut if isinstance(cut, str) else list(cut))
-
+        sized = {o.microbatches: o.microbatch_graph} if o.microbatch_graph is not None else {}
         stages, schedule, _ = plan_stages(
-            costs_of, name, o.ranks, o.microbatches, cluster,
+            graph_costs(graph, sized), name, o.ranks, o.microbatches, cluster,
             cuts=schedule_cuts(graph, name, o.ranks, o.microbatches))
         plan = PipelinePlan(model=ModelRef.of(graph), stages=stages.ops, schedule=schedule,
                             schedule_name=name)

@@ -43,8 +43,7 @@ def pipeline_plan(graph: Any, cluster: Any, args: argparse.Namespace, ranks: int
     over ``ranks`` ranks, its micro-batches costed by ``sized`` where it has their count, its
     cut chosen by :func:`trainsched.sim.pipeline_choice.plan_stages`."""
     from trainsched import plan as plans
-    from trainsched.backprop.stages import StageCosts, stage_costs_from_graph
-    from trainsched.sim.pipeline_choice import Cut, plan_stages, schedule_cuts
+    from trainsched.sim.pipeline_choice import graph_costs, plan_stages, schedule_cuts
     from trainsched.strategies import default_microbatches
 
     if (args.schedule or "").strip().lower() == "auto":
@@ -67,11 +66,7 @@ def pipeline_plan(graph: Any, cluster: Any, args: argparse.Namespace, ranks: int
                               f"and a micro-batch needs at least one; give at most {batch}")
     name = (args.schedule or "1f1b").strip().lower()
 
-    def costs_of(count: int, m: int, cut: Cut) -> StageCosts:
-        return stage_costs_from_graph(graph, count, m, microbatch_graph=sized.get(m),
-                                      cut=cut if isinstance(cut, str) else list(cut))
-
-    stages, schedule, _ = plan_stages(costs_of, name, ranks, micro, cluster,
+    stages, schedule, _ = plan_stages(graph_costs(graph, sized), name, ranks, micro, cluster,
                                       cuts=schedule_cuts(graph, name, ranks, micro))
     return plans.PipelinePlan(model=plans.ModelRef.of(graph), stages=stages.ops,
                               schedule=schedule, schedule_name=name)

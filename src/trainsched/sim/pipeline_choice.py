@@ -49,7 +49,7 @@ from trainsched.sim.simulate import training_graph
 from trainsched.units import format_duration, format_size, is_int
 
 __all__ = ["Candidate", "Cut", "PipelineChoice", "choose_from_costs", "choose_pipeline",
-           "microbatch_candidates", "plan_stages", "schedule_cuts"]
+           "graph_costs", "microbatch_candidates", "plan_stages", "schedule_cuts"]
 
 #: ``progress(done, total, item)``: how far a long piece of work is.
 Progress = Callable[[int, int, str], None]
@@ -168,13 +168,22 @@ def choose_pipeline(graph: Graph, cluster: Cluster, num_ranks: int, *,
                 f"micro-batch graphs every count needs its own (those given: "
                 f"{', '.join(map(str, sorted(sized)))})")
 
-    def costs_of(p: int, m: int, cut: Cut) -> StageCosts:
-        return stage_costs_from_graph(graph, p, m, microbatch_graph=sized.get(m),
-                                      cut=cut if isinstance(cut, str) else list(cut))
-
-    return choose_from_costs(costs_of, cluster, num_ranks, counts, memory_limit_bytes=limit,
+    return choose_from_costs(graph_costs(graph, sized), cluster, num_ranks, counts,
+                             memory_limit_bytes=limit,
                              schedules=schedules, progress=progress,
                              cuts_of=lambda name, m: schedule_cuts(graph, name, num_ranks, m))
+
+
+def graph_costs(graph: Graph, sized: Mapping[int, Graph] | None = None) -> CostsOf:
+    """The :data:`CostsOf` of a training graph: ``stage_costs_from_graph`` at each cut, a
+    micro-batch costed by ``sized[m]`` (the model captured at 1/m of the batch) where it has
+    the count ``m``, else by the graph divided."""
+    sized = dict(sized or {})
+
+    def costs_of(num_stages: int, m: int, cut: Cut) -> StageCosts:
+        return stage_costs_from_graph(graph, num_stages, m, microbatch_graph=sized.get(m),
+                                      cut=cut if isinstance(cut, str) else list(cut))
+    return costs_of
 
 
 def schedule_cuts(graph: Graph, name: str, num_ranks: int,
