@@ -173,3 +173,17 @@ def test_a_sequence_model_names_its_tokens(tmp_path, files, capsys):
     Graph(graph.ops, graph.edges, {**graph.meta, "seq_len": 128}).save(tmp_path / "seq.json")
     assert main(["simulate", str(tmp_path / "seq.json"), "--cluster", files["cluster"]]) == 0
     assert "  batch            4 samples x 128 tokens\n" in capsys.readouterr().out
+
+
+def test_measured_costs_divided_get_a_note_saying_how_to_cost_them(tmp_path, files, capsys):
+    graph = Graph.load(files["batch"])
+    Graph(graph.ops, graph.edges, {**graph.meta, "tier": "measured", "device": "cpu"}).save(
+        tmp_path / "measured.json")
+    argv = ["simulate", str(tmp_path / "measured.json"), "--cluster", files["cluster"],
+            "--parallelism", "pipeline", "--ranks", "2", "--schedule", "gpipe"]
+    assert main([*argv, "--microbatches", "2"]) == 0
+    assert "pass --microbatch-graph FILE" in capsys.readouterr().out
+    assert main([*argv, "--microbatch-graph", files["half"]]) == 0  # costed at its size
+    assert "pass --microbatch-graph FILE" not in capsys.readouterr().out
+    assert main([*argv, "--microbatches", "1"]) == 0  # nothing divided
+    assert "pass --microbatch-graph FILE" not in capsys.readouterr().out

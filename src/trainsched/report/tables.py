@@ -131,8 +131,14 @@ def simulate_report(doc: Mapping[str, Any], model: str) -> str:
         lines += data_plan_lines(doc)
     if doc.get("slots"):
         lines += slot_lines(doc["slots"])
-    if doc.get("pipeline"):
-        lines.append(pipeline_line(doc["pipeline"]))
+    pipeline = doc.get("pipeline")
+    if pipeline:
+        lines.append(pipeline_line(pipeline))
+        if pipeline["microbatch_costs"] == "divided" and pipeline["microbatches"] > 1 \
+                and str(doc.get("costs") or "").startswith("measured"):
+            lines.append("  note             measured costs do not divide with the batch (a small "
+                         "micro-batch costs more per sample): profile the model at the "
+                         "micro-batch size and pass --microbatch-graph FILE")
     steps = doc.get("steps", 1)
     lines.append(f"  step time        {format_duration(doc['step_time_s'])} "
                  f"(dependency bound {format_duration(doc['dependency_bound_s'])}"
