@@ -16,7 +16,8 @@ while a step's sum of collectives follows the mean):
 The relative error of each fitted line at every measured size is kept, because one α–β line over
 4 B–64 MiB on gloo can be off by a large factor in the middle (simulator spec §1.2).
 
-How communication and compute interfere is measured two ways, for the simulator's two models
+How communication and compute interfere is measured two ways (the probes live in
+:mod:`~trainsched.runtime.host_probes`), for the simulator's two models
 (:class:`~trainsched.cluster.DeviceSpec`): a matmul loop timed alone (T0) and while a second
 thread runs back-to-back 4 MiB all-reduces (T1, the all-reduces taking D1 there against D0
 alone) gives γ = (T1 − T0) / D0 (take turns: seconds of compute lost per second of
@@ -49,7 +50,6 @@ import json
 import math
 import os
 import platform
-import statistics
 import sys
 import tempfile
 import time
@@ -71,7 +71,6 @@ from trainsched.runtime.launch import (
 from trainsched.units import is_int
 
 MiB = 2**20
-BUSY_S = 2e-3  # the compute before each timed buffer broadcast
 GLOO_THREADS = 2  # a gloo process group's worker threads: collectives it runs at once
 DEFAULT_SIZES: tuple[int, ...] = tuple(4**k for k in range(1, 14))  # 4 B .. 64 MiB
 BACKENDS = ("gloo", "nccl")
@@ -451,11 +450,13 @@ def _worker_main() -> None:  # pragma: no cover - runs in the spawned processes
                 reduces.append(time.perf_counter() - t0)
         if rank == 0:
             rows.append([size, trimmed_mean(round_trips) / 2, trimmed_mean(reduces)])
-    share, rates = _interference(dist, device, sync, n)
-    rates["contention"] = _contention(dist, device, sync, n)
-    memory = _copy_bandwidth(dist, device, sync, n)
-    buffer_sync = _buffer_sync(dist, device, sync, n)
-    after_compute = _after_compute(dist, device, sync, n)
+    from trainsched.runtime import host_probes
+
+    share, rates = host_probes.interference(dist, device, sync, n)
+    rates["contention"] = host_probes.contention(dist, device, sync, n)
+    memory = host_probes.copy_bandwidth(dist, device, sync, n)
+    buffer_sync = host_probes.buffer_sync(dist, device, sync, n)
+    after_compute = host_probes.after_compute(dist, device, sync, n)
     pipeline = None
     if backend == "gloo":  # the pipeline runtime's messages go through gloo
         from trainsched.runtime.pipeline_host import pipeline_host_times
@@ -474,206 +475,3 @@ def _worker_main() -> None:  # pragma: no cover - runs in the spawned processes
                        "pipeline_host": pipeline}, fh)
         os.replace(tmp, cfg["result"])
     dist.destroy_process_group()
-
-
-def _matmul_loop(device: Any, sync: Any) -> tuple[Any, float]:  # pragma: no cover - workers
-    """``(loop, seconds per matmul)``: ``loop(k)`` runs k 256 x 256 matmuls and returns the
-    seconds they took, the device done; the rate from a timed sample after a warm-up."""
-    import torch
-
-    a = torch.randn(256, 256, device=device)
-
-    def loop(k: int) -> float:
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(k):
-            torch.mm(a, a)
-        sync()
-        return time.perf_counter() - t0
-
-    loop(5)
-    return loop, max(loop(20) / 20, 1e-7)
-
-
-def _interference(dist: Any, device: Any, sync: Any, world_size: int,
-                  rounds: int = 3) -> tuple[float, dict[str, float]]:  # pragma: no cover
-    """How compute and all-reduces interfere when both run at once (each figure the mean
-    over ranks of the median over ``rounds``): a fixed matmul loop is timed alone (T0) and
-    while a second thread runs N back-to-back 4 MiB all-reduces of standalone time d (T1; the
-    all-reduces take D1 there). Returns the share (T1 - T0) / (N d) and, by rate, compute's
-    rate ``1 - (T1 - T0) / D1`` beside the all-reduces and theirs ``N d / D1`` beside compute
-    (N is set so that N d is about 40% of T0, the same on every rank; all-reduces that outlast
-    the loop count the rest at full rate: D1 is then the overlap, T1)."""
-    import threading
-
-    import torch
-
-    buf = torch.ones(1 << 20, dtype=torch.float32, device=device)
-    matmuls, per_matmul_s = _matmul_loop(device, sync)
-
-    def allreduces(k: int) -> float:
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(k):
-            dist.all_reduce(buf)
-        sync()
-        return time.perf_counter() - t0
-
-    k = max(10, int(0.15 / per_matmul_s))  # a loop of about 0.15 s
-    dist.barrier()
-    allreduces(2)
-    d = statistics.median([allreduces(1) for _ in range(5)])
-    count = torch.tensor([max(1, round(0.4 * 0.15 / max(d, 1e-6)))], dtype=torch.int64)
-    dist.all_reduce(count, op=dist.ReduceOp.MAX)
-    n_comm = int(count)
-    shares, compute_rates, comm_rates = [], [], []
-    for _ in range(rounds):
-        dist.barrier()
-        alone = matmuls(k)
-        dist.barrier()
-        took: list[float] = []
-        thread = threading.Thread(target=lambda out=took: out.append(allreduces(n_comm)),
-                                  daemon=True)
-        thread.start()
-        beside = matmuls(k)
-        thread.join()
-        comm = min(took[0], beside)  # the part of the loop the all-reduces overlapped
-        shares.append((beside - alone) / (n_comm * d))
-        compute_rates.append(1.0 - (beside - alone) / comm)
-        # the all-reduces' work n·d: at the rate r beside the loop, at 1 after it ended
-        comm_rates.append((n_comm * d - (took[0] - comm)) / comm)
-    mean = torch.tensor([statistics.median(v) for v in (shares, compute_rates, comm_rates)],
-                        dtype=torch.float64)
-    dist.all_reduce(mean)
-    share, compute, comm_rate = (float(x) / world_size for x in mean)
-    return share, {"compute": compute, "comm": comm_rate}
-
-
-def _contention(dist: Any, device: Any, sync: Any, world_size: int,
-                rounds: int = 15) -> float:  # pragma: no cover - runs in the workers
-    """``T2 / d - 1`` (the mean over ranks of the medians): two 16 MiB all-reduces issued at
-    once take T2, one alone d, timed in turn ``rounds`` times. 1: the two share the wire (no
-    faster than in a row); 0: they run side by side as fast as one. 16 MiB, not less: on a
-    shared 2-core host the figure for 4 MiB moved between 0.05 and 0.78 from run to run (the
-    latency's noise is a large part of d there), for 16 MiB between 0.73 and 0.83."""
-    import torch
-
-    a = torch.ones(4 << 20, dtype=torch.float32, device=device)
-    b = torch.ones(4 << 20, dtype=torch.float32, device=device)
-
-    def timed(tensors: list[Any]) -> float:
-        dist.barrier()
-        sync()
-        t0 = time.perf_counter()
-        works = [dist.all_reduce(x, async_op=True) for x in tensors]
-        for w in works:
-            w.wait()
-        sync()
-        return time.perf_counter() - t0
-
-    timed([a, b])
-    timed([a])
-    ones, twos = [], []
-    for _ in range(rounds):
-        ones.append(timed([a]))
-        twos.append(timed([a, b]))
-    mean = torch.tensor([statistics.median(twos) / statistics.median(ones) - 1.0],
-                        dtype=torch.float64)
-    dist.all_reduce(mean)
-    return float(mean) / world_size
-
-
-def _buffer_sync(dist: Any, device: Any, sync: Any, world_size: int,
-                 repeats: int = 15) -> float:  # pragma: no cover - runs in the workers
-    """What DDP's forward spends before the module runs when the module has buffers: the
-    broadcast of its buffers from rank 0 (``broadcast_buffers``, DDP's default) and DDP's own
-    pre-forward work, on a batch norm of 16 features (its float and integer buffers, as in
-    every batch-norm model; their bytes are negligible). Timed from the call to the module's
-    forward pre-hook, each rank starting as a short compute ends (as in training, where the
-    broadcast follows the previous step's compute), with no barrier; the trimmed mean of
-    ``repeats`` on each rank, averaged over ranks."""
-    import torch
-    from torch.nn.parallel import DistributedDataParallel
-
-    module = torch.nn.BatchNorm1d(16).to(device)
-    ids = [device.index] if device.type == "cuda" else None
-    ddp = DistributedDataParallel(module, device_ids=ids)
-    x = torch.randn(4, 16, device=device)
-    entered: list[float] = []
-    module.register_forward_pre_hook(lambda *_: entered.append(time.perf_counter()))
-    busy, per_matmul_s = _matmul_loop(device, sync)
-    busy_k = max(1, round(BUSY_S / per_matmul_s))
-    times = []
-    dist.barrier()
-    for i in range(3 + repeats):
-        busy(busy_k)  # as in training, where the broadcast follows the previous step's compute
-        t0 = time.perf_counter()
-        ddp(x).sum().backward()
-        if i >= 3:
-            times.append(entered[-1] - t0)
-    mean = torch.tensor([trimmed_mean(times)], dtype=torch.float64)
-    dist.all_reduce(mean)
-    return float(mean) / world_size
-
-
-def _after_compute(dist: Any, device: Any, sync: Any, world_size: int,
-                   repeats: int = 40) -> list[float]:  # pragma: no cover - in the workers
-    """``[size, seconds]``: how long a blocking all-reduce of ``size`` bytes takes when it
-    starts as a training step's compute ends, as in data-parallel training, not from a
-    barrier. A step (forward and backward of a 3-layer MLP, a few ms on a CPU core) and the
-    same step followed by the all-reduce are timed in turn, with no barrier anywhere, so each
-    rank arrives at the all-reduce when its own compute ends; the trimmed mean of the second
-    minus that of the first, on each rank, averaged over ranks."""
-    import torch
-
-    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(),
-                                torch.nn.Linear(512, 512), torch.nn.ReLU(),
-                                torch.nn.Linear(512, 10)).to(device)
-    x = torch.randn(32, 256, device=device)
-    buf = torch.ones(1 << 18, dtype=torch.float32, device=device)
-
-    def step(reduce: bool) -> float:
-        sync()
-        t0 = time.perf_counter()
-        model.zero_grad()
-        model(x).square().mean().backward()
-        if reduce:
-            dist.all_reduce(buf)
-        sync()
-        return time.perf_counter() - t0
-
-    for _ in range(5):
-        step(False)
-        step(True)
-    dist.barrier()
-    alone, reduced = [], []
-    for _ in range(repeats):
-        alone.append(step(False))
-        reduced.append(step(True))
-    mean = torch.tensor([trimmed_mean(reduced) - trimmed_mean(alone)],
-                        dtype=torch.float64)
-    dist.all_reduce(mean)
-    return [buf.numel() * buf.element_size(), float(mean) / world_size]
-
-
-def _copy_bandwidth(dist: Any, device: Any, sync: Any,
-                    world_size: int) -> float:  # pragma: no cover - runs in the workers
-    """Bytes read and written per second by a 64 MiB copy, every rank copying at once (as in
-    training): the median of 7 on each rank, averaged over ranks."""
-    import torch
-
-    src = torch.ones(16 << 20, dtype=torch.float32, device=device)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    times = []
-    for _ in range(7):
-        dist.barrier()
-        sync()
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        sync()
-        times.append(time.perf_counter() - t0)
-    rate = torch.tensor([2 * src.numel() * src.element_size() / statistics.median(times)],
-                        dtype=torch.float64)
-    dist.all_reduce(rate)
-    return float(rate) / world_size
