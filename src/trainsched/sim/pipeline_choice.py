@@ -3,10 +3,12 @@
 ``trainsched simulate --parallelism pipeline --schedule auto`` asks which of the registered
 schedules (:data:`~trainsched.backprop.schedules.SCHEDULES`, every one) and how many
 micro-batches give the shortest step for this graph on this cluster without going over the
-memory limit. Each candidate is cut and costed the way a plan of it would be
-(:func:`~trainsched.backprop.stages.stage_costs_from_graph`, stages balanced by compute) and
-simulated (:func:`~trainsched.sim.pipeline.simulate_pipeline`); its peak is the largest of its
-ranks' peaks (resident state, saved activations, buffers in flight).
+memory limit. Each candidate is cut and costed the way a plan of it is
+(:func:`plan_stages`: stages balanced by compute and, where a rank holds several stages, cuts
+that balance the ranks, each costed by
+:func:`~trainsched.backprop.stages.stage_costs_from_graph` and simulated by
+:func:`~trainsched.sim.pipeline.simulate_pipeline`, the fastest kept); its peak is the largest
+of its ranks' peaks (resident state, saved activations, buffers in flight).
 
 - **Micro-batch counts** (:func:`microbatch_candidates`): the divisors of the batch, so that
   every micro-batch holds the same whole number of samples (never less than one); for a graph
