@@ -238,3 +238,23 @@ def test_progress_hears_every_candidate_and_the_end():
                      (2, 6, "gpipe, 4 micro-batches"), (3, 6, "1f1b, 1 micro-batch"),
                      (4, 6, "1f1b, 2 micro-batches"), (5, 6, "1f1b, 4 micro-batches"),
                      (6, 6, "")]
+
+
+def test_a_cut_that_fits_the_memory_limit_beats_a_faster_one_that_does_not():
+    from trainsched.backprop.stages import uniform_stages
+    from trainsched.sim.pipeline_choice import plan_stages
+
+    # Two made-up cuts of 2 stages on 2 ranks: "fast" (1 s phases, 400 bytes kept per
+    # micro-batch) and "lean" (2 s phases, 10 bytes). GPipe holds all 4 micro-batches: peaks
+    # 1600 and 40 bytes.
+    stages = {"fast": uniform_stages(2, 1.0, 1.0, 1.0, saved_bytes=400),
+              "lean": uniform_stages(2, 2.0, 2.0, 2.0, saved_bytes=10)}
+
+    def costs_of(count, m, cut):
+        return stages[cut]
+
+    fastest, _, result = plan_stages(costs_of, "gpipe", 2, 4, CLUSTER, cuts=["fast", "lean"])
+    assert fastest is stages["fast"] and result.step_time_s == 15.0  # (4 + 1) x 3 s
+    fitting, _, result = plan_stages(costs_of, "gpipe", 2, 4, CLUSTER, cuts=["fast", "lean"],
+                                     memory_limit_bytes=100)
+    assert fitting is stages["lean"] and result.step_time_s == 30.0  # (4 + 1) x 6 s
