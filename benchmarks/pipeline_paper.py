@@ -171,8 +171,7 @@ def simulate_setup(graph: Graph, setup: Setup) -> list[dict[str, Any]]:
     def stages_for(cut: str, count: int, points: Cut = "compute") -> StageCosts:
         """``compute``: balanced by compute, or at ``points``; ``paper``: the published cut."""
         if (cut, count, points) not in cuts:
-            how = paper_cut(graph, setup.layers, p) if cut == "paper" else \
-                points if isinstance(points, str) else list(points)
+            how = paper_cut(graph, setup.layers, p) if cut == "paper" else points
             cuts[cut, count, points] = per_microbatch(stage_costs_from_graph(
                 graph, count, 1, cut=how))
         return cuts[cut, count, points]

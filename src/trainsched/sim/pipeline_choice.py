@@ -170,10 +170,12 @@ def choose_pipeline(graph: Graph, cluster: Cluster, num_ranks: int, *,
                 f"micro-batch graphs every count needs its own (those given: "
                 f"{', '.join(map(str, sorted(sized)))})")
 
+    memo: dict[tuple[int, ...], tuple[Cut, ...]] = {}
     return choose_from_costs(graph_costs(graph, sized), cluster, num_ranks, counts,
                              memory_limit_bytes=limit,
                              schedules=schedules, progress=progress,
-                             cuts_of=lambda name, m: schedule_cuts(graph, name, num_ranks, m))
+                             cuts_of=lambda name, m: schedule_cuts(graph, name, num_ranks, m,
+                                                                   memo=memo))
 
 
 def graph_costs(graph: Graph, sized: Mapping[int, Graph] | None = None) -> CostsOf:
@@ -184,19 +186,28 @@ def graph_costs(graph: Graph, sized: Mapping[int, Graph] | None = None) -> Costs
 
     def costs_of(num_stages: int, m: int, cut: Cut) -> StageCosts:
         return stage_costs_from_graph(graph, num_stages, m, microbatch_graph=sized.get(m),
-                                      cut=cut if isinstance(cut, str) else list(cut))
+                                      cut=cut)
     return costs_of
 
 
-def schedule_cuts(graph: Graph, name: str, num_ranks: int,
-                  num_microbatches: int) -> tuple[Cut, ...]:
+def schedule_cuts(graph: Graph, name: str, num_ranks: int, num_microbatches: int, *,
+                  memo: dict[tuple[int, ...], tuple[Cut, ...]] | None = None
+                  ) -> tuple[Cut, ...]:
     """The cuts :func:`plan_stages` tries for schedule ``name``: stages balanced by their
     costs, then, where a rank holds several stages, the cuts that balance the ranks
-    (:func:`~trainsched.backprop.stages.rank_cuts`)."""
+    (:func:`~trainsched.backprop.stages.rank_cuts`). ``memo``: a dict the caller keeps for
+    one graph, so that schedules placing their stages alike (and every micro-batch count)
+    share one computation."""
     count = schedule_stage_count(name, num_ranks)
     if count == num_ranks:
         return ("compute",)
-    return ("compute", *rank_cuts(graph, count, stage_ranks(name, num_ranks, num_microbatches)))
+    mapping = stage_ranks(name, num_ranks, num_microbatches)
+    if memo is not None and mapping in memo:
+        return memo[mapping]
+    cuts = ("compute", *rank_cuts(graph, count, mapping))
+    if memo is not None:
+        memo[mapping] = cuts
+    return cuts
 
 
 def plan_stages(costs_of: CostsOf, name: str, num_ranks: int, num_microbatches: int,
