@@ -653,6 +653,36 @@ def job_buckets(cfg: dict) -> dict:
     return out
 
 
+def job_user_collectives(cfg: dict) -> dict:
+    """The training loop's own collectives on the default group between steps (the loss
+    all-reduced for logging, a barrier every other step) while the step's gradients are still
+    in flight: the losses each rank saw, the summed losses and the parameters against DDP's."""
+    rank = cfg["rank"]
+    out: dict = {}
+    for name in ("priority-overdraft", "bytescheduler", "fifo-crossing"):
+        m = net()
+        cls, kwargs = OPTIMIZERS["momentum"]
+        sdp = ScheduledDataParallel(m, POLICIES[name], optimizer=cls, optimizer_kwargs=kwargs,
+                                    timeout_s=cfg.get("timeout_s", 60))
+        losses, summed = [], []
+        try:
+            for s in range(STEPS + 2):
+                loss = loss_of(sdp(batch(s, rank)))
+                loss.backward()
+                logged = loss.detach().clone()
+                dist.all_reduce(logged)
+                losses.append(loss.item())
+                summed.append(logged.item())
+                if s % 2:
+                    dist.barrier()
+            sdp.drain()
+        finally:
+            sdp.close()
+        out[name] = {"losses": losses, "summed": summed,
+                     "vs_ddp": max_diff(params(m), train_ddp(rank, "momentum", STEPS + 2))}
+    return out
+
+
 def job_main(cfg: dict) -> dict:
     """The default suite's one job: equality, then the fuzz and the order hazard, then
     switching sizes mid-run."""
@@ -661,7 +691,7 @@ def job_main(cfg: dict) -> dict:
 
 JOBS = {"main": job_main, "equality": job_equality, "fuzz": job_fuzz, "fault": job_fault,
         "retune": job_retune, "static": job_static, "disabled": job_disabled,
-        "buckets": job_buckets}
+        "buckets": job_buckets, "user_collectives": job_user_collectives}
 
 
 def main() -> None:

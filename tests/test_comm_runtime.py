@@ -271,6 +271,22 @@ def test_static_order_is_recompiled_at_a_switch_on_every_rank(static_job):
         assert tuner["vs_ddp"] <= 1e-6
 
 
+@pytest.mark.timeout(200)
+def test_the_loops_own_collectives_between_steps_never_meet_the_gradients(tmp_path):
+    # The loss all-reduced and a barrier on the default group while the step's gradients are
+    # still being reduced: on a shared group they would pair with the wrong collectives (a
+    # size mismatch, a hang, or a loss summed with a gradient slice).
+    results = run_job(tmp_path, "user_collectives", timeout_s=30, limit_s=150)
+    assert results[0].keys() == {"priority-overdraft", "bytescheduler", "fifo-crossing"}
+    for name, mine in results[0].items():
+        theirs = results[1][name]
+        assert len(mine["summed"]) == 5
+        for a, b, total in zip(mine["losses"], theirs["losses"], mine["summed"], strict=True):
+            assert total == pytest.approx(a + b, rel=1e-6), name
+        assert theirs["summed"] == mine["summed"], name
+        assert max(mine["vs_ddp"], theirs["vs_ddp"]) <= 1e-6, name
+
+
 @pytest.mark.timeout(300)
 def test_disabled_is_a_pass_through_to_ddp_without_hooks_threads_or_store_traffic(tmp_path):
     results = run_job(tmp_path, "disabled", limit_s=240)

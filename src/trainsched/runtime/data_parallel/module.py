@@ -26,7 +26,9 @@ from trainsched.runtime.data_parallel.passthrough import PassThrough, refuse_dis
 from trainsched.runtime.data_parallel.retune import check_tuner
 from trainsched.runtime.data_parallel.scheduler import Scheduler
 
-__all__ = ["ScheduledDataParallel"]
+__all__ = ["ScheduledDataParallel", "gradient_group"]
+
+GLOO_THREADS = 2  # gloo's own default number of worker threads per process group
 
 
 class _Engine(Protocol):
@@ -56,6 +58,18 @@ class _Engine(Protocol):
     def close(self, timeout_s: float | None = None) -> None: ...
 
 
+def gradient_group(peers: Peers, threads: int | None, enabled: bool) -> Any:
+    """The group the gradients are reduced on. The scheduler issues them from its own thread
+    and they may still be in flight when ``backward()`` returns, so on gloo they get a group of
+    their own (``threads`` worker threads, gloo's default 2): a collective the training loop
+    runs on its group between steps (a loss all-reduced for logging, a barrier) then never
+    pairs with a gradient's. The pass-through (stock DDP, whose collectives end inside
+    ``backward()``) and other backends use the wrapper's group unless ``threads`` is given."""
+    if threads is None and enabled and dist.get_backend(peers.group) == "gloo":
+        threads = GLOO_THREADS
+    return peers.gloo_group(threads) if threads is not None else peers.group
+
+
 class ScheduledDataParallel(nn.Module):
     """Data-parallel training of ``module`` with gradients reduced as ``policy`` says.
 
@@ -82,9 +96,11 @@ class ScheduledDataParallel(nn.Module):
     follows, its last partition; ``"auto"`` (default) picks ``"partition"`` when the optimizer
     is elementwise.
 
-    ``comm_threads`` (gloo only): reduce gradients on a gloo group of our own with that many
-    worker threads (gloo's default is 2; 1 makes the transport one FIFO wire, on which the
-    credit and the priority order hold exactly).
+    ``comm_threads`` (gloo only): the number of worker threads of the gloo group of our own
+    that the gradients are reduced on (default gloo's 2; 1 makes the transport one FIFO wire,
+    on which the credit and the priority order hold exactly). On gloo the scheduler always
+    reduces on a group of its own (:func:`gradient_group`), so the training loop may run its
+    own collectives on its group between steps; on another backend, call :meth:`drain` first.
 
     ``tuner``: an :class:`~trainsched.comm.tune.OnlineTuner` that rank 0 feeds with its step
     times (a step: from one forward after a backward pass to the next) and follows with
@@ -156,8 +172,7 @@ class ScheduledDataParallel(nn.Module):
         peers.check_same_model(trainable.names, trainable.tensors)
         if enabled:
             peers.broadcast(module)  # disabled: DDP broadcasts them itself
-        threads = self.options.comm_threads
-        data_group = peers.gloo_group(threads) if threads is not None else peers.group
+        data_group = gradient_group(peers, self.options.comm_threads, enabled)
         self._engine: _Engine
         if enabled:
             self._engine = Scheduler(module, policy, trainable=trainable, peers=peers,
