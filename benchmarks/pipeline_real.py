@@ -2,12 +2,14 @@
 
 The model: 8 transformer encoder layers (d_model 512, 8 heads, feed-forward 2048, no dropout),
 sequence 128, batch 16 (``_encoder.py``), cut at layer boundaries: 2 stages of 4 layers for the
-one-stage-per-rank schedules, 4 stages of 2 layers (V placement) for ZBV. Rows, measured in one
+one-stage-per-rank schedules, 4 stages of 2 layers for those with two stages per rank (V
+placement for ZBV, loop placement for the interleaved ones and modulo). Rows, measured in one
 run with the configurations interleaved (A B C ... A B C ..., ``--rounds`` rounds of
 ``--warmup`` untimed and ``--steps`` timed steps):
 
-- ``gpipe``, ``1f1b``, ``zb-h1``, ``zbv``: trainsched's generated schedules run by its pipeline
-  runtime (``runtime.pipeline.run_actions`` on stages cut from the exported model);
+- every registered schedule (``--rows``: a subset; ``gpipe``, ``1f1b``, ``zb-h1`` and ``zbv``
+  always): trainsched's generated schedules run by its pipeline runtime
+  (``runtime.pipeline.run_actions`` on stages cut from the exported model);
 - ``torch-zbv``: PyTorch's own ``ScheduleZBVZeroBubble`` through ``torch.distributed.pipelining``
   on ``nn.Sequential`` slices holding the same layers;
 - ``auto``: the schedule and micro-batch count ``choose_from_costs`` picks on the simulator (every
@@ -64,7 +66,7 @@ from _common import cpu_model, write_results
 
 HERE = Path(__file__).resolve().parent
 SPEC = str(HERE / "_encoder.py") + ":encoder"
-ROWS = ("gpipe", "1f1b", "zb-h1", "zbv")
+REQUIRED = ("gpipe", "1f1b", "zb-h1", "zbv")  # the summary compares these
 MiB = 1 << 20
 
 
@@ -398,6 +400,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3, help="timed steps per row and round")
     ap.add_argument("--warmup", type=int, default=1, help="untimed steps per row and round")
     ap.add_argument("--repeats", type=int, default=5, help="timings per layer alone")
+    ap.add_argument("--rows", default="all",
+                    help="generated schedules to run, comma-separated (default all registered; "
+                         f"{', '.join(REQUIRED)} are always run)")
     ap.add_argument("--out", default=str(HERE / "results" / "pipeline_real.json"))
     args = ap.parse_args()
     if args.quick:
@@ -416,6 +421,11 @@ def main() -> None:
     from trainsched.sim.pipeline_choice import choose_from_costs, microbatch_candidates
 
     torch.set_num_threads(1)
+    wanted = list(SCHEDULES) if args.rows == "all" else [n.strip() for n in args.rows.split(",")]
+    unknown = sorted(set(wanted) - set(SCHEDULES))
+    if unknown:
+        ap.error(f"unknown schedule(s) {', '.join(unknown)}; registered: {', '.join(SCHEDULES)}")
+    row_names = [n for n in SCHEDULES if n in set(wanted) | set(REQUIRED)]
     began = time.perf_counter()
     load_before = Path("/proc/loadavg").read_text().split()[:3]
     layers, d_model, _ = shape()
@@ -472,12 +482,12 @@ def main() -> None:
                 "num_stages": p, "stages": [list(s) for s in cuts[p]],
                 "schedule": sched.to_text(), "stage_to_rank": list(sched.stage_to_rank)}
 
-    configs = [ours(n, m, n) for n in ROWS]
+    configs = [ours(n, m, n) for n in row_names]
     configs.append({"name": "torch-zbv", "kind": "torch-zbv", "schedule_name": "zbv",
                     "microbatches": m, "num_stages": 4})
     configs.append({**ours("gpipe", m, "bound"), "kind": "bound"})
     auto_label = f"auto:{choice.schedule_name}/m={choice.num_microbatches}"
-    if (choice.schedule_name, choice.num_microbatches) not in {(n, m) for n in ROWS}:
+    if (choice.schedule_name, choice.num_microbatches) not in {(n, m) for n in row_names}:
         configs.append(ours(choice.schedule_name, choice.num_microbatches, auto_label))
     else:
         auto_label = choice.schedule_name
