@@ -13,7 +13,7 @@ layer's update as soon as its gradients are reduced.
   zero-copy view of ``grad.view(-1)`` (a partition: a contiguous slice; a bucket of several
   gradients is packed into one buffer and unpacked after). Completion comes back through the
   work's future, returns the credit and divides the reduced slice by the world size (gloo has
-  no average). On gloo the collectives run on a group of the wrapper's own
+  no average). The collectives run on a group of the wrapper's own
   (:func:`~.module.gradient_group`), so the training loop's own collectives between steps never
   pair with them.
 - **Order.** Every rank must issue collectives in one order, or gradients are silently summed

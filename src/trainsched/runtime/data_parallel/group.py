@@ -35,6 +35,7 @@ class Peers:
 
     def __init__(self, process_group: Any, store: Any, timeout_s: float) -> None:
         self.group = process_group if process_group is not None else dist.group.WORLD
+        self.is_world = self.group is dist.group.WORLD  # the job's default group
         self.rank = dist.get_rank(self.group)
         self.world_size = dist.get_world_size(self.group)
         self.ranks = tuple(dist.get_process_group_ranks(self.group))

@@ -9,6 +9,7 @@ stock DDP (:class:`~.passthrough.PassThrough`). The package docstring says how i
 from __future__ import annotations
 
 import dataclasses
+from datetime import timedelta
 from typing import Any, Protocol
 
 import torch
@@ -60,14 +61,25 @@ class _Engine(Protocol):
 
 def gradient_group(peers: Peers, threads: int | None, enabled: bool) -> Any:
     """The group the gradients are reduced on. The scheduler issues them from its own thread
-    and they may still be in flight when ``backward()`` returns, so on gloo they get a group of
-    their own (``threads`` worker threads, gloo's default 2): a collective the training loop
-    runs on its group between steps (a loss all-reduced for logging, a barrier) then never
-    pairs with a gradient's. The pass-through (stock DDP, whose collectives end inside
-    ``backward()``) and other backends use the wrapper's group unless ``threads`` is given."""
-    if threads is None and enabled and dist.get_backend(peers.group) == "gloo":
-        threads = GLOO_THREADS
-    return peers.gloo_group(threads) if threads is not None else peers.group
+    and they may still be in flight when ``backward()`` returns, so they get a group of their
+    own: a collective the training loop runs on its group between steps (a loss all-reduced
+    for logging, a barrier) then never pairs with a gradient's.
+
+    ``threads`` given: a gloo group of ours with that many worker threads. Otherwise the
+    pass-through (stock DDP, whose collectives end inside ``backward()``) keeps the wrapper's
+    group; the scheduler over the default group gets ``new_group()`` of the default backend
+    (every rank builds its wrapper, so every rank takes part), over a gloo subgroup a gloo
+    group of ours built directly (gloo's default 2 threads), over a subgroup of another backend
+    the subgroup itself (``new_group`` would need every rank of the job to call it)."""
+    if threads is not None:
+        return peers.gloo_group(threads)
+    if not enabled:
+        return peers.group
+    if peers.is_world:
+        return dist.new_group(timeout=timedelta(seconds=peers.timeout_s))
+    if dist.get_backend(peers.group) == "gloo":
+        return peers.gloo_group(GLOO_THREADS)
+    return peers.group
 
 
 class ScheduledDataParallel(nn.Module):
@@ -98,9 +110,10 @@ class ScheduledDataParallel(nn.Module):
 
     ``comm_threads`` (gloo only): the number of worker threads of the gloo group of our own
     that the gradients are reduced on (default gloo's 2; 1 makes the transport one FIFO wire,
-    on which the credit and the priority order hold exactly). On gloo the scheduler always
-    reduces on a group of its own (:func:`gradient_group`), so the training loop may run its
-    own collectives on its group between steps; on another backend, call :meth:`drain` first.
+    on which the credit and the priority order hold exactly). The scheduler reduces on a group
+    of its own (:func:`gradient_group`), so the training loop may run its own collectives on
+    its group between steps; only over a subgroup of a backend other than gloo does it share
+    the subgroup: call :meth:`drain` before a collective of your own on it.
 
     ``tuner``: an :class:`~trainsched.comm.tune.OnlineTuner` that rank 0 feeds with its step
     times (a step: from one forward after a backward pass to the next) and follows with
