@@ -8,6 +8,9 @@ interleaved over ``--rounds`` rounds of ``--repeats`` repetitions, the all-reduc
 tensors (default: the zoo MLP's gradients) issued
 
 - ``serial``: one blocking ``all_reduce`` after another;
+- ``chain``: one at a time from a second thread, each issued when the completion callback of
+  the one before has woken that thread (what the scheduled runtime does under a policy that
+  lets one collective be in flight, FIFO); ``chain`` minus ``serial`` is the hand-off;
 - ``burst``: all issued at once (``async_op=True``), then each waited for;
 - ``thread``: all issued at once from a second thread, each completion posted to a queue by a
   callback on its future, the main thread waiting on the queue (as the scheduled runtime does);
@@ -38,7 +41,7 @@ from pathlib import Path
 from _common import cpu_model, write_results
 
 HERE = Path(__file__).resolve().parent
-MODES = ("serial", "burst", "thread", "flat")
+MODES = ("serial", "chain", "burst", "thread", "flat")
 
 
 def worker() -> None:  # pragma: no cover - runs in the ranks
@@ -66,12 +69,25 @@ def worker() -> None:  # pragma: no cover - runs in the ranks
             work = dist.all_reduce(t, async_op=True)
             work.get_future().add_done_callback(lambda _f: done.put(1))
 
+    def chain_from_thread() -> None:
+        woken: queue.SimpleQueue[int] = queue.SimpleQueue()
+        for t in tensors:
+            work = dist.all_reduce(t, async_op=True)
+            work.get_future().add_done_callback(lambda _f: woken.put(1))
+            woken.get()
+        done.put(1)
+
     def once(mode: str) -> float:
         dist.barrier()
         t0 = time.perf_counter()
         if mode == "serial":
             for t in tensors:
                 dist.all_reduce(t)
+        elif mode == "chain":
+            issuer = threading.Thread(target=chain_from_thread)
+            issuer.start()
+            done.get()
+            issuer.join()
         elif mode == "burst":
             for work in [dist.all_reduce(t, async_op=True) for t in tensors]:
                 work.wait()
