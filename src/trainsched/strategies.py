@@ -158,12 +158,11 @@ def _pipeline(name: str) -> Strategy:
             raise TrainschedError(f"{o.microbatches} micro-batches of a batch of {batch}: a "
                                   f"micro-batch needs at least one sample; use at most {batch} "
                                   f"micro-batches or a larger batch")
-        from trainsched.sim.pipeline_choice import graph_costs, plan_stages, schedule_cuts
+        from trainsched.sim.pipeline_choice import plan_graph_stages
 
         sized = {o.microbatches: o.microbatch_graph} if o.microbatch_graph is not None else {}
-        stages, schedule, _ = plan_stages(
-            graph_costs(graph, sized), name, o.ranks, o.microbatches, cluster,
-            cuts=schedule_cuts(graph, name, o.ranks, o.microbatches))
+        stages, schedule, _ = plan_graph_stages(graph, name, o.ranks, o.microbatches, cluster,
+                                                sized=sized)
         plan = PipelinePlan(model=ModelRef.of(graph), stages=stages.ops, schedule=schedule,
                             schedule_name=name)
         return Planned(plan=plan, samples_per_step=o.batch_size,

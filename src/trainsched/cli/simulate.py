@@ -55,6 +55,7 @@ from trainsched.errors import TrainschedError
 from trainsched.plan.plans import SERVER_PLACEMENTS
 from trainsched.report.progress import ProgressBar
 from trainsched.report.tables import simulate_report
+from trainsched.units import is_int
 
 NAME = "simulate"
 
@@ -209,8 +210,6 @@ def costs_line(graph: Any) -> str | None:
 def batch_doc(graph: Any) -> dict[str, Any] | None:
     """The samples (and tokens per sample) the graph was captured at, where its meta says:
     one device's batch, a data-parallel rank's, or a pipeline step's."""
-    from trainsched.units import is_int
-
     samples, seq = graph.meta.get("batch_size"), graph.meta.get("seq_len")
     if not is_int(samples):
         return None

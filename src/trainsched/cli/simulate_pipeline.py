@@ -43,7 +43,7 @@ def pipeline_plan(graph: Any, cluster: Any, args: argparse.Namespace, ranks: int
     over ``ranks`` ranks, its micro-batches costed by ``sized`` where it has their count, its
     cut chosen by :func:`trainsched.sim.pipeline_choice.plan_stages`."""
     from trainsched import plan as plans
-    from trainsched.sim.pipeline_choice import graph_costs, plan_stages, schedule_cuts
+    from trainsched.sim.pipeline_choice import plan_graph_stages
     from trainsched.strategies import default_microbatches
 
     if (args.schedule or "").strip().lower() == "auto":
@@ -66,8 +66,7 @@ def pipeline_plan(graph: Any, cluster: Any, args: argparse.Namespace, ranks: int
                               f"and a micro-batch needs at least one; give at most {batch}")
     name = (args.schedule or "1f1b").strip().lower()
 
-    stages, schedule, _ = plan_stages(graph_costs(graph, sized), name, ranks, micro, cluster,
-                                      cuts=schedule_cuts(graph, name, ranks, micro))
+    stages, schedule, _ = plan_graph_stages(graph, name, ranks, micro, cluster, sized=sized)
     return plans.PipelinePlan(model=plans.ModelRef.of(graph), stages=stages.ops,
                               schedule=schedule, schedule_name=name)
 

@@ -51,7 +51,8 @@ from trainsched.sim.simulate import training_graph
 from trainsched.units import format_duration, format_size, is_int
 
 __all__ = ["Candidate", "Cut", "PipelineChoice", "choose_from_costs", "choose_pipeline",
-           "graph_costs", "microbatch_candidates", "plan_stages", "schedule_cuts"]
+           "graph_costs", "microbatch_candidates", "plan_graph_stages", "plan_stages",
+           "schedule_cuts"]
 
 #: ``progress(done, total, item)``: how far a long piece of work is.
 Progress = Callable[[int, int, str], None]
@@ -208,6 +209,16 @@ def schedule_cuts(graph: Graph, name: str, num_ranks: int, num_microbatches: int
     if memo is not None:
         memo[mapping] = cuts
     return cuts
+
+
+def plan_graph_stages(graph: Graph, name: str, num_ranks: int, num_microbatches: int,
+                      cluster: Cluster, *, sized: Mapping[int, Graph] | None = None,
+                      ) -> tuple[StageCosts, Schedule, PipelineResult]:
+    """:func:`plan_stages` of schedule ``name`` on a training graph: its costs
+    (:func:`graph_costs`, a micro-batch costed by ``sized`` where it has the count) at the cuts
+    :func:`schedule_cuts` gives."""
+    return plan_stages(graph_costs(graph, sized), name, num_ranks, num_microbatches, cluster,
+                       cuts=schedule_cuts(graph, name, num_ranks, num_microbatches))
 
 
 def plan_stages(costs_of: CostsOf, name: str, num_ranks: int, num_microbatches: int,

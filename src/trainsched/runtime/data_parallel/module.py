@@ -19,6 +19,7 @@ from torch import nn
 from trainsched.comm.dispatch import check_sizes
 from trainsched.comm.policy import CommPolicy, comm_policy
 from trainsched.errors import TrainschedError
+from trainsched.runtime.calibrate import GLOO_THREADS
 from trainsched.runtime.data_parallel.deferred import check_backprop_k
 from trainsched.runtime.data_parallel.group import Peers
 from trainsched.runtime.data_parallel.layout import Trainable
@@ -28,8 +29,6 @@ from trainsched.runtime.data_parallel.retune import check_tuner
 from trainsched.runtime.data_parallel.scheduler import Scheduler
 
 __all__ = ["ScheduledDataParallel", "gradient_group"]
-
-GLOO_THREADS = 2  # gloo's own default number of worker threads per process group
 
 
 class _Engine(Protocol):
