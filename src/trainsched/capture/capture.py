@@ -28,7 +28,7 @@ from trainsched.capture.profile import Phase, Progress, StepCost, StepRunner
 from trainsched.capture.step import time_eager_step, time_optimizer_step
 from trainsched.capture.trace import Traced, _tree_map, quiet_torch_logs, trace
 from trainsched.errors import TrainschedError
-from trainsched.graph import OPTIMIZER_STEP, Edge, Graph, Op, coarsen_by_module
+from trainsched.graph import OPTIMIZER_STEP, PARAM_TENSORS, Edge, Graph, Op, coarsen_by_module
 from trainsched.graph.overhead import charge_step_overhead
 from trainsched.precision import check_precision
 
@@ -309,11 +309,13 @@ def _build_graph(traced: Traced, step_costs: list[StepCost], phase_s: Any,
 
     owner: dict[str, str] = {}            # state fqn -> first step that reads it
     sharers: dict[str, list[str]] = {}
+    tensors_of: dict[str, list[list[Any]]] = {}  # step -> its own parameters, two or more
     layer = 0
     for cost in step_costs:
         step = steps[cost.name]
         param_bytes = buffer_bytes = 0
         tied: list[str] = []
+        tensors: list[list[Any]] = []
         for fqn in step.state:
             tensor = traced.state.get(fqn)
             if not isinstance(tensor, torch.Tensor):
@@ -327,6 +329,7 @@ def _build_graph(traced: Traced, step_costs: list[StepCost], phase_s: Any,
             nbytes = tensor.numel() * tensor.element_size()
             if fqn in traced.trainable:
                 param_bytes += nbytes
+                tensors.append([_local_name(fqn, step.module_path), nbytes])
             else:
                 buffer_bytes += nbytes
         fwd_s = phase_s(cost.forward, cost.dtype)
@@ -351,6 +354,8 @@ def _build_graph(traced: Traced, step_costs: list[StepCost], phase_s: Any,
         )
         if param_bytes:
             layer += 1
+        if len(tensors) > 1:
+            tensors_of[step.name] = tensors
         ops.append(op)
         output_of[step.name] = cost.output_bytes
         for root, nbytes in cost.inputs.items():
@@ -358,7 +363,15 @@ def _build_graph(traced: Traced, step_costs: list[StepCost], phase_s: Any,
                 edges.append(Edge(src=root, dst=step.name,
                                   size_bytes=min(nbytes, output_of[root]) or output_of[root]))
     ops = _share_groups(ops, sharers, traced.trainable)
+    if tensors_of:  # each is a gradient of its own on the wire (comm.policy.gradient_tensors)
+        meta = {**meta, PARAM_TENSORS: tensors_of}
     return Graph(ops, edges, meta)
+
+
+def _local_name(fqn: str, module_path: str) -> str:
+    """``fqn`` relative to ``module_path`` (``fc1.weight`` in ``fc1``: ``weight``)."""
+    prefix = module_path + "."
+    return fqn[len(prefix):] if module_path and fqn.startswith(prefix) else fqn
 
 
 def _share_groups(ops: list[Op], sharers: dict[str, list[str]], trainable: set[str]) -> list[Op]:

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from trainsched.errors import TrainschedError
-from trainsched.graph import Graph
+from trainsched.graph import PARAM_TENSORS, Graph
 from trainsched.registry import Registry
 from trainsched.units import is_int
 
@@ -71,6 +71,8 @@ __all__ = [
     "comm_policy",
     "ddp_buckets",
     "dispatches_in_plan_order",
+    "gradient_sources",
+    "gradient_tensors",
     "graph_gradients",
     "may_dispatch",
     "memory_passes",
@@ -89,8 +91,8 @@ DDP_BUCKET_ORDERS = ("ready", "reverse_layer")
 
 @dataclass(frozen=True, kw_only=True)
 class Gradient:
-    """The gradient a ``backward_weight`` op produces: ``name`` is its tensor
-    (``<forward op>:grad``, see :func:`graph_gradients`), ``size_bytes`` the parameter's size,
+    """A gradient tensor a ``backward_weight`` op produces: ``name`` is its tensor
+    (``<forward op>:grad``, see :func:`gradient_tensors`), ``size_bytes`` the parameter's size,
     ``layer_index`` its layer (earlier = more urgent) and ``ready_index`` its position in the
     order gradients become ready in backward (0 first)."""
 
@@ -639,19 +641,50 @@ def produces_gradient(op: Any) -> bool:
     return op.kind == "backward_weight" and op.output_bytes > 0
 
 
-def graph_gradients(graph: Graph, order: Sequence[str] | None = None) -> tuple[Gradient, ...]:
-    """The gradients of a training graph in ready order: one per ``backward_weight`` op that
-    :func:`produces_gradient` (tied readers' dW add into their owners' instead), in the
-    order those ops come in ``order`` (the compute order of one device; default the graph's
-    topological order, which is program order: in-order backprop). The k-th gradient comes
-    from the k-th ``backward_weight`` op of ``order``.
+def gradient_tensors(graph: Graph, op: Any) -> tuple[tuple[str, int], ...]:
+    """The gradient tensors ``backward_weight`` op ``op`` produces, as ``(name, bytes)``: one
+    per trainable parameter its forward op owns, in the order the captured op reads
+    them (all become ready within the one dW op; the runtime logs its own order).
 
-    ``name`` is ``<forward op>:grad`` (the tensor key the training transform gives the
-    gradient; ``<op>:grad`` for a ``backward_weight`` op without ``forward_op``);
-    ``size_bytes`` is the op's ``output_bytes`` (the parameter's size). ``layer_index`` is the
-    op's; if some op has none, every gradient gets instead the rank of its forward op
-    (``forward_op``, else itself) in the graph's topological order.
+    Capture records an op owning two or more parameters (a linear layer's weight and bias) in
+    ``graph.meta["param_tensors"]`` (forward op -> ``[[parameter, bytes], ...]``, the
+    parameter named relative to its module); the runtime reduces each parameter as a tensor
+    of its own, so the simulator does too. ``name`` is ``<forward op>:grad.<parameter>`` for
+    those and ``<forward op>:grad`` (``<op>:grad`` without ``forward_op``) for an op with one
+    tensor or no record; a record whose sizes do not add up to the op's ``output_bytes`` (a
+    graph transformed after capture) is not used. An op that :func:`produces_gradient` not
+    gives none.
     """
+    if not produces_gradient(op):
+        return ()
+    base = f"{op.forward_op or op.name}:grad"
+    rows = graph.meta.get(PARAM_TENSORS, {}).get(op.forward_op) if op.forward_op else None
+    if not rows or sum(int(size) for _, size in rows) != op.output_bytes:
+        return ((base, op.output_bytes),)
+    return tuple((f"{base}.{name}", int(size)) for name, size in rows)
+
+
+def graph_gradients(graph: Graph, order: Sequence[str] | None = None) -> tuple[Gradient, ...]:
+    """The gradients of a training graph in ready order: the :func:`gradient_tensors` of each
+    ``backward_weight`` op that :func:`produces_gradient` (tied readers' dW add into their
+    owners' instead), in the order those ops come in ``order`` (the compute order of one
+    device; default the graph's topological order, which is program order: in-order
+    backprop); :func:`gradient_sources` names the op each comes from.
+
+    ``size_bytes`` is the parameter's size. ``layer_index`` is the op's; if some op has none,
+    every gradient gets instead the rank of its forward op (``forward_op``, else itself) in the
+    graph's topological order.
+    """
+    return tuple(g for g, _ in _gradient_rows(graph, order))
+
+
+def gradient_sources(graph: Graph, order: Sequence[str] | None = None) -> tuple[str, ...]:
+    """The ``backward_weight`` op each of :func:`graph_gradients` ``(graph, order)`` comes
+    from, position by position."""
+    return tuple(source for _, source in _gradient_rows(graph, order))
+
+
+def _gradient_rows(graph: Graph, order: Sequence[str] | None) -> list[tuple[Gradient, str]]:
     order = graph.topological_order() if order is None else tuple(order)
     ops = [graph.op(name) for name in order if produces_gradient(graph.op(name))]
     if any(op.layer_index is None for op in ops):
@@ -664,11 +697,12 @@ def graph_gradients(graph: Graph, order: Sequence[str] | None = None) -> tuple[G
         layer = {op.name: k for k, op in enumerate(sorted(ops, key=key))}
     else:
         layer = {op.name: op.layer_index for op in ops}
-    names = [f"{op.forward_op or op.name}:grad" for op in ops]
+    rows = [(name, size, op.name) for op in ops for name, size in gradient_tensors(graph, op)]
+    names = [name for name, _, _ in rows]
     if len(set(names)) < len(names):
         twice = sorted({n for n in names if names.count(n) > 1})
         raise TrainschedError(f"several backward_weight ops produce gradient(s) "
                               f"{', '.join(twice)}; each forward op may have one")
-    return tuple(Gradient(name=name, size_bytes=op.output_bytes, layer_index=layer[op.name],
-                          ready_index=k)
-                 for k, (name, op) in enumerate(zip(names, ops, strict=True)))  # fmt: skip
+    return [(Gradient(name=name, size_bytes=size, layer_index=layer[source], ready_index=k),
+             source)
+            for k, (name, size, source) in enumerate(rows)]  # fmt: skip

@@ -36,6 +36,7 @@ from trainsched.graph.overhead import STEP_OVERHEAD, charge_step_overhead, sprea
 from trainsched.graph.training import (
     OPTIMIZER_STEP,
     OPTIMIZERS,
+    PARAM_TENSORS,
     charge_optimizer_step,
     to_training,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "OPTIMIZERS",
     "OPTIMIZER_STEP",
     "OP_KINDS",
+    "PARAM_TENSORS",
     "STEP_OVERHEAD",
     "Edge",
     "Graph",

@@ -121,9 +121,10 @@ from trainsched.comm.policy import (
     check_plan,
     check_policy,
     comm_policy,
+    gradient_sources,
+    gradient_tensors,
     graph_gradients,
     memory_passes,
-    produces_gradient,
 )
 from trainsched.costs import (
     ALGORITHMS,
@@ -325,12 +326,13 @@ def crossing_bound_s(graph: Graph, cluster: Cluster, *, ranks: int, algorithm: s
         forward = op.forward_op
         if op.kind != "backward_weight" or forward not in start:
             continue
-        chain = (stretch * (end[op.name] - start[forward])
-                 + collective_s(op.output_bytes, ranks, cluster, algorithm)
-                 + stretch * updates.get(forward, 0.0))
-        name = f"{forward}:grad"
-        if chain > best[0] or (chain == best[0] and best[1] is not None and name < best[1]):
-            best = (chain, name)
+        # each tensor is reduced on its own (a tied reader's dW adds into its owner's: none)
+        for name, size in gradient_tensors(graph, op) or ((f"{forward}:grad", 0),):
+            chain = (stretch * (end[op.name] - start[forward])
+                     + collective_s(size, ranks, cluster, algorithm)
+                     + stretch * updates.get(forward, 0.0))
+            if chain > best[0] or (chain == best[0] and best[1] is not None and name < best[1]):
+                best = (chain, name)
     return best
 
 
@@ -389,13 +391,14 @@ def simulate_data_parallel(graph: Graph, cluster: Cluster, *, ranks: int,
     with gc_paused():
         order = graph.topological_order() if order is None else _checked_order(graph, order)
         gradients = graph_gradients(graph, order)
+        sources = gradient_sources(graph, order)
         plan: tuple[Any, ...] = ()
         if ranks > 1:
             plan = tuple(policy.plan(gradients))
             check_plan(gradients, plan, f"comm policy {type(policy).__name__}")
         reps = [members[0] for members in classes]
         low = _Lowering(cluster, reps)
-        lowered = _lower(low, graph, order, plan, gradients, policy, algorithm, ranks,
+        lowered = _lower(low, graph, order, plan, gradients, sources, policy, algorithm, ranks,
                          [factor.get(r, 1.0) * slowest for r in reps], reps,
                          [len(m) for m in classes], steps)
         if startup_overlap and plan:
@@ -477,7 +480,8 @@ class _Lowered:
 
 
 def _lower(low: _Lowering, graph: Graph, order: Sequence[str], plan: Sequence[Any],
-           gradients: Sequence[Any], policy: CommPolicy, algorithm: str, ranks: int,
+           gradients: Sequence[Any], sources: Sequence[str], policy: CommPolicy,
+           algorithm: str, ranks: int,
            factors: Sequence[float], reps: Sequence[int], class_sizes: Sequence[int],
            steps: int = 1) -> _Lowered:
     tasks = low.tasks
@@ -497,10 +501,11 @@ def _lower(low: _Lowering, graph: Graph, order: Sequence[str], plan: Sequence[An
     channels = [tasks.add_resource(f"{name}/channel", device=k, kind="channel",
                                    policy=policy.queue)
                 for k, name in enumerate(low.names)] if plan else []  # fmt: skip
-    # The k-th gradient comes from the k-th backward_weight op of the order.
-    weight_ops = [p for p, op in enumerate(ops) if produces_gradient(op)]
-    grad_pos = {g.name: p for g, p in zip(gradients, weight_ops, strict=True)}
-    grad_of_op = {ops[p].name: name for name, p in grad_pos.items()}
+    # gradient -> the position of its backward_weight op; that op -> its gradients
+    grad_pos = {g.name: position[s] for g, s in zip(gradients, sources, strict=True)}
+    grad_of_op: dict[str, list[str]] = {}
+    for g, source in zip(gradients, sources, strict=True):
+        grad_of_op.setdefault(source, []).append(g.name)
     holders: dict[str, list[int]] = {g.name: [] for g in gradients}  # gradient -> collectives
     for c, coll in enumerate(plan):
         for m in coll.members:
@@ -609,8 +614,8 @@ def _lower(low: _Lowering, graph: Graph, order: Sequence[str], plan: Sequence[An
             if policy.cross_barrier:
                 for p in optimizers:
                     waits = sorted({c for pred in graph.predecessors(ops[p].name)
-                                    if pred in grad_of_op
-                                    for c in holders[grad_of_op[pred]]})  # fmt: skip
+                                    for g in grad_of_op.get(pred, ())
+                                    for c in holders[g]})  # fmt: skip
                     for c in waits:
                         tasks.add_dependency(ended[c][k], base[k] + p)
             else:
