@@ -85,3 +85,35 @@ def test_a_training_graph_keeps_the_record_through_the_transform():
                           {PARAM_TENSORS: {"L0": [["weight", 10], ["bias", 6]]}}))
     assert [x.name for x in graph_gradients(g)] == ["L0:grad.weight", "L0:grad.bias"]
 
+
+
+class TiedLM(nn.Module):
+    """An embedding tied to the output layer (which also has a bias), a norm between."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(50, 16)
+        self.norm = nn.LayerNorm(16)
+        self.head = nn.Linear(16, 50)
+        self.head.weight = self.embed.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(self.embed(tokens)))
+
+
+def test_as_many_gradients_as_the_runtime_reduces_tensors():
+    """The runtime reduces one gradient per trainable parameter tensor (a shared one once):
+    the simulator's count and sizes must be the model's own, at op and at module
+    granularity."""
+    from trainsched.capture import build
+
+    cases = [(z.model, z.args) for z in (build("mlp", batch_size=4),
+                                         build("small-cnn", batch_size=2))]
+    cases.append((TiedLM(), (torch.randint(0, 50, (2, 8)),)))
+    for model, args in cases:
+        params = [p for p in model.parameters() if p.requires_grad]  # shared ones once
+        sizes = sorted(p.numel() * p.element_size() for p in params)
+        for granularity in ("op", "module"):  # a module's ops merged keep their tensors
+            graph = to_training(capture(model, args, costs="static", granularity=granularity))
+            assert sorted(g.size_bytes for g in graph_gradients(graph)) == sizes, \
+                (type(model), granularity)

@@ -15,7 +15,7 @@ file for large graphs (``trainsched.graph/3``, a ``.tsg`` path),
 """
 
 from trainsched.graph.coarsen import coarsen_by_module
-from trainsched.graph.core import OP_KINDS, Edge, Graph, GraphTotals, Op, gc_paused
+from trainsched.graph.core import OP_KINDS, PARAM_TENSORS, Edge, Graph, GraphTotals, Op, gc_paused
 from trainsched.graph.io import (
     FORMAT,
     FORMAT_V1,
@@ -36,7 +36,6 @@ from trainsched.graph.overhead import STEP_OVERHEAD, charge_step_overhead, sprea
 from trainsched.graph.training import (
     OPTIMIZER_STEP,
     OPTIMIZERS,
-    PARAM_TENSORS,
     charge_optimizer_step,
     to_training,
 )

@@ -36,6 +36,13 @@ from trainsched.graph.fields import _FIELD_TYPES, OP_KINDS, _check_op, _check_su
 #: (another process, a frequency change): capture times it again, ``show`` counts what is left.
 SPREAD_LIMIT = 2.0
 
+#: The key of ``graph.meta`` recording the trainable parameters of each forward op that owns
+#: two or more (capture): op name -> ``[[parameter, bytes], ...]``, in the order the op reads
+#: them, each named relative to the op's module (a coarsened op: its
+#: members' records, ``member.parameter``). Each is a gradient tensor of its own
+#: (:func:`trainsched.comm.policy.gradient_tensors`).
+PARAM_TENSORS = "param_tensors"
+
 
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:

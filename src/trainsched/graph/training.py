@@ -122,12 +122,6 @@ def to_training(
 #: ``steps`` (how many were timed), ``params`` (parameter tensors it updated).
 OPTIMIZER_STEP = "optimizer_step"
 
-#: The key of ``graph.meta`` recording the trainable parameters of each forward op that owns
-#: two or more (capture): op name -> ``[[parameter, bytes], ...]``, in the order the op reads
-#: them, each named relative to the op's module. Each is a gradient tensor of its own
-#: (:func:`trainsched.comm.policy.gradient_tensors`).
-PARAM_TENSORS = "param_tensors"
-
 
 def charge_optimizer_step(optim: list[Op], record: Any,
                           optimizer: str) -> tuple[list[Op], float | None]:
