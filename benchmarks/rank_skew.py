@@ -12,6 +12,7 @@ after the other, and by how much (the lag).
 
     python benchmarks/rank_skew.py        # MLP 64 and 256, small CNN 8, ResNet-50 8 at 32 px
     python benchmarks/rank_skew.py --cases mlp:256 --steps 100
+    python benchmarks/rank_skew.py --pin --out benchmarks/results/rank_skew_pinned.json
 """
 
 from __future__ import annotations
@@ -33,8 +34,12 @@ HERE = Path(__file__).resolve().parent
 CASES = ("mlp:64", "mlp:256", "small-cnn:8", "resnet50:8:32")
 
 
-def worker(rank: int, port: int, case: str, steps: int, out: str) -> None:  # pragma: no cover
+def worker(rank: int, port: int, case: str, steps: int, out: str,
+           pin: bool) -> None:  # pragma: no cover
     import time
+
+    if pin:  # before torch starts a thread: every thread inherits it
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[rank]})
 
     import torch
     import torch.distributed as dist
@@ -63,7 +68,7 @@ def worker(rank: int, port: int, case: str, steps: int, out: str) -> None:  # pr
     dist.destroy_process_group()
 
 
-def run_case(case: str, steps: int) -> dict:
+def run_case(case: str, steps: int, pin: bool) -> dict:
     import socket
 
     with socket.socket() as s:
@@ -72,7 +77,8 @@ def run_case(case: str, steps: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         outs = [f"{tmp}/rank{r}.json" for r in range(2)]
         procs = [subprocess.Popen([sys.executable, __file__, "--worker", str(r), str(port), case,
-                                   str(steps), outs[r]]) for r in range(2)]
+                                   str(steps), outs[r], str(int(pin))])
+                 for r in range(2)]  # fmt: skip
         try:
             codes = [p.wait(timeout=900) for p in procs]
         finally:
@@ -98,13 +104,15 @@ def run_case(case: str, steps: int) -> dict:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        rank, port, case, steps, out = sys.argv[2:7]
-        worker(int(rank), int(port), case, int(steps), out)
+        rank, port, case, steps, out, pin = sys.argv[2:8]
+        worker(int(rank), int(port), case, int(steps), out, pin == "1")
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", nargs="+", default=list(CASES),
                         help="model:batch[:image] (zoo names)")
     parser.add_argument("--steps", type=int, default=60, help="timed steps per case")
+    parser.add_argument("--pin", action="store_true",
+                        help="bind rank k to the k-th CPU (as TRAINSCHED_PIN_CPUS=1 does)")
     parser.add_argument("--out", default=str(HERE / "results" / "rank_skew.json"))
     args = parser.parse_args()
     load = os.getloadavg()[0]
@@ -112,7 +120,7 @@ def main() -> None:
     print(f"{'case':16s} {'step':>7s} {'compute':>8s} {'all-reduce':>10s} {'after both':>10s} "
           f"{'apart':>9s} {'lag':>7s}   (ms; rank 0's step, medians)")
     for case in args.cases:
-        r = run_case(case, args.steps)
+        r = run_case(case, args.steps, args.pin)
         rows.append(r)
         print(f"{case:16s} {r['step_ms']:7.2f} {r['compute_ms']:8.2f} "
               f"{r['allreduce_seen_ms']:10.2f} {r['after_both_arrived_ms']:10.2f} "
@@ -120,7 +128,8 @@ def main() -> None:
     write_results(args.out, {
         "benchmark": "rank_skew", "machine": cpu_model(), "python": platform.python_version(),
         "when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "load_before": load, "load_after": os.getloadavg()[0], "rows": rows})
+        "load_before": load, "load_after": os.getloadavg()[0], "pinned": args.pin,
+        "rows": rows})
 
 
 if __name__ == "__main__":

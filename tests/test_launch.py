@@ -19,9 +19,11 @@ import pytest
 
 from trainsched.errors import TrainschedError
 from trainsched.runtime.launch import (
+    PIN_ENV,
     START_ENV,
     WorkerFailure,
     failure_message,
+    rank_cpus,
     run_workers,
     status_text,
 )
@@ -126,6 +128,43 @@ def test_a_forked_worker_gets_its_own_environment_arguments_and_path(tmp_path, m
         assert seen["threads"] == "1" and seen["lib"] == "lib"
         # A forked worker starts with torch imported; a fresh interpreter has not imported it.
         assert seen["torch"] is (start_method == "forkserver")
+
+
+AFFINITY = textwrap.dedent("""
+    import json, os, sys, threading
+    box = []
+    t = threading.Thread(target=lambda: box.append(sorted(os.sched_getaffinity(0))))
+    t.start(); t.join()   # a thread the worker starts inherits its binding
+    print(json.dumps({"main": sorted(os.sched_getaffinity(0)), "thread": box[0]}))
+""")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("asked", ["1", "0"])
+def test_each_rank_is_bound_to_a_cpu_of_its_own(tmp_path, monkeypatch, start_method, asked):
+    """As many ranks as this process's CPUs (at most 4): ``1`` binds rank k, and the threads it
+    starts, to the k-th CPU; ``0`` leaves every rank on all of them."""
+    cpus = sorted(os.sched_getaffinity(0))
+    nproc = min(len(cpus), 4)
+    monkeypatch.setenv(PIN_ENV, asked)
+    (tmp_path / "worker.py").write_text(AFFINITY)
+    exits = run_workers(str(tmp_path / "worker.py"), [{"rank": r} for r in range(nproc)],
+                        workdir=tmp_path, timeout_s=60)
+    seen = [json.loads(e.log.read_text()) for e in exits]
+    want = [[cpus[k]] if asked == "1" else cpus for k in range(nproc)]
+    assert [s["main"] for s in seen] == want and [s["thread"] for s in seen] == want
+
+
+def test_ranks_are_bound_only_when_asked_and_each_gets_a_cpu(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3, 1, 7, 5})
+    monkeypatch.delenv(PIN_ENV, raising=False)
+    assert rank_cpus(2) is None                      # the default: not bound
+    monkeypatch.setenv(PIN_ENV, "1")
+    assert rank_cpus(4) == [1, 3, 5, 7] and rank_cpus(2) == [1, 3]
+    assert rank_cpus(5) is None                      # more ranks than CPUs
+    monkeypatch.setenv(PIN_ENV, "auto")
+    with pytest.raises(TrainschedError, match="TRAINSCHED_PIN_CPUS='auto': expected 0 or 1"):
+        rank_cpus(2)
 
 
 def test_an_unknown_start_method_is_one_clear_error(tmp_path, monkeypatch):

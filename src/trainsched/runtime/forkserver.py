@@ -58,10 +58,11 @@ class ForkServer:
         return self._owner == os.getpid() and self._proc.poll() is None
 
     def start(self, target: str, config: str, log: str, environment: Mapping[str, str],
-              timeout_s: float = 60.0) -> int:
-        """Fork a worker; its pid."""
+              timeout_s: float = 60.0, cpu: int | None = None) -> int:
+        """Fork a worker (bound to CPU ``cpu`` when given, before it starts a thread); its
+        pid."""
         request = json.dumps({"target": target, "config": config, "log": log,
-                              "env": dict(environment)})
+                              "env": dict(environment), "cpu": cpu})
         with self._lock:
             assert self._proc.stdin is not None
             try:
@@ -183,6 +184,8 @@ def _child(request: dict) -> None:  # pragma: no cover - a forked worker
         # The request's PYTHONPATH, as a new interpreter would put it on sys.path.
         entries = [e for e in env.get("PYTHONPATH", "").split(os.pathsep) if e]
         sys.path[:0] = [e for e in entries if e not in sys.path]
+        if request.get("cpu") is not None:  # every thread it starts inherits the binding
+            os.sched_setaffinity(0, {request["cpu"]})
         threads = env.get("OMP_NUM_THREADS", "")
         if threads.isdigit() and int(threads) > 0:
             sys.modules["torch"].set_num_threads(int(threads))

@@ -40,6 +40,27 @@ SRC_ROOT = str(Path(__file__).resolve().parents[2])
 #: ``fresh``: every worker a new interpreter; ``forkserver`` (the default): forked from a
 #: server that imported torch once.
 START_ENV = "TRAINSCHED_WORKER_START"
+#: ``1``: bind rank k of a job to the k-th CPU this process may use, where the job has no more
+#: ranks than CPUs; ``0`` (the default): leave the ranks to the operating system.
+PIN_ENV = "TRAINSCHED_PIN_CPUS"
+
+
+def rank_cpus(nproc: int) -> list[int] | None:
+    """The CPU each of ``nproc`` ranks is bound to, or ``None`` (not bound; :data:`PIN_ENV`).
+
+    Where every CPU runs a rank, an unbound rank that a peer's message wakes may wait for the
+    CPU of a peer that has started computing: on this project's 2-CPU host the ranks of a
+    small model computed one after the other in a quarter to a third of the steps of a loop of
+    blocking all-reduces (``benchmarks/rank_skew.py``), never when bound. Stock DDP steps
+    were not reliably faster bound (``benchmarks/pin_cpus.py``), so binding is asked for, not
+    the default."""
+    asked = os.environ.get(PIN_ENV, "0").strip()
+    if asked not in ("0", "1"):
+        raise TrainschedError(f"{PIN_ENV}={asked!r}: expected 0 or 1")
+    if asked == "0" or not hasattr(os, "sched_getaffinity"):
+        return None
+    cpus = sorted(os.sched_getaffinity(0))
+    return cpus[:nproc] if nproc <= len(cpus) else None
 
 
 def free_port() -> int:
@@ -209,6 +230,7 @@ def run_workers(target: str, configs: Sequence[dict[str, Any]], *, workdir: Path
     """
     environment = worker_env(backend, env)
     start = _starter(environment)
+    cpus = rank_cpus(len(configs))
     deadline = time.monotonic() + timeout_s
     procs: list[_Worker] = []
     logs: list[Path] = []
@@ -217,7 +239,8 @@ def run_workers(target: str, configs: Sequence[dict[str, Any]], *, workdir: Path
         for rank, cfg in enumerate(configs):
             log = workdir / f"rank{rank}.log"
             logs.append(log)
-            procs.append(start(str(target), json.dumps(cfg), log))
+            procs.append(start(str(target), json.dumps(cfg), log,
+                               None if cpus is None else cpus[rank]))
         while True:
             codes = [p.poll() for p in procs]
             failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
@@ -276,15 +299,17 @@ class _Worker:
 _SERVER: ForkServer | None = None
 
 
-def _starter(environment: dict[str, str]) -> Callable[[str, str, Path], _Worker]:
-    """How this run starts a worker (``target``, its config text, its log): forked by the fork
-    server, started on first use, unless ``TRAINSCHED_WORKER_START=fresh``."""
+def _starter(environment: dict[str, str]
+             ) -> Callable[[str, str, Path, int | None], _Worker]:
+    """How this run starts a worker (``target``, its config text, its log, the CPU to bind it
+    to or ``None``): forked by the fork server, started on first use, unless
+    ``TRAINSCHED_WORKER_START=fresh``."""
     global _SERVER
     asked = os.environ.get(START_ENV, "forkserver").strip().lower()
     if asked not in ("fresh", "forkserver"):
         raise TrainschedError(f"{START_ENV}={asked!r}: expected fresh or forkserver")
     if asked == "fresh":
-        def fresh(target: str, config: str, log: Path) -> _Worker:
+        def fresh(target: str, config: str, log: Path, cpu: int | None) -> _Worker:
             if ":" in target and not target.endswith(".py"):
                 module, function = target.rsplit(":", 1)
                 command = [sys.executable, "-c",
@@ -292,17 +317,19 @@ def _starter(environment: dict[str, str]) -> Callable[[str, str, Path], _Worker]
             else:
                 command = [sys.executable, target]
             with log.open("wb") as fh:
+                bind = None if cpu is None else partial(os.sched_setaffinity, 0, {cpu})
                 return _Worker(subprocess.Popen([*command, config], env=environment,
                                                 stdin=subprocess.DEVNULL, stdout=fh,
-                                                stderr=subprocess.STDOUT))
+                                                stderr=subprocess.STDOUT, preexec_fn=bind))
         return fresh
     if _SERVER is None or not _SERVER.alive():
         _SERVER = ForkServer(worker_env())
         atexit.register(_SERVER.close)
     server = _SERVER
 
-    def forked(target: str, config: str, log: Path) -> _Worker:
-        return _Worker(server=server, pid=server.start(target, config, str(log), environment))
+    def forked(target: str, config: str, log: Path, cpu: int | None) -> _Worker:
+        return _Worker(server=server, pid=server.start(target, config, str(log), environment,
+                                                       cpu=cpu))
     return forked
 
 
