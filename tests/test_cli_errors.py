@@ -481,3 +481,16 @@ def test_user_model_that_cannot_be_traced_is_one_line(tmp_path, capsys):
     source.write_text(BRANCHY)
     assert_failed(*run(capsys, "profile", f"{source}:build", "--costs", "static", "--json"),
                   "could not trace the model", "control flow", kind="user_error")
+
+
+@pytest.mark.parametrize("record", [[["weight", 400]], {"a": [["weight", "400"]]},
+                                    {"a": [["weight", 300, 100]]}])
+def test_a_malformed_parameter_tensor_record_is_one_line(tmp_path, capsys, record):
+    """A graph file whose meta ``param_tensors`` is not op -> [[name, bytes], ...] (edited by
+    hand) fails data-parallel simulation with exit 2 and what to do, not a traceback."""
+    graph = tmp_path / "g.json"
+    Graph([Op(name="a", compute_s=1e-3, param_bytes=400)], [],
+          {"model": "hand", "param_tensors": record}).save(graph)
+    code, out, err = run(capsys, "simulate", str(graph), "--cluster", "cpu",
+                         "--parallelism", "data", "--ranks", "2")
+    assert_failed(code, out, err, "param_tensors", "capture the model again or remove")

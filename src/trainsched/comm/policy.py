@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from trainsched.errors import TrainschedError
-from trainsched.graph import PARAM_TENSORS, Graph
+from trainsched.graph import Graph, param_tensor_record
 from trainsched.registry import Registry
 from trainsched.units import is_int
 
@@ -658,10 +658,10 @@ def gradient_tensors(graph: Graph, op: Any) -> tuple[tuple[str, int], ...]:
     if not produces_gradient(op):
         return ()
     base = f"{op.forward_op or op.name}:grad"
-    rows = graph.meta.get(PARAM_TENSORS, {}).get(op.forward_op) if op.forward_op else None
-    if not rows or sum(int(size) for _, size in rows) != op.output_bytes:
+    rows = param_tensor_record(graph.meta, op.forward_op) if op.forward_op else None
+    if not rows or sum(size for _, size in rows) != op.output_bytes:
         return ((base, op.output_bytes),)
-    return tuple((f"{base}.{name}", int(size)) for name, size in rows)
+    return tuple((f"{base}.{name}", size) for name, size in rows)
 
 
 def graph_gradients(graph: Graph, order: Sequence[str] | None = None) -> tuple[Gradient, ...]:

@@ -15,7 +15,16 @@ file for large graphs (``trainsched.graph/3``, a ``.tsg`` path),
 """
 
 from trainsched.graph.coarsen import coarsen_by_module
-from trainsched.graph.core import OP_KINDS, PARAM_TENSORS, Edge, Graph, GraphTotals, Op, gc_paused
+from trainsched.graph.core import (
+    OP_KINDS,
+    PARAM_TENSORS,
+    Edge,
+    Graph,
+    GraphTotals,
+    Op,
+    gc_paused,
+    param_tensor_record,
+)
 from trainsched.graph.io import (
     FORMAT,
     FORMAT_V1,
@@ -65,6 +74,7 @@ __all__ = [
     "graph_to_json",
     "kind_of",
     "nesting_guard",
+    "param_tensor_record",
     "parse_json",
     "read_text_file",
     "show_value",

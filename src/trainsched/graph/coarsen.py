@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from trainsched.errors import TrainschedError
-from trainsched.graph.core import PARAM_TENSORS, Edge, Graph, Op
+from trainsched.graph.core import PARAM_TENSORS, Edge, Graph, Op, param_tensor_record
 
 ROOT = "<root>"
 
@@ -70,16 +70,18 @@ def coarsen(graph: Graph, key: Callable[[Op], str], meta: dict) -> Graph:
 
     ops: list[Op] = []
     layer = 0
-    recorded = graph.meta.get(PARAM_TENSORS, {})
     tensors: dict[str, list[list]] = {}
     for name, (_key, members) in zip(coarse_names, runs, strict=True):
         op = _merge(name, members, graph, group_of)
         if op.param_bytes:
             op = replace(op, layer_index=layer)
             layer += 1
-        own = [[f"{m.name}.{p}" if m.name in recorded else m.name, size]
-               for m in members if m.param_bytes
-               for p, size in recorded.get(m.name, [["", m.param_bytes]])]  # fmt: skip
+        own: list[list] = []
+        for m in members:
+            if m.param_bytes:
+                rows = param_tensor_record(graph.meta, m.name)
+                own += [[f"{m.name}.{p}", size] for p, size in rows] if rows else \
+                    [[m.name, m.param_bytes]]
         if len(own) > 1:  # each member's parameters stay gradients of their own
             tensors[name] = own
         ops.append(op)

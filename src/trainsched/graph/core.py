@@ -44,6 +44,29 @@ SPREAD_LIMIT = 2.0
 PARAM_TENSORS = "param_tensors"
 
 
+def param_tensor_record(meta: Mapping[str, Any], op: str) -> list[tuple[str, int]] | None:
+    """``meta[PARAM_TENSORS][op]`` as ``(parameter, bytes)`` pairs, ``None`` where there is none;
+    a record of another shape (a graph file edited by hand) is a :class:`TrainschedError`."""
+    record = meta.get(PARAM_TENSORS)
+    if record is None:
+        return None
+    if not isinstance(record, Mapping):
+        raise TrainschedError(f"graph meta {PARAM_TENSORS!r} must map op names to "
+                              f"[[parameter, bytes], ...], got {record!r}; "
+                              f"capture the model again or remove the entry")
+    rows = record.get(op)
+    if rows is None:
+        return None
+    if not (isinstance(rows, (list, tuple)) and all(
+            isinstance(r, (list, tuple)) and len(r) == 2 and isinstance(r[0], str)
+            and isinstance(r[1], int) and not isinstance(r[1], bool) and r[1] >= 0
+            for r in rows)):
+        raise TrainschedError(f"graph meta {PARAM_TENSORS!r}[{op!r}] must be a list of "
+                              f"[parameter name, bytes >= 0] pairs, got {rows!r}; capture the "
+                              f"model again or remove the entry")
+    return [(name, size) for name, size in rows]
+
+
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
     """Pause Python's cyclic garbage collector inside (restored after). Reading a large graph
