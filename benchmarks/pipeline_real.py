@@ -33,9 +33,11 @@ alone as its own stage, F, I, W and B, and count its saved bytes, for every micr
 costs include two processes sharing the host as in the pipeline (the two ranks' medians
 averaged), with the bytes a deferred ``W`` keeps after ``I`` (``weight_input_bytes``); (2)
 measure a message's one-way time (4 B and one activation: latency and bandwidth); (3) run GPipe
-with every action timed, which gives how many times longer an action runs inside the pipeline
-than alone (``microbatch_stretch``: the median over both ranks' F and B of inside / alone, at
-least 1) and the time of posting a send (``message_host_s``). The stretch is a ratio, not a
+at every micro-batch count ``auto`` may choose, every action timed, which gives per count how
+many times longer an action runs inside the pipeline than alone (the median over both ranks'
+F and B of inside / alone, at least 1; the costs of that count are multiplied by it, since it
+differs from one count to another) and the time of posting a send (``message_host_s``, at the
+rows' count). The stretch is a ratio, not a
 fixed time per action: a fixed time fitted on GPipe's 4-layer actions overcharged ZBV's
 2-layer ones, twice as many (runs of 2026-11-28: ZBV +10-13%, the others -4 to +9%).
 The simulator (``simulate_pipeline``) then predicts every row (``torch-zbv`` as trainsched's
@@ -219,7 +221,8 @@ def _model(cfg: dict[str, Any]) -> Any:
 
 
 def _calibrate(cfg: dict[str, Any]) -> dict[str, Any]:
-    """One-way message times, and every action of GPipe timed inside the pipeline."""
+    """One-way message times, and every action of GPipe timed inside the pipeline at each
+    micro-batch count of ``cfg["schedules"]`` (count -> GPipe's schedule text)."""
     import torch
     import torch.distributed as dist
 
@@ -258,36 +261,39 @@ def _calibrate(cfg: dict[str, Any]) -> dict[str, Any]:
             samples.append((time.perf_counter() - t0) / 2)
         one_way[str(size)] = statistics.median(samples[2:])
     z = _model(cfg)
-    schedule = Schedule.from_text(cfg["schedule"], num_stages=2,
-                                  num_microbatches=cfg["microbatches"])
-    micro = split_microbatches(z.args, z.kwargs, cfg["microbatches"])
-    stages = build_stages(z.model, cfg["stages"], *micro[0],
-                          num_microbatches=cfg["microbatches"])
-    record: dict[str, list[float]] = {}
-    owned = {rank: TimedStage(stages[rank], record)}
-    inputs = flat_microbatches(stages[0], micro) if rank == 0 else []
-    mailbox = GlooMailbox(rank, 2, cfg["microbatches"], 2)
-    sends: list[float] = []
-    plain_send = mailbox.send
+    actions = {}
+    for count, text in cfg["schedules"].items():
+        m = int(count)
+        schedule = Schedule.from_text(text, num_stages=2, num_microbatches=m)
+        micro = split_microbatches(z.args, z.kwargs, m)
+        stages = build_stages(z.model, cfg["stages"], *micro[0], num_microbatches=m)
+        record: dict[str, list[float]] = {}
+        owned = {rank: TimedStage(stages[rank], record)}
+        inputs = flat_microbatches(stages[0], micro) if rank == 0 else []
+        mailbox = GlooMailbox(rank, 2, m, 2)
+        sends: list[float] = []
+        plain_send = mailbox.send
 
-    def send(key: Any, dst: int, tensors: list[Any]) -> None:
-        t0 = time.perf_counter()
-        plain_send(key, dst, tensors)
-        sends.append(time.perf_counter() - t0)
+        def send(key: Any, dst: int, tensors: list[Any], plain_send: Any = plain_send,
+                 sends: list[float] = sends) -> None:
+            t0 = time.perf_counter()
+            plain_send(key, dst, tensors)
+            sends.append(time.perf_counter() - t0)
 
-    for step in range(cfg["steps"] + 1):
-        if step == 1:   # the first step warms up
-            record.clear()
-            sends.clear()
-        dist.barrier()
-        run_actions(rank, schedule, owned, inputs, send, mailbox.recv)
-        mailbox.flush()
-        z.model.zero_grad(set_to_none=True)
-    mine = {k: statistics.median(v) for k, v in record.items()}
-    mine["send"] = statistics.median(sends)
-    both: list[Any] = [None, None]
-    dist.all_gather_object(both, mine)
-    return {"one_way_s": one_way, "actions": both, "alone": alone}
+        for step in range(cfg["steps"] + 1):
+            if step == 1:   # the first step warms up
+                record.clear()
+                sends.clear()
+            dist.barrier()
+            run_actions(rank, schedule, owned, inputs, send, mailbox.recv)
+            mailbox.flush()
+            z.model.zero_grad(set_to_none=True)
+        mine = {k: statistics.median(v) for k, v in record.items()}
+        mine["send"] = statistics.median(sends)
+        both: list[Any] = [None, None]
+        dist.all_gather_object(both, mine)
+        actions[count] = both
+    return {"one_way_s": one_way, "actions": actions, "alone": alone}
 
 
 def _drop(key: Any, dst: int, tensors: list[Any]) -> None:
@@ -437,9 +443,11 @@ def main() -> None:
     sizes = [batch // k for k in microbatch_candidates(batch, 2)]
     print(f"calibrating (2 gloo processes): each layer alone at micro-batch sizes {sizes}, "
           f"messages, actions inside GPipe ...", flush=True)
-    gp = build_schedule("gpipe", 2, m)
+    counts = microbatch_candidates(batch, 2)
     cal = run_pair({"phase": "calibrate", "batch": batch, "seq": seq, "microbatches": m,
-                    "stages": [list(s) for s in cuts[2]], "schedule": gp.to_text(),
+                    "stages": [list(s) for s in cuts[2]],
+                    "schedules": {str(k): build_schedule("gpipe", 2, k).to_text()
+                                  for k in counts},
                     "steps": 2, "message_bytes": batch // m * act_per_sample,
                     "layer_cut": [list(s) for s in layer_stages(graph, layers, layers)],
                     "layers": layers, "sizes": sizes, "repeats": args.repeats},
@@ -450,26 +458,36 @@ def main() -> None:
             f"{role} F {v['F'] * 1e3:.1f} I {v['I'] * 1e3:.1f} W {v['W'] * 1e3:.1f} ms"
             for role, v in alone[b].items()), flush=True)
 
-    def costs_of(num_stages: int, mb: int, _cut: Any = None) -> Any:  # whole layers per stage
+    def alone_costs(num_stages: int, mb: int) -> Any:  # whole layers per stage
         return stage_costs(alone, num_stages, mb, layers, batch, act_per_sample, param_bytes)
+
+    # How much longer an action runs inside a running pipeline than its stage alone, at each
+    # micro-batch count (GPipe's actions timed at that count): the costs of that count carry it.
+    stretch = {}
+    for k in counts:
+        gp_alone = alone_costs(2, k)
+        ratios = []
+        for r, acts in enumerate(cal["actions"][str(k)]):
+            ratios += [acts["F"] / gp_alone.forward_s[r], acts["B"] / gp_alone.backward_s[r]]
+        stretch[k] = min(max(1.0, statistics.median(ratios)), 4.0)
+
+    def costs_of(num_stages: int, mb: int, _cut: Any = None) -> Any:
+        c, f = alone_costs(num_stages, mb), stretch[mb]
+        return replace(c, forward_s=tuple(x * f for x in c.forward_s),
+                       backward_input_s=tuple(x * f for x in c.backward_input_s),
+                       backward_weight_s=tuple(x * f for x in c.backward_weight_s))
 
     small, big = cal["one_way_s"]["4"], cal["one_way_s"][str(batch // m * act_per_sample)]
     latency = small
     bandwidth = (batch // m * act_per_sample) / max(big - small, 1e-9)
-    alone_gp = costs_of(2, m)
-    ratios = []
-    for r, acts in enumerate(cal["actions"]):
-        ratios += [acts["F"] / alone_gp.forward_s[r], acts["B"] / alone_gp.backward_s[r]]
-    stretch = min(max(1.0, statistics.median(ratios)), 4.0)
-    message_host = statistics.median(a["send"] for a in cal["actions"])
+    message_host = statistics.median(a["send"] for a in cal["actions"][str(m)])
     base = cluster_from_flags(devices=2, memory="64GiB", bandwidth=repr(bandwidth),
                               latency=repr(latency), device_kind=None, name="this-host")
-    cluster = replace(base, device=replace(base.device, microbatch_stretch=stretch,
-                                           message_host_s=message_host))
+    cluster = replace(base, device=replace(base.device, message_host_s=message_host))
     print(f"  one-way message: {small * 1e3:.3f} ms (4 B), {big * 1e3:.3f} ms "
           f"({batch // m * act_per_sample / MiB:.1f} MiB) -> {bandwidth / 1e9:.2f} GB/s; "
-          f"actions inside the pipeline {stretch:.3f}x alone, send {message_host * 1e3:.3f} ms",
-          flush=True)
+          f"send {message_host * 1e3:.3f} ms; actions inside the pipeline, x alone: "
+          + ", ".join(f"m={k} {stretch[k]:.3f}" for k in counts), flush=True)
 
     choice = choose_from_costs(costs_of, cluster, 2, microbatch_candidates(batch, 2),
                                memory_limit_bytes=cluster.device.memory_bytes)
