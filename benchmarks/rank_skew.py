@@ -23,38 +23,34 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from _common import cpu_model, write_results
+from trainsched.runtime.launch import PIN_ENV
 
 HERE = Path(__file__).resolve().parent
 CASES = ("mlp:64", "mlp:256", "small-cnn:8", "resnet50:8:32")
 
 
-def worker(rank: int, port: int, case: str, steps: int, out: str,
-           pin: bool) -> None:  # pragma: no cover
+def worker() -> None:  # pragma: no cover - runs in the ranks
     import time
-
-    if pin:  # before torch starts a thread: every thread inherits it
-        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[rank]})
 
     import torch
     import torch.distributed as dist
 
     from trainsched.capture import build
 
-    name, batch, *image = case.split(":")
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    cfg = json.loads(sys.argv[1])
+    name, batch, *image = cfg["case"].split(":")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{cfg['port']}",
+                            rank=cfg["rank"], world_size=2)
     torch.manual_seed(0)
     z = build(name, batch_size=int(batch), **({"image_size": int(image[0])} if image else {}))
     params = [p for p in z.model.parameters() if p.requires_grad]
     rows = []
-    for _ in range(steps + 10):
+    for _ in range(cfg["steps"] + 10):
         t0 = time.perf_counter()
         z.model(*z.args, **z.kwargs).float().sum().backward()
         flat = torch.cat([p.grad.reshape(-1) for p in params])
@@ -64,30 +60,21 @@ def worker(rank: int, port: int, case: str, steps: int, out: str,
         for p in params:
             p.grad = None
         rows.append((t0, t1, t2))
-    Path(out).write_text(json.dumps(rows[10:]))
+    Path(cfg["out"], f"times{cfg['rank']}.json").write_text(json.dumps(rows[10:]))
     dist.destroy_process_group()
 
 
-def run_case(case: str, steps: int, pin: bool) -> dict:
-    import socket
+def run_case(case: str, steps: int) -> dict:
+    """One 2-rank job through trainsched's launcher (which binds the ranks to a CPU each
+    where ``TRAINSCHED_PIN_CPUS=1``); the medians and the steps the ranks started apart."""
+    from trainsched.runtime.launch import free_port, run_workers
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with tempfile.TemporaryDirectory() as tmp:
-        outs = [f"{tmp}/rank{r}.json" for r in range(2)]
-        procs = [subprocess.Popen([sys.executable, __file__, "--worker", str(r), str(port), case,
-                                   str(steps), outs[r], str(int(pin))])
-                 for r in range(2)]  # fmt: skip
-        try:
-            codes = [p.wait(timeout=900) for p in procs]
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-        if any(codes):
-            raise SystemExit(f"{case}: a rank exited with {codes}")
-        a, b = (json.loads(Path(o).read_text()) for o in outs)
+    with tempfile.TemporaryDirectory(prefix="rank-skew-") as tmp:
+        port = free_port()
+        configs = [{"rank": r, "port": port, "case": case, "steps": steps, "out": tmp}
+                   for r in range(2)]
+        run_workers(str(Path(__file__).resolve()), configs, workdir=Path(tmp), timeout_s=900)
+        a, b = (json.loads(Path(tmp, f"times{r}.json").read_text()) for r in range(2))
     ms = 1e3
     compute = statistics.median([r[1] - r[0] for r in a + b])
     apart = [abs(x[0] - y[0]) for x, y in zip(a, b, strict=True)]
@@ -103,24 +90,21 @@ def run_case(case: str, steps: int, pin: bool) -> dict:
 
 
 def main() -> None:
-    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        rank, port, case, steps, out, pin = sys.argv[2:8]
-        worker(int(rank), int(port), case, int(steps), out, pin == "1")
-        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", nargs="+", default=list(CASES),
                         help="model:batch[:image] (zoo names)")
     parser.add_argument("--steps", type=int, default=60, help="timed steps per case")
     parser.add_argument("--pin", action="store_true",
-                        help="bind rank k to the k-th CPU (as TRAINSCHED_PIN_CPUS=1 does)")
+                        help="bind rank k to the k-th CPU (TRAINSCHED_PIN_CPUS=1)")
     parser.add_argument("--out", default=str(HERE / "results" / "rank_skew.json"))
     args = parser.parse_args()
+    os.environ[PIN_ENV] = "1" if args.pin else "0"
     load = os.getloadavg()[0]
     rows = []
     print(f"{'case':16s} {'step':>7s} {'compute':>8s} {'all-reduce':>10s} {'after both':>10s} "
           f"{'apart':>9s} {'lag':>7s}   (ms; rank 0's step, medians)")
     for case in args.cases:
-        r = run_case(case, args.steps, args.pin)
+        r = run_case(case, args.steps)
         rows.append(r)
         print(f"{case:16s} {r['step_ms']:7.2f} {r['compute_ms']:8.2f} "
               f"{r['allreduce_seen_ms']:10.2f} {r['after_both_arrived_ms']:10.2f} "
@@ -133,4 +117,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) > 1 and sys.argv[1].startswith("{"):
+        worker()
+    else:
+        main()

@@ -73,6 +73,7 @@ __all__ = [
     "dispatches_in_plan_order",
     "gradient_sources",
     "gradient_tensors",
+    "gradients_with_sources",
     "graph_gradients",
     "may_dispatch",
     "memory_passes",
@@ -675,16 +676,18 @@ def graph_gradients(graph: Graph, order: Sequence[str] | None = None) -> tuple[G
     every gradient gets instead the rank of its forward op (``forward_op``, else itself) in the
     graph's topological order.
     """
-    return tuple(g for g, _ in _gradient_rows(graph, order))
+    return gradients_with_sources(graph, order)[0]
 
 
 def gradient_sources(graph: Graph, order: Sequence[str] | None = None) -> tuple[str, ...]:
     """The ``backward_weight`` op each of :func:`graph_gradients` ``(graph, order)`` comes
     from, position by position."""
-    return tuple(source for _, source in _gradient_rows(graph, order))
+    return gradients_with_sources(graph, order)[1]
 
 
-def _gradient_rows(graph: Graph, order: Sequence[str] | None) -> list[tuple[Gradient, str]]:
+def gradients_with_sources(graph: Graph, order: Sequence[str] | None = None,
+                           ) -> tuple[tuple[Gradient, ...], tuple[str, ...]]:
+    """:func:`graph_gradients` and :func:`gradient_sources` of ``(graph, order)`` at once."""
     order = graph.topological_order() if order is None else tuple(order)
     ops = [graph.op(name) for name in order if produces_gradient(graph.op(name))]
     if any(op.layer_index is None for op in ops):
@@ -703,6 +706,7 @@ def _gradient_rows(graph: Graph, order: Sequence[str] | None) -> list[tuple[Grad
         twice = sorted({n for n in names if names.count(n) > 1})
         raise TrainschedError(f"several backward_weight ops produce gradient(s) "
                               f"{', '.join(twice)}; each forward op may have one")
-    return [(Gradient(name=name, size_bytes=size, layer_index=layer[source], ready_index=k),
-             source)
-            for k, (name, size, source) in enumerate(rows)]  # fmt: skip
+    gradients = tuple(Gradient(name=name, size_bytes=size, layer_index=layer[source],
+                               ready_index=k)
+                      for k, (name, size, source) in enumerate(rows))  # fmt: skip
+    return gradients, tuple(source for _, _, source in rows)

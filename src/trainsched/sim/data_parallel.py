@@ -121,9 +121,8 @@ from trainsched.comm.policy import (
     check_plan,
     check_policy,
     comm_policy,
-    gradient_sources,
     gradient_tensors,
-    graph_gradients,
+    gradients_with_sources,
     memory_passes,
 )
 from trainsched.costs import (
@@ -390,8 +389,7 @@ def simulate_data_parallel(graph: Graph, cluster: Cluster, *, ranks: int,
     slowest = slowest_rank_factor(cluster.device.slowest_rank_cv, ranks)
     with gc_paused():
         order = graph.topological_order() if order is None else _checked_order(graph, order)
-        gradients = graph_gradients(graph, order)
-        sources = gradient_sources(graph, order)
+        gradients, sources = gradients_with_sources(graph, order)
         plan: tuple[Any, ...] = ()
         if ranks > 1:
             plan = tuple(policy.plan(gradients))
