@@ -56,7 +56,7 @@ def host_cluster(calibration: str | None) -> Any:
     from trainsched.runtime.calibrate import calibrate
 
     print(f"calibrating this host's gloo on {RANKS} ranks", flush=True)
-    return calibrate(world_size=RANKS, repeats=5).to_cluster()
+    return calibrate(world_size=RANKS).to_cluster()
 
 
 def choose(name: str, spec: dict[str, Any], calibration: Any, trial_steps: int) -> Any:

@@ -7,7 +7,7 @@ import pytest
 from trainsched.cluster import Cluster
 from trainsched.errors import TrainschedError
 from trainsched.runtime import Calibration, calibrate
-from trainsched.runtime.calibrate import Row, fit
+from trainsched.runtime.calibrate import Row, fit, measurement_order
 
 MiB = 2**20
 
@@ -133,3 +133,11 @@ def test_fit_bounds_the_relative_error_where_one_small_size_is_an_outlier():
     assert max(errors) < 0.35
     assert 1.5e-3 < p2p.latency_s < 2.5e-3
     assert 0.9e9 < p2p.bandwidth_bytes_per_s < 1.3e9
+
+
+def test_sizes_are_timed_round_robin_after_untimed_warm_up_rounds():
+    # a host's slow periods last tens of milliseconds: every size is timed once per round
+    order = measurement_order([64, 4, 1024], warmup=1, repeats=2)
+    assert order == [(4, False), (64, False), (1024, False),
+                     (4, True), (64, True), (1024, True),
+                     (4, True), (64, True), (1024, True)]

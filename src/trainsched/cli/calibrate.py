@@ -15,7 +15,7 @@ def add_parser(sub: Subcommands) -> None:
     p = sub.add_parser(NAME, help="measure this host's communication (gloo, or NCCL "
                        "where present) and write a cluster file")
     p.add_argument("--ranks", type=int, default=2, help="processes to measure with")
-    p.add_argument("--repeats", type=int, default=10, help="timed repeats per size")
+    p.add_argument("--repeats", type=int, default=30, help="timed repeats per size")
     p.add_argument("--backend", default="gloo", help="gloo or nccl")
     p.add_argument("--timeout", type=float, default=300, help="seconds before giving up")
     p.add_argument("--name", default="calibrated", help="name of the cluster written")

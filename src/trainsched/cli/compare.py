@@ -263,7 +263,7 @@ def _host_cluster(args: argparse.Namespace, cluster: Any, out_dir: Path,
     if not args.json:
         print(f"calibrating this host's gloo on {cluster.num_devices} ranks (reuse it with "
               f"--calibration {out_dir}/calibration.json)", file=sys.stderr, flush=True)
-    calibrated = calibrate(world_size=cluster.num_devices, repeats=5).to_cluster()
+    calibrated = calibrate(world_size=cluster.num_devices).to_cluster()
     text = calibrated.to_json()
     files["calibration.json"] = lambda path: atomic_write_text(path, text)
     return calibrated

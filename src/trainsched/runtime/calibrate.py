@@ -3,10 +3,10 @@
 :func:`calibrate` starts ``world_size`` worker processes (``OMP_NUM_THREADS=1``, by
 :mod:`~trainsched.runtime.launch`) on a free loopback port, times point-to-point send/recv
 round trips between ranks 0 and 1 and float32 all-reduce across all ranks for each message
-size, and fits α–β links to their trimmed means
-(:func:`~trainsched.runtime.launch.trimmed_mean`: a small gloo collective here takes about
-0.5 ms or about 3 ms, in shares that change from run to run, so a median jumps between the two
-while a step's sum of collectives follows the mean):
+size, every size once per round (:func:`measurement_order`), and fits α–β links to their
+trimmed means (:func:`~trainsched.runtime.launch.trimmed_mean`: a small gloo collective here
+takes about 0.2 ms or about one 4 ms scheduler tick, in shares that change from minute to
+minute, so a median jumps between the two while a step's sum of collectives follows the mean):
 
 * p2p: the line α + S/B through the one-way times (half the round trip), fitted over all sizes
   to the log of the times with a robust loss (one noisy size does not bend it);
@@ -306,7 +306,7 @@ def _host_info(backend: str) -> dict[str, Any]:
             "python": platform.python_version(), "backend": backend}
 
 
-def calibrate(*, world_size: int = 2, sizes_bytes: Sequence[int] | None = None, repeats: int = 10,
+def calibrate(*, world_size: int = 2, sizes_bytes: Sequence[int] | None = None, repeats: int = 30,
               warmup: int = 3, backend: str = "gloo", timeout_s: float = 120,
               _fail_rank: int | None = None) -> Calibration:
     """Measure p2p and all-reduce on ``world_size`` real processes and fit α–β links.
@@ -393,6 +393,21 @@ def _clamp(value: Any, low: float, high: float) -> float:
     return min(max(value, low), high) if math.isfinite(value) else high
 
 
+def measurement_order(sizes: Sequence[int], warmup: int,
+                      repeats: int) -> list[tuple[int, bool]]:
+    """The ``(size, timed)`` measurements of a calibration, in the order the workers run them:
+    ``warmup`` untimed rounds, then ``repeats`` timed ones, each round every size once, in
+    increasing size.
+
+    Round-robin rather than size after size: on a shared host a small collective is fast
+    (about 0.2 ms here) or waits about one scheduler tick (4 ms) for stretches of tens of
+    milliseconds at a time, so a size timed in one run of repeats lands in one of the two
+    states and its mean is off by the tick; spread over the whole calibration, every size sees
+    the slow share at its rate and its mean is what a training step's collectives cost.
+    """
+    return [(size, r >= warmup) for r in range(warmup + repeats) for size in sorted(sizes)]
+
+
 # --- the workers ------------------------------------------------------------------------------
 
 def _worker_main() -> None:  # pragma: no cover - runs in the spawned processes
@@ -420,36 +435,36 @@ def _worker_main() -> None:  # pragma: no cover - runs in the spawned processes
             torch.cuda.synchronize(device)
 
     repeats, warmup = int(cfg["repeats"]), int(cfg["warmup"])
-    rows = []
-    for size in cfg["sizes"]:
-        buf = torch.zeros(size, dtype=torch.uint8, device=device)
-        round_trips = []
-        dist.barrier()
-        for i in range(warmup + repeats):
-            if rank == 0:
-                sync()
-                t0 = time.perf_counter()
-                dist.send(buf, 1)
-                dist.recv(buf, 1)
-                sync()
-                if i >= warmup:
-                    round_trips.append(time.perf_counter() - t0)
-            elif rank == 1:
-                dist.recv(buf, 0)
-                dist.send(buf, 0)
-        del buf
-        floats = torch.ones(max(1, math.ceil(size / 4)), dtype=torch.float32, device=device)
-        reduces = []
-        for i in range(warmup + repeats):
-            dist.barrier()
+    sizes = [int(size) for size in cfg["sizes"]]
+    raw = {size: torch.zeros(size, dtype=torch.uint8, device=device) for size in sizes}
+    floats = {size: torch.ones(max(1, math.ceil(size / 4)), dtype=torch.float32, device=device)
+              for size in sizes}
+    round_trips: dict[int, list[float]] = {size: [] for size in sizes}
+    reduces: dict[int, list[float]] = {size: [] for size in sizes}
+    dist.barrier()
+    for size, timed in measurement_order(sizes, warmup, repeats):
+        buf = raw[size]
+        if rank == 0:
             sync()
             t0 = time.perf_counter()
-            dist.all_reduce(floats)
+            dist.send(buf, 1)
+            dist.recv(buf, 1)
             sync()
-            if i >= warmup:
-                reduces.append(time.perf_counter() - t0)
-        if rank == 0:
-            rows.append([size, trimmed_mean(round_trips) / 2, trimmed_mean(reduces)])
+            if timed:
+                round_trips[size].append(time.perf_counter() - t0)
+        elif rank == 1:
+            dist.recv(buf, 0)
+            dist.send(buf, 0)
+        dist.barrier()
+        sync()
+        t0 = time.perf_counter()
+        dist.all_reduce(floats[size])
+        sync()
+        if timed:
+            reduces[size].append(time.perf_counter() - t0)
+    del raw, floats
+    rows = [[size, trimmed_mean(round_trips[size]) / 2, trimmed_mean(reduces[size])]
+            for size in sizes] if rank == 0 else []
     from trainsched.runtime import host_probes
 
     share, rates = host_probes.interference(dist, device, sync, n)

@@ -60,7 +60,7 @@ def host_model(model: str, *, ranks: int, batch_size: int | None = None,
 
         if before_calibrating is not None:
             before_calibrating()
-        cluster = calibrate(world_size=ranks, repeats=5).to_cluster()
+        cluster = calibrate(world_size=ranks).to_cluster()
     graph = capture_beside(model, ranks=ranks, batch_size=batch_size, image_size=image_size,
                            seq_len=seq_len, meta={"batch_size": zoo.batch_size},
                            progress=progress)
