@@ -20,9 +20,10 @@ How communication and compute interfere is measured two ways (the probes live in
 :mod:`~trainsched.runtime.host_probes`), for the simulator's two models
 (:class:`~trainsched.cluster.DeviceSpec`): a matmul loop timed alone (T0) and while a second
 thread runs back-to-back 4 MiB all-reduces (T1, the all-reduces taking D1 there against D0
-alone) gives γ = (T1 − T0) / D0 (take turns: seconds of compute lost per second of
-communication) and, by rate, compute at ``1 − (T1 − T0) / D1`` while a collective is in flight
-and collectives at ``D0 / D1`` while compute runs; two 16 MiB all-reduces issued at once
+alone; all three timed in each of 7 rounds, medians kept) gives γ = (T1 − T0) / D0 (take
+turns: seconds of compute lost per second of communication) and, by rate, compute at
+``1 − (T1 − T0) / D1`` while a collective is in flight and collectives at ``D0 / D1`` while
+compute runs; two 16 MiB all-reduces issued at once
 (taking T2 against d alone) give the contention ``T2 / d − 1`` of the gloo group's worker
 threads (:data:`GLOO_THREADS` collectives in flight at once). :meth:`Calibration.to_cluster`
 writes one model or the other.

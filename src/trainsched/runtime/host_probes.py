@@ -43,14 +43,17 @@ def matmul_loop(device: Any, sync: Any) -> tuple[Any, float]:  # pragma: no cove
 
 
 def interference(dist: Any, device: Any, sync: Any, world_size: int,
-                  rounds: int = 3) -> tuple[float, dict[str, float]]:  # pragma: no cover
+                  rounds: int = 7) -> tuple[float, dict[str, float]]:  # pragma: no cover
     """How compute and all-reduces interfere when both run at once (each figure the mean
-    over ranks of the median over ``rounds``): a fixed matmul loop is timed alone (T0) and
-    while a second thread runs N back-to-back 4 MiB all-reduces of standalone time d (T1; the
-    all-reduces take D1 there). Returns the share (T1 - T0) / (N d) and, by rate, compute's
-    rate ``1 - (T1 - T0) / D1`` beside the all-reduces and theirs ``N d / D1`` beside compute
-    (N is set so that N d is about 40% of T0, the same on every rank; all-reduces that outlast
-    the loop count the rest at full rate: D1 is then the overlap, T1)."""
+    over ranks of the median over ``rounds``): per round, a fixed matmul loop alone (T0), N
+    back-to-back 4 MiB all-reduces alone (D0) and both at once, the all-reduces on a second
+    thread (T1 for the loop; the all-reduces take D1 there). Returns the share (T1 - T0) / D0
+    and, by rate, compute's rate ``1 - (T1 - T0) / D1`` beside the all-reduces and theirs
+    ``D0 / D1`` beside compute (N is set so that D0 is about 40% of T0, the same on every
+    rank; all-reduces that outlast the loop count the rest at full rate: D1 is then the
+    overlap, T1). D0 is timed in every round, next to the two it is compared with: a small
+    gloo collective on a shared host is slower by a scheduler tick for stretches at a time,
+    and one D0 timed once before the rounds moved the rates by up to 3x between calibrations."""
     import threading
 
     import torch
@@ -78,6 +81,8 @@ def interference(dist: Any, device: Any, sync: Any, world_size: int,
         dist.barrier()
         alone = matmuls(k)
         dist.barrier()
+        comm_alone = allreduces(n_comm)
+        dist.barrier()
         took: list[float] = []
         thread = threading.Thread(target=lambda out=took: out.append(allreduces(n_comm)),
                                   daemon=True)
@@ -85,10 +90,10 @@ def interference(dist: Any, device: Any, sync: Any, world_size: int,
         beside = matmuls(k)
         thread.join()
         comm = min(took[0], beside)  # the part of the loop the all-reduces overlapped
-        shares.append((beside - alone) / (n_comm * d))
+        shares.append((beside - alone) / comm_alone)
         compute_rates.append(1.0 - (beside - alone) / comm)
-        # the all-reduces' work n·d: at the rate r beside the loop, at 1 after it ended
-        comm_rates.append((n_comm * d - (took[0] - comm)) / comm)
+        # the all-reduces' work D0: at the rate r beside the loop, at 1 after it ended
+        comm_rates.append(max(comm_alone - (took[0] - comm), 0.0) / comm)
     mean = torch.tensor([statistics.median(v) for v in (shares, compute_rates, comm_rates)],
                         dtype=torch.float64)
     dist.all_reduce(mean)
