@@ -14,9 +14,17 @@ multiply-adds: 0.2 G at batch 8, 3.2 G at 128), against the same 32 MiB of gradi
 Compute and gloo share this host's two cores (and, here, other jobs): the load average before
 and after is written beside the numbers, and a run at a load above 1.5 says so.
 
+``--k`` takes several values (``--k 2,4,8``): each runs against k = 0 in the same job, one
+segment of each per round. Unless ``--no-predict``, the simulator's view is printed beside: this
+host calibrated once (``trainsched calibrate``), the model captured at each batch on both ranks
+at once (``runtime.host_model``), and every k simulated with the same policy
+(``sim.sweep_k``): the predicted step of k = 0 and of each measured k, the predicted speedup,
+and the k the simulator would choose.
+
 Printed as a table; written to ``--out`` (benchmarks/results/ooo_real.json).
 
     python benchmarks/ooo_real.py                 # about 3 minutes (batches 8, 32, 128)
+    python benchmarks/ooo_real.py --k 2,4,6,8 --batch-sizes 32
     python benchmarks/ooo_real.py --quick         # a smoke run: 3 steps, 1 round
 """
 
@@ -54,13 +62,22 @@ def summarise(rounds: list[list[float]]) -> dict[str, Any]:
             "p10_s": q(0.1), "p90_s": q(0.9), "steps": len(pooled)}
 
 
+def label(k: int) -> str:
+    return "k=0 (in order)" if k == 0 else f"k={k} (reverse-first-k)"
+
+
+def segment(args: argparse.Namespace, k: int) -> Segment:
+    """The runtime's configuration for k (priority, partitions and credit, crossing the
+    barrier); the simulator simulates its very policy object."""
+    return Segment(label=label(k), kind="sdp", partition_bytes=int(args.partition_mib * MiB),
+                   credit_bytes=int(args.credit_mib * MiB), steps=args.steps,
+                   warmup=args.warmup, backprop_k=k)
+
+
 def paired_job(args: argparse.Namespace, batch: int) -> dict[str, Any]:
-    """One 2-rank job at ``batch``: k = 0 and k = ``args.k`` interleaved; their summaries,
-    the paired speedup and how many rounds out-of-order won."""
-    labels = {0: "k=0 (in order)", args.k: f"k={args.k} (reverse-first-k)"}
-    configs = [Segment(label=labels[k], kind="sdp", partition_bytes=int(args.partition_mib * MiB),
-                       credit_bytes=int(args.credit_mib * MiB), steps=args.steps,
-                       warmup=args.warmup, backprop_k=k) for k in (0, args.k)]
+    """One 2-rank job at ``batch``: k = 0 and every k of ``args.ks`` interleaved; their
+    summaries and, per k, the paired speedup and how many rounds out-of-order won."""
+    configs = [segment(args, k) for k in (0, *args.ks)]
     schedule = [c for _ in range(args.repeats) for c in configs]
     load_before = load()
     job = run_segments(args.model, schedule, nproc=2, batch_size=batch, optimizer="sgd",
@@ -68,13 +85,27 @@ def paired_job(args: argparse.Namespace, batch: int) -> dict[str, Any]:
     rows: dict[str, list[list[float]]] = {}
     for seg in job.segments:
         rows.setdefault(seg.label, []).append(list(seg.step_times_s))
-    summary = {label: summarise(rounds) for label, rounds in rows.items()}
-    pairs = list(zip(summary[labels[0]]["round_medians_s"],
-                     summary[labels[args.k]]["round_medians_s"], strict=True))
-    return {"configurations": summary,
-            "paired_speedup": statistics.median(b / o for b, o in pairs),
-            "rounds_won": sum(o < b for b, o in pairs), "rounds": len(pairs),
+    summary = {name: summarise(rounds) for name, rounds in rows.items()}
+    paired = {}
+    for k in args.ks:
+        pairs = list(zip(summary[label(0)]["round_medians_s"],
+                         summary[label(k)]["round_medians_s"], strict=True))
+        paired[str(k)] = {"paired_speedup": statistics.median(b / o for b, o in pairs),
+                          "rounds_won": sum(o < b for b, o in pairs), "rounds": len(pairs)}
+    return {"configurations": summary, "paired": paired,
             "load_average": {"before": load_before, "after": load()}, "host": job.host}
+
+
+def predicted(args: argparse.Namespace, batch: int, cluster: Any) -> dict[str, Any]:
+    """The simulator's view at ``batch``: the model captured on both ranks at once, every k
+    simulated with the runtime's policy; the predicted step of each k and the k chosen."""
+    from trainsched.runtime.host import host_model
+    from trainsched.sim import sweep_k
+
+    graph, _ = host_model(args.model, ranks=2, batch_size=batch, calibration=cluster)
+    sweep = sweep_k(graph, cluster, ranks=2, policy=segment(args, 0).policy_object(), steps=3)
+    return {"step_time_s": list(sweep.step_time_s), "chosen_k": sweep.k,
+            "chosen_speedup": sweep.speedup}
 
 
 def main() -> int:
@@ -82,7 +113,10 @@ def main() -> int:
     parser.add_argument("--model", default=MODEL)
     parser.add_argument("--batch-sizes", default="8,32,128",
                         help="comma-separated; one paired job per batch size")
-    parser.add_argument("--k", type=int, default=8, help="deferred layers (default: all 8)")
+    parser.add_argument("--k", default="8",
+                        help="deferred layers, comma-separated (default 8: all of them)")
+    parser.add_argument("--no-predict", action="store_true",
+                        help="measure only (no calibration, capture or simulation)")
     parser.add_argument("--partition-mib", type=float, default=1.0)
     parser.add_argument("--credit-mib", type=float, default=4.0)
     parser.add_argument("--steps", type=int, default=10)
@@ -94,24 +128,45 @@ def main() -> int:
     if args.quick:
         args.steps, args.warmup, args.repeats = 3, 1, 1
     batches = [int(b) for b in args.batch_sizes.split(",")]
+    args.ks = sorted({int(k) for k in args.k.split(",")} - {0})
+    if not args.ks:
+        parser.error("--k needs at least one k above 0")
     began = time.time()
+    cluster = None
+    if not args.no_predict:
+        from trainsched.runtime.calibrate import calibrate
+
+        print("calibrating this host (2 gloo ranks) ...", flush=True)
+        cluster = calibrate(world_size=2).to_cluster()
     results = {}
-    print(f"{'batch':>5} {'k=0 ms':>8} {f'k={args.k} ms':>8} {'paired':>7} {'rounds won':>10} "
-          f"{'load before/after':>18}")
+    print(f"{'batch':>5} {'k':>3} {'k=0 ms':>8} {'k ms':>8} {'paired':>7} {'rounds won':>10} "
+          f"{'pred k=0':>9} {'pred k':>8} {'pred x':>7} {'load before/after':>18}")
     for batch in batches:
         r = results[batch] = paired_job(args, batch)
-        (base, ooo), lo = r["configurations"].values(), r["load_average"]
-        print(f"{batch:>5} {base['median_s'] * 1e3:>8.1f} {ooo['median_s'] * 1e3:>8.1f} "
-              f"{r['paired_speedup']:>6.3f}x {r['rounds_won']:>5}/{r['rounds']:<4} "
-              f"{lo['before']:>8.2f}/{lo['after']:.2f}", flush=True)
-    print(f"paired: k={args.k} over k=0, the median over rounds of k=0's round median over "
-          f"k={args.k}'s (goal {TARGET_SPEEDUP}x); load average above 1.5 before a job means "
-          f"other work shared the cores")
+        if cluster is not None:
+            r["predicted"] = predicted(args, batch, cluster)
+        base, lo = r["configurations"][label(0)], r["load_average"]
+        for k in args.ks:
+            ooo, pair = r["configurations"][label(k)], r["paired"][str(k)]
+            line = (f"{batch:>5} {k:>3} {base['median_s'] * 1e3:>8.1f} "
+                    f"{ooo['median_s'] * 1e3:>8.1f} {pair['paired_speedup']:>6.3f}x "
+                    f"{pair['rounds_won']:>5}/{pair['rounds']:<4}")
+            if "predicted" in r:
+                times = r["predicted"]["step_time_s"]
+                line += (f" {times[0] * 1e3:>9.1f} {times[k] * 1e3:>8.1f} "
+                         f"{times[0] / times[k]:>6.3f}x")
+            print(f"{line} {lo['before']:>8.2f}/{lo['after']:.2f}", flush=True)
+        if "predicted" in r:
+            p = r["predicted"]
+            print(f"      the simulator would choose k={p['chosen_k']} "
+                  f"(predicted {p['chosen_speedup']:.3f}x over k=0)", flush=True)
+    print(f"paired: k over k=0, the median over rounds of k=0's round median over k's (goal "
+          f"{TARGET_SPEEDUP}x); pred: the simulator's step for k=0 and k and their ratio; load "
+          f"average above 1.5 before a job means other work shared the cores")
     host = results[batches[0]]["host"]
     write_results(args.out, {
-        "benchmark": "ooo_real", "model": args.model, "k": args.k,
-        "policy": {"name": "priority", "partition_bytes": int(args.partition_mib * MiB),
-                   "credit_bytes": int(args.credit_mib * MiB), "cross_barrier": True},
+        "benchmark": "ooo_real", "model": args.model, "k": args.ks,
+        "policy": repr(segment(args, 0).policy_object()),
         "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats,
         "batches": {str(b): {k: v for k, v in r.items() if k != "host"}
                     for b, r in results.items()},
