@@ -339,11 +339,12 @@ def captured_on_both_ranks(configs: list[dict[str, Any]]) -> dict[str, Any]:
     each op is timed while the other process computes on the host's other core, as in the
     real runs."""
     from trainsched.graph import to_training
-    from trainsched.runtime.host import capture_beside
+    from trainsched.runtime.host import HOST_PASSES, capture_beside
 
     wanted = {_graph_key(c): (c["model"], c["batch"], c["image"]) for c in configs}
     return {key: to_training(capture_beside(model, ranks=2, batch_size=batch,
-                                            image_size=image), optimizer="sgd")
+                                            image_size=image, passes=HOST_PASSES),
+                             optimizer="sgd")
             for key, (model, batch, image) in wanted.items()}
 
 

@@ -79,3 +79,24 @@ def test_an_unknown_model_on_two_ranks_is_one_clear_error():
 def test_ranks_below_one_are_refused():
     with pytest.raises(TrainschedError, match="ranks must be at least 1"):
         capture_beside("mlp", ranks=0)
+
+
+@pytest.mark.timeout(180)
+def test_passes_capture_the_model_that_many_times_in_every_process(tmp_path):
+    once, twice = tmp_path / "once", tmp_path / "twice"
+    once.mkdir()
+    twice.mkdir()
+    capture_beside(str(once / _model_file(once, once / "marks")), ranks=2, batch_size=4)
+    graph = capture_beside(str(twice / _model_file(twice, twice / "marks")), ranks=2,
+                           batch_size=4, passes=2)
+    single = sorted(len(v) for v in _forwards(once / "marks").values())
+    double = sorted(len(v) for v in _forwards(twice / "marks").values())
+    assert double == [2 * n for n in single]  # each of the two processes captured twice
+    assert graph.meta["capture_passes"] == 2
+    assert [op.name for op in graph.ops] == ["x", "linear", "relu"]
+
+
+@pytest.mark.parametrize("passes", [0, 1.5, "3"])
+def test_passes_below_one_or_not_a_whole_number_are_refused(passes):
+    with pytest.raises(TrainschedError, match="passes must be an integer of at least 1"):
+        capture_beside("mlp", ranks=1, passes=passes)

@@ -115,3 +115,11 @@ def test_show_says_how_many_processes_captured_beside(beside, line):
 def test_a_capture_alone_says_nothing_of_others():
     graph = Graph([Op(name="c", compute_s=1.0)], [], meta={"measured_beside": 0})
     assert "measured beside" not in describe_graph(graph_summary(graph), top=1)
+
+
+def test_show_says_how_many_captures_the_times_are_the_median_of():
+    graph = Graph([Op(name="c", compute_s=1.0)], [], meta={"capture_passes": 3})
+    assert ("  captured         3 times in a row; each op's times are the medians of its 3"
+            in describe_graph(graph_summary(graph), top=1).splitlines())
+    one = Graph([Op(name="c", compute_s=1.0)], [], meta={"capture_passes": 1})
+    assert "captured " not in describe_graph(graph_summary(one), top=1)

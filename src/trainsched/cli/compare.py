@@ -144,13 +144,13 @@ def run(args: argparse.Namespace) -> int:
                 if costs == "measured" and args.run:
                     # as --run trains: one thread per rank, the ranks at work at once on this
                     # host (as many as it runs: no more than its cores)
-                    from trainsched.runtime.host import capture_beside
+                    from trainsched.runtime.host import HOST_PASSES, capture_beside
 
                     at_once = min(args.ranks or cluster.num_devices, os.cpu_count() or 1)
                     return capture_beside(args.model, ranks=at_once, batch_size=batch_size,
                                           image_size=args.image_size, seq_len=args.seq_len,
                                           meta={**meta, "batch_size": batch_size},
-                                          progress=bar.update,
+                                          progress=bar.update, passes=HOST_PASSES,
                                           precision=args.precision or "fp32")
                 # measured on the CPU: one thread, as --run trains each rank
                 sized = zoo if batch_size == zoo.batch_size else build(

@@ -11,7 +11,8 @@ file for large graphs (``trainsched.graph/3``, a ``.tsg`` path),
 :mod:`~trainsched.graph.training` the forward-to-training transform (:func:`to_training`),
 :mod:`~trainsched.graph.coarsen` op-to-module coarsening (:func:`coarsen_by_module`) and
 :mod:`~trainsched.graph.overhead` the eager step's overhead charged to a measured graph's ops
-(:func:`charge_step_overhead`). Plain Python: no torch here.
+(:func:`charge_step_overhead`) and :mod:`~trainsched.graph.passes` several captures of one model
+merged, each op's times their median (:func:`median_costs`). Plain Python: no torch here.
 """
 
 from trainsched.graph.coarsen import coarsen_by_module
@@ -42,6 +43,7 @@ from trainsched.graph.io import (
     show_value,
 )
 from trainsched.graph.overhead import STEP_OVERHEAD, charge_step_overhead, spread_gap
+from trainsched.graph.passes import CAPTURE_PASSES, median_costs
 from trainsched.graph.training import (
     OPTIMIZER_STEP,
     OPTIMIZERS,
@@ -50,6 +52,7 @@ from trainsched.graph.training import (
 )
 
 __all__ = [
+    "CAPTURE_PASSES",
     "FORMAT",
     "FORMATS",
     "FORMAT_V1",
@@ -73,6 +76,7 @@ __all__ = [
     "graph_from_json",
     "graph_to_json",
     "kind_of",
+    "median_costs",
     "nesting_guard",
     "param_tensor_record",
     "parse_json",

@@ -121,6 +121,10 @@ def describe_graph(s: dict[str, Any], top: int) -> str:
     if isinstance(beside, int) and beside > 0:
         lines.append(f"  measured beside  {beside} other process{'es' * (beside > 1)} "
                      f"capturing at once (as the ranks of a job on this host)")
+    passes = meta.get("capture_passes")
+    if isinstance(passes, int) and passes > 1:
+        lines.append(f"  captured         {passes} times in a row; each op's times are the "
+                     f"medians of its {passes}")
     overhead = meta.get("step_overhead")
     if isinstance(overhead, dict):
         lines.append(f"  step overhead    {describe_step_overhead(overhead)}")

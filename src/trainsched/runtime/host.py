@@ -21,13 +21,17 @@ from typing import Any
 
 from trainsched.cluster import Cluster
 from trainsched.errors import TrainschedError
+from trainsched.units import is_int
 
 __all__ = ["capture_beside", "host_model"]
 
 #: How long a capture beside other processes may take before it is called stuck.
 CAPTURE_TIMEOUT_S = 3600.0
-#: What rank 0 of a capture beside others leaves in the job's folder.
-GRAPH_FILE, PROGRESS_FILE = "graph.tsg", "progress"
+#: What rank 0 of a capture beside others leaves in the job's folder (one graph per pass).
+GRAPH_FILE, PROGRESS_FILE = "graph{}.tsg", "progress"
+#: How many times ``train``'s and ``compare --run``'s captures on a CPU host time the model:
+#: each op's cost is the median of its passes (:func:`trainsched.graph.median_costs`).
+HOST_PASSES = 3
 
 
 def host_model(model: str, *, ranks: int, batch_size: int | None = None,
@@ -63,7 +67,7 @@ def host_model(model: str, *, ranks: int, batch_size: int | None = None,
         cluster = calibrate(world_size=ranks).to_cluster()
     graph = capture_beside(model, ranks=ranks, batch_size=batch_size, image_size=image_size,
                            seq_len=seq_len, meta={"batch_size": zoo.batch_size},
-                           progress=progress)
+                           progress=progress, passes=HOST_PASSES)
     return to_training(graph, optimizer=optimizer), cluster
 
 
@@ -71,26 +75,31 @@ def capture_beside(model: str, *, ranks: int, batch_size: int | None = None,
                    image_size: int | None = None, seq_len: int | None = None,
                    precision: str = "fp32", meta: Mapping[str, Any] | None = None,
                    progress: Callable[[int, int, str], None] | None = None,
-                   timeout_s: float = CAPTURE_TIMEOUT_S) -> Any:
+                   timeout_s: float = CAPTURE_TIMEOUT_S, passes: int = 1) -> Any:
     """The forward graph of zoo model ``model`` with costs measured on this host's CPU (one
     thread) while ``ranks`` processes work at once, as the ranks of a job on this host will:
     each captures the model at the same time; rank 0's graph is returned, with ``meta`` and
     ``measured_beside`` (the other processes' count) in its meta. ``ranks`` 1 captures in
-    this process. ``progress(done, total, item)`` hears rank 0's capture.
+    this process. ``progress(done, total, item)`` hears rank 0's capture. ``passes`` above 1
+    captures the model that many times in a row (every process alike) and returns each op's
+    median times (:func:`trainsched.graph.median_costs`): a shared host's speed moves over
+    seconds, one capture takes a snapshot of it.
 
     The others capture rather than train: real ranks compute with pauses for their
     collectives, and a second process training without pause beside the capture
     over-predicted ResNet-50's and the small CNN's DDP steps by 22-27% on this project's
     2-core host (2026-11-29, ``benchmarks/validate_sim.py``)."""
-    from trainsched.graph import Graph
+    from trainsched.graph import Graph, median_costs
 
     if ranks < 1:
         raise TrainschedError(f"ranks must be at least 1, got {ranks}")
+    if not (is_int(passes) and passes >= 1):
+        raise TrainschedError(f"passes must be an integer of at least 1, got {passes!r}")
     config = {"model": _portable(model), "batch_size": batch_size, "image_size": image_size,
-              "seq_len": seq_len, "precision": precision,
+              "seq_len": seq_len, "precision": precision, "passes": passes,
               "meta": {**(meta or {}), "measured_beside": ranks - 1}, "timeout_s": timeout_s}
     if ranks == 1:
-        return _capture(config, progress)
+        return median_costs(_captures(config, progress))
     from trainsched.runtime.launch import job
 
     def watch(folder: Path) -> None:
@@ -101,7 +110,7 @@ def capture_beside(model: str, *, ranks: int, batch_size: int | None = None,
 
     with job("trainsched.runtime.host:_beside_main", config, ranks, timeout_s=timeout_s,
              what=f"the capture of {model} on {ranks} processes", watch=watch) as out:
-        return Graph.load(out / GRAPH_FILE)
+        return median_costs([Graph.load(out / GRAPH_FILE.format(k)) for k in range(passes)])
 
 
 
@@ -123,6 +132,20 @@ def _capture(cfg: Mapping[str, Any], progress: Callable[[int, int, str], None] |
                    precision=cfg["precision"], progress=progress)
 
 
+def _captures(cfg: Mapping[str, Any],
+              progress: Callable[[int, int, str], None] | None) -> list[Any]:
+    """``cfg["passes"]`` captures in a row; ``progress`` hears them as one piece of work."""
+    passes = int(cfg.get("passes", 1))
+    graphs = []
+    for k in range(passes):
+        def report(done: int, total: int, item: str, k: int = k) -> None:
+            if progress is not None:
+                progress(k * total + done, passes * total, item)
+
+        graphs.append(_capture(cfg, report))
+    return graphs
+
+
 def _read_progress(path: Path) -> tuple[int, int, str] | None:
     try:
         done, total, item = path.read_text().split("\t", 2)
@@ -138,13 +161,13 @@ def _beside_main() -> None:  # pragma: no cover - runs in the workers
 
 
 def _beside(cfg: dict[str, Any]) -> dict[str, str] | None:  # pragma: no cover - in the workers
-    """One process of :func:`capture_beside`: capture; rank 0 saves its graph."""
+    """One process of :func:`capture_beside`: capture; rank 0 saves its graphs."""
     import torch
 
     torch.set_num_threads(1)
     rank, out = int(cfg["rank"]), Path(cfg["out"])
     if rank != 0:
-        _capture(cfg, None)
+        _captures(cfg, None)
         return None
 
     def report(done: int, total: int, item: str) -> None:
@@ -152,6 +175,7 @@ def _beside(cfg: dict[str, Any]) -> dict[str, str] | None:  # pragma: no cover -
         tmp.write_text(f"{done}\t{total}\t{item}")
         os.replace(tmp, out / PROGRESS_FILE)
 
-    graph = _capture(cfg, report)
-    graph.save(out / GRAPH_FILE)
-    return {"graph": GRAPH_FILE}
+    graphs = _captures(cfg, report)
+    for k, graph in enumerate(graphs):
+        graph.save(out / GRAPH_FILE.format(k))
+    return {"graphs": str(len(graphs))}
