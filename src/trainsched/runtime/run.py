@@ -73,7 +73,9 @@ class RunResult:
 
     @property
     def samples_per_s(self) -> float:
-        return self.samples_per_step / self.median_s
+        """Samples over the timed steps' total time: what a run of them achieves (a median
+        step would miss the slow ones of a host whose steps are bimodal)."""
+        return self.samples_per_step * len(self.step_times_s) / sum(self.step_times_s)
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "model": self.model, "ranks": self.ranks,

@@ -273,9 +273,11 @@ class TrainResult:
         return self.segments[0]
 
     def throughput(self, segment: SegmentResult | None = None) -> float:
-        """Samples per second: all ranks' batches over the median step time."""
+        """Samples per second: all ranks' batches over the timed steps' total time (what a run
+        of them achieves; a median step would miss a bimodal host's slow steps)."""
         seg = segment or self.first
-        return self.nproc * self.batch_size / seg.median_s
+        steps = seg.step_times_s
+        return self.nproc * self.batch_size * len(steps) / sum(steps)
 
     def to_dict(self) -> dict[str, Any]:
         return {"model": self.model, "nproc": self.nproc, "batch_size": self.batch_size,
