@@ -18,6 +18,7 @@ def test_a_plans_run_counts_every_step_it_timed():
     result = RunResult(kind="data", model="m", ranks=2, samples_per_step=16,
                        step_times_s=BIMODAL)
     assert result.median_s == 0.001
+    assert result.mean_s == pytest.approx(0.0026)
     assert result.samples_per_s == pytest.approx(16 * 5 / 0.013)  # 6153.8/s, not 16000/s
 
 
@@ -28,3 +29,33 @@ def test_a_segments_throughput_counts_every_step_it_timed():
     assert result.throughput() == pytest.approx(2 * 8 * 5 / 0.013)
     assert result.to_dict()["segments"][0]["throughput_samples_per_s"] == pytest.approx(
         2 * 8 * 5 / 0.013)
+
+
+def test_compares_measured_table_shows_the_mean_and_the_median_beside_it():
+    from types import SimpleNamespace
+
+    from trainsched.report.tables import measured_report
+
+    row = SimpleNamespace(strategy="data-ddp", step_time_s=0.002)
+    measured = {"data-ddp": {"mean_s": 0.0026, "median_s": 0.001, "p10_s": 0.001,
+                             "p90_s": 0.005, "measured_over_predicted": 1.3}}
+    lines = measured_report([row], measured, "out").splitlines()
+    assert "mean of the timed steps" in lines[1]
+    assert lines[2].split() == ["strategy", "predicted", "measured", "median", "p10", "p90",
+                                "meas/pred"]
+    assert lines[3].split() == ["data-ddp", "2.00", "ms", "2.60", "ms", "1.00", "ms", "1.00",
+                                "ms", "5.00", "ms", "1.30x"]
+
+
+def test_a_plans_report_says_mean_and_median():
+    from types import SimpleNamespace
+
+    from trainsched.report.tables import plan_run_report
+
+    result = RunResult(kind="data", model="m", ranks=2, samples_per_step=16,
+                       step_times_s=BIMODAL)
+    plan = SimpleNamespace(kind="data")
+    prediction = SimpleNamespace(step_time_s=0.002, cluster="cpu")
+    text = plan_run_report("p.plan.json", plan, result, prediction, warmup=1)
+    assert "  measured   mean 2.60 ms  median 1.00 ms  p10 " in text
+    assert "(measured / predicted 1.30x)" in text  # 2.6 ms over 2 ms, by hand

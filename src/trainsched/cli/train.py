@@ -384,7 +384,7 @@ def _run_plan(args: argparse.Namespace) -> int:
     doc = {"plan": args.plan, **result.to_dict(),
            "predicted": None if prediction is None else {
                "cluster": prediction.cluster, "step_time_s": prediction.step_time_s,
-               "measured_over_predicted": result.median_s / prediction.step_time_s
+               "measured_over_predicted": result.mean_s / prediction.step_time_s
                if prediction.step_time_s else None}}
     print(dump(doc) if args.json else plan_run_report(args.plan, plan, result, prediction,
                                                       warmup=args.warmup,

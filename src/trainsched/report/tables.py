@@ -304,9 +304,10 @@ def measured_report(rows: Sequence[Any], measured: dict[str, dict[str, Any]],
     """``compare --run``'s second table: predicted and measured step per strategy, or why a
     strategy was not run."""
     width = max(len("strategy"), *(len(r.strategy) for r in rows)) + 2
-    lines = ["\nmeasured on this host (median of the timed steps):",
-             f"  {'strategy':<{width}}{'predicted':>11}{'measured':>11}{'p10':>11}{'p90':>11}"
-             f"{'meas/pred':>11}"]
+    lines = ["\nmeasured on this host (mean of the timed steps, as a run pays them; median, p10 "
+             "and p90 beside):",
+             f"  {'strategy':<{width}}{'predicted':>11}{'measured':>11}{'median':>11}"
+             f"{'p10':>11}{'p90':>11}{'meas/pred':>11}"]
     for r in rows:
         m = measured[r.strategy]
         if "skipped" in m:
@@ -315,8 +316,8 @@ def measured_report(rows: Sequence[Any], measured: dict[str, dict[str, Any]],
             continue
         ratio = m["measured_over_predicted"]
         lines.append(f"  {r.strategy:<{width}}{format_duration(r.step_time_s):>11}"
-                     f"{format_duration(m['median_s']):>11}{format_duration(m['p10_s']):>11}"
-                     f"{format_duration(m['p90_s']):>11}"
+                     f"{format_duration(m['mean_s']):>11}{format_duration(m['median_s']):>11}"
+                     f"{format_duration(m['p10_s']):>11}{format_duration(m['p90_s']):>11}"
                      f"{'-' if ratio is None else f'{ratio:.2f}x':>11}")
     lines.append(f"\n  wrote {out_dir}/measured.png and one plan per strategy (*.plan.json: "
                  f"trainsched train MODEL --plan FILE runs one)")
@@ -392,7 +393,8 @@ def plan_run_report(path: str, plan: Any, result: Any, prediction: Any, *, warmu
     """``train --plan``'s text: what ran, measured step times, and the plan's prediction."""
     lines = [f"{result.model}: plan {path} ({plan.kind}, {result.ranks} rank"
              f"{'s' if result.ranks > 1 else ''}, {result.samples_per_step} samples per step)",
-             f"  measured   median {format_duration(result.median_s)}  p10 "
+             f"  measured   mean {format_duration(result.mean_s)}  median "
+             f"{format_duration(result.median_s)}  p10 "
              f"{format_duration(result.p10_s)}  p90 {format_duration(result.p90_s)}  "
              + (f"({len(result.step_times_s)} steps after {warmup} warm-up)"
                 if getattr(result, "sync", None) is None else
@@ -401,7 +403,7 @@ def plan_run_report(path: str, plan: Any, result: Any, prediction: Any, *, warmu
     if prediction is None:
         lines.append("  predicted  - (the plan file holds no prediction)")
     else:
-        ratio = result.median_s / prediction.step_time_s if prediction.step_time_s else None
+        ratio = result.mean_s / prediction.step_time_s if prediction.step_time_s else None
         lines.append(f"  predicted  {format_duration(prediction.step_time_s)} on "
                      f"{prediction.cluster}"
                      + (f"  (measured / predicted {ratio:.2f}x)" if ratio else ""))

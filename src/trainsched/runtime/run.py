@@ -64,6 +64,12 @@ class RunResult:
         return statistics.median(self.step_times_s)
 
     @property
+    def mean_s(self) -> float:
+        """The timed steps' total time over their count: what a step costs a run of them, and
+        what a prediction of the expected step is compared with."""
+        return sum(self.step_times_s) / len(self.step_times_s)
+
+    @property
     def p10_s(self) -> float:
         return quantile(self.step_times_s, 0.1)
 
@@ -75,11 +81,12 @@ class RunResult:
     def samples_per_s(self) -> float:
         """Samples over the timed steps' total time: what a run of them achieves (a median
         step would miss the slow ones of a host whose steps are bimodal)."""
-        return self.samples_per_step * len(self.step_times_s) / sum(self.step_times_s)
+        return self.samples_per_step / self.mean_s
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "model": self.model, "ranks": self.ranks,
-                "samples_per_step": self.samples_per_step, "median_s": self.median_s,
+                "samples_per_step": self.samples_per_step, "mean_s": self.mean_s,
+                "median_s": self.median_s,
                 "p10_s": self.p10_s, "p90_s": self.p90_s, "samples_per_s": self.samples_per_s,
                 "peak_memory_bytes": self.peak_memory_bytes,
                 "step_times_s": list(self.step_times_s),
