@@ -65,7 +65,7 @@ def write_measured_chart(path: str, pairs: Sequence[tuple[str, float, float]],
     ax.barh([y + 0.2 for y in ys], [1e3 * p for _, p, _ in rows], height=0.4,
             color="#85c1e9", label="predicted")
     ax.barh([y - 0.2 for y in ys], [1e3 * m for _, _, m in rows], height=0.4,
-            color="#2e86c1", label="measured (median)")
+            color="#2e86c1", label="measured (mean)")
     ax.set_yticks(list(ys), [name for name, _, _ in rows])
     ax.set_xlabel("step time (ms)")
     ax.set_title(title, fontsize=10)
