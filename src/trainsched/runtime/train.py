@@ -245,6 +245,11 @@ class SegmentResult:
     def median_s(self) -> float:
         return statistics.median(self.step_times_s)
 
+    @property
+    def mean_s(self) -> float:
+        """The timed steps' total time over their count (what a run of them pays a step)."""
+        return sum(self.step_times_s) / len(self.step_times_s)
+
     def quantile_s(self, q: float) -> float:
         return quantile(self.step_times_s, q)
 
@@ -275,9 +280,7 @@ class TrainResult:
     def throughput(self, segment: SegmentResult | None = None) -> float:
         """Samples per second: all ranks' batches over the timed steps' total time (what a run
         of them achieves; a median step would miss a bimodal host's slow steps)."""
-        seg = segment or self.first
-        steps = seg.step_times_s
-        return self.nproc * self.batch_size * len(steps) / sum(steps)
+        return self.nproc * self.batch_size / (segment or self.first).mean_s
 
     def to_dict(self) -> dict[str, Any]:
         return {"model": self.model, "nproc": self.nproc, "batch_size": self.batch_size,
