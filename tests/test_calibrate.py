@@ -63,6 +63,8 @@ def test_real_calibration_on_two_gloo_ranks():
     assert 0.0 <= cal.collective_after_compute_s < 1.0
     assert cluster.device.collective_after_compute_s == cal.collective_after_compute_s
     assert data["collective_after_compute_s"] == cal.collective_after_compute_s
+    assert 0.0 <= cal.collective_overhead_s < 1.0
+    assert cluster.device.collective_overhead_s == cal.collective_overhead_s
     assert "an all-reduce right after compute" in cal.table()
     # the pipeline runtime's own host time, measured by running it (gloo)
     assert 0.0 < cal.pipeline_action_s < 1.0 and 0.0 < cal.pipeline_message_s < 1.0

@@ -4,6 +4,7 @@ when the file takes turns), the copy bandwidth."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -88,3 +89,60 @@ def test_the_after_compute_figure_is_what_the_fit_does_not_charge(measured_s, ex
     cal = _with_after_compute(_calibration(), [1 << 20, measured_s])
     assert cal.collective_after_compute_s == pytest.approx(expected_s, abs=1e-12)
     assert _with_after_compute(_calibration(), None) == _calibration()
+
+
+def test_the_overhead_is_what_each_extra_collective_costs_beyond_the_fit():
+    """By the fit (2 x 100 us + S / 1 GB/s on 2 ranks) collectives of 1, 1 and 2 MB cost 4.6
+    ms one by one and 4.2 ms as one of 4 MB: 0.4 ms apart. Measured 2.4 ms apart, the two
+    collectives beyond the first carry (2.4 - 0.4) / 2 = 1.0 ms each; measured closer than the
+    fit, 0."""
+    from trainsched.runtime.calibrate import _with_overhead
+
+    sizes = [1_000_000, 1_000_000, 2_000_000]
+    cal = _with_overhead(_calibration(), [sizes, 2.4e-3])
+    assert cal.collective_overhead_s == pytest.approx(1.0e-3, rel=1e-12)
+    assert cal.to_cluster().device.collective_overhead_s == cal.collective_overhead_s
+    assert cal.to_dict()["collective_overhead_s"] == cal.collective_overhead_s
+    assert "+1.000 ms beyond the fit" in cal.table()
+    assert _with_overhead(_calibration(), [sizes, 0.2e-3]).collective_overhead_s == 0.0
+    assert _with_overhead(_calibration(), None) == _calibration()
+
+
+def test_the_overhead_needs_two_collectives():
+    from trainsched.runtime.calibrate import overhead_from_steps
+
+    with pytest.raises(TrainschedError, match="at least 2 collectives, got 1"):
+        overhead_from_steps([1024], 1e-3, lambda s: 0.0)
+
+
+def test_the_simulator_charges_the_overhead_as_the_calibration_reads_it():
+    """The same two plans simulated on the calibrated cluster carrying 1 ms per collective (4
+    layers whose compute takes microseconds, so the collectives run one after another): the
+    fifo step's lead over the one-bucket step read back through the calibration's formula
+    gives that 1 ms again (to the microseconds of compute that overlap the first
+    collectives)."""
+    from trainsched.comm import FifoPolicy, ReadyBucketPolicy
+    from trainsched.graph import Edge, Graph, Op, to_training
+    from trainsched.runtime.calibrate import overhead_from_steps
+    from trainsched.sim import simulate_data_parallel
+
+    sizes = [1_000_000, 2_000_000, 500_000, 3_000_000]
+    ops = [Op(name=f"L{i}", compute_s=1e-6, backward_input_s=1e-6, backward_weight_s=1e-6,
+              param_bytes=size, output_bytes=64, saved_bytes=64, layer_index=i)
+           for i, size in enumerate(sizes)]  # fmt: skip
+    edges = [Edge(src=f"L{i}", dst=f"L{i + 1}", size_bytes=64) for i in range(len(sizes) - 1)]
+    graph = to_training(Graph(ops, edges), memory_bandwidth_bytes_per_s=1e12)
+    cal = _calibration()
+    cluster = dataclasses.replace(cal, collective_overhead_s=1e-3).to_cluster()
+    one = 1 << 40
+    steps = {}
+    for name, policy in {"fifo": FifoPolicy(runtime_passes=False),
+                         "one": ReadyBucketPolicy(bucket_bytes=one, first_bucket_bytes=one,
+                                                  cross_barrier=False, bucket_copies=False)
+                         }.items():
+        result = simulate_data_parallel(graph, cluster, ranks=2, policy=policy)
+        comms = [t for t in result.tasks if t.category == "comm" and t.device == "cpu0"]
+        assert len(comms) == (len(sizes) if name == "fifo" else 1)
+        steps[name] = result.step_time_s
+    read = overhead_from_steps(sizes, steps["fifo"] - steps["one"], cal.allreduce_predict)
+    assert read == pytest.approx(1e-3, abs=2e-5)

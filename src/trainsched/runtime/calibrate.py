@@ -34,6 +34,16 @@ is timed alone and followed by a 1 MiB all-reduce, in turn and with no barrier; 
 all-reduce took there beyond the fitted line is ``collective_after_compute_s`` (at least 0),
 which the data-parallel simulator adds to the first collective of every step.
 
+A step that issues many collectives pays for each more than the fit says: the data-parallel
+runtime's dispatcher hands each to the wire and takes it back, and on a shared host a small
+gloo collective waits a scheduler tick in a good share of calls. Two copies of a small model
+run on :class:`~trainsched.runtime.data_parallel.ScheduledDataParallel` in turn, one issuing a
+collective per gradient (16, one at a time), the other one collective of all of them
+(:func:`~trainsched.runtime.host_probes.per_collective`); what the first step takes beyond the
+second, less what the fitted line says of the difference, per extra collective, is
+``collective_overhead_s`` (:func:`overhead_from_steps`), which the data-parallel simulator
+adds to every collective.
+
 With gloo, ranks 0 and 1 also run GPipe over a model whose ops take microseconds on the pipeline
 runtime, every action, send and receive timed (:mod:`~trainsched.runtime.pipeline_host`): the
 runtime's own host time per action and per message, which the pipeline simulator charges
@@ -114,6 +124,7 @@ class Calibration:
     collective_contention: float = 1.0  # how collectives in flight together share the wire
     buffer_sync_s: float = 0.0  # DDP's buffer broadcast before forward (fixed part)
     collective_after_compute_s: float = 0.0  # a step's first collective beyond the fit
+    collective_overhead_s: float = 0.0  # every collective of a step beyond the fit
     pipeline_action_s: float = 0.0  # the pipeline runtime's host time per action
     pipeline_message_s: float = 0.0  # ... and per point-to-point message, on each side
 
@@ -150,6 +161,7 @@ class Calibration:
             "collective_contention": self.collective_contention,
             "buffer_sync_s": self.buffer_sync_s,
             "collective_after_compute_s": self.collective_after_compute_s,
+            "collective_overhead_s": self.collective_overhead_s,
             "pipeline_action_s": self.pipeline_action_s,
             "pipeline_message_s": self.pipeline_message_s,
         }
@@ -175,6 +187,8 @@ class Calibration:
                          f"(fixed part)")
         lines.append(f"an all-reduce right after compute: "
                      f"{self.collective_after_compute_s * 1e3:+.3f} ms beyond the fit")
+        lines.append(f"each collective of a step issued one per gradient: "
+                     f"{self.collective_overhead_s * 1e3:+.3f} ms beyond the fit")
         if self.pipeline_action_s or self.pipeline_message_s:
             lines.append(f"pipeline runtime: {self.pipeline_action_s * 1e3:.3f} ms per action, "
                          f"{self.pipeline_message_s * 1e3:.3f} ms per message on each side")
@@ -213,6 +227,7 @@ class Calibration:
         device = dataclasses.replace(
             base.device, **interference, buffer_sync_s=self.buffer_sync_s,
             collective_after_compute_s=self.collective_after_compute_s,
+            collective_overhead_s=self.collective_overhead_s,
             microbatch_overhead_s=self.pipeline_action_s,
             message_host_s=self.pipeline_message_s,
             memory_bandwidth_bytes_per_s=(self.memory_bandwidth_bytes_per_s
@@ -373,6 +388,7 @@ def calibrate(*, world_size: int = 2, sizes_bytes: Sequence[int] | None = None, 
                       pipeline_action_s=_clamp(pipeline[0], 0.0, 1.0),
                       pipeline_message_s=_clamp(pipeline[1], 0.0, 1.0))
     cal = _with_after_compute(cal, data.get("after_compute"))
+    cal = _with_overhead(cal, data.get("per_collective"))
     return dataclasses.replace(cal, p2p_errors=_errors(cal.p2p_predict, rows, "p2p_s"),
                                allreduce_errors=_errors(cal.allreduce_predict, rows,
                                                         "allreduce_s"))
@@ -387,6 +403,31 @@ def _with_after_compute(cal: Calibration, measured: Any) -> Calibration:
     size, seconds = measured
     return dataclasses.replace(
         cal, collective_after_compute_s=_clamp(seconds - cal.allreduce_predict(size), 0.0, 1.0))
+
+
+def overhead_from_steps(sizes: Sequence[float], extra_s: float,
+                        predict: Any) -> float:
+    """The time per collective beyond ``predict`` (seconds of a collective of a size) that
+    makes a step issuing one collective per gradient of ``sizes``, one at a time, take
+    ``extra_s`` longer than a step issuing one collective of all of them, as the simulator
+    charges it (every collective its fitted cost plus the overhead o):
+    ``extra_s = Σ predict(s) + K·o − (predict(Σ s) + o)``, so
+    ``o = (extra_s − Σ predict(s) + predict(Σ s)) / (K − 1)``. At least 0; at most 1 s."""
+    sizes = [float(s) for s in sizes]
+    if len(sizes) < 2:
+        raise TrainschedError(f"the per-collective probe needs at least 2 collectives, got "
+                              f"{len(sizes)}")
+    fitted = sum(predict(s) for s in sizes) - predict(sum(sizes))
+    return _clamp((float(extra_s) - fitted) / (len(sizes) - 1), 0.0, 1.0)
+
+
+def _with_overhead(cal: Calibration, measured: Any) -> Calibration:
+    """``cal`` with ``collective_overhead_s`` from the workers' ``[sizes, seconds]``."""
+    if not measured:
+        return cal
+    sizes, extra_s = measured
+    return dataclasses.replace(cal, collective_overhead_s=overhead_from_steps(
+        sizes, extra_s, cal.allreduce_predict))
 
 
 def _clamp(value: Any, low: float, high: float) -> float:
@@ -473,6 +514,7 @@ def _worker_main() -> None:  # pragma: no cover - runs in the spawned processes
     memory = host_probes.copy_bandwidth(dist, device, sync, n)
     buffer_sync = host_probes.buffer_sync(dist, device, sync, n)
     after_compute = host_probes.after_compute(dist, device, sync, n)
+    per_collective = host_probes.per_collective(dist, device, sync, n)
     pipeline = None
     if backend == "gloo":  # the pipeline runtime's messages go through gloo
         from trainsched.runtime.pipeline_host import pipeline_host_times
@@ -488,6 +530,7 @@ def _worker_main() -> None:  # pragma: no cover - runs in the spawned processes
             json.dump({"rows": rows, "host": host, "comm_compute_share": share,
                        "rates": rates, "memory_bandwidth": memory,
                        "buffer_sync": buffer_sync, "after_compute": after_compute,
+                       "per_collective": per_collective,
                        "pipeline_host": pipeline}, fh)
         os.replace(tmp, cfg["result"])
     dist.destroy_process_group()

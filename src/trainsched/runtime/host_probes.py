@@ -1,8 +1,9 @@
 """What ``trainsched calibrate``'s workers measure besides the α–β lines: how communication
 and compute interfere on this host, how collectives in flight together share the wire, the
-copy bandwidth, DDP's buffer broadcast before a forward and what a step's first all-reduce
-costs beyond the fit when it starts as compute ends (:mod:`~trainsched.runtime.calibrate`'s
-docstring says how each is read).
+copy bandwidth, DDP's buffer broadcast before a forward, what a step's first all-reduce
+costs beyond the fit when it starts as compute ends, and what the data-parallel runtime pays
+per collective when a step issues many (:mod:`~trainsched.runtime.calibrate`'s docstring says
+how each is read).
 
 Each probe runs on every rank of an initialised process group at once and returns the same
 figure everywhere (the mean over ranks, all-reduced); ``sync`` waits for the device (a no-op
@@ -17,10 +18,11 @@ from typing import Any
 
 from trainsched.runtime.launch import trimmed_mean
 
-__all__ = ["BUSY_S", "after_compute", "buffer_sync", "contention", "copy_bandwidth",
-           "interference", "matmul_loop"]
+__all__ = ["BUSY_S", "PER_COLLECTIVE_LAYERS", "after_compute", "buffer_sync", "contention",
+           "copy_bandwidth", "interference", "matmul_loop", "per_collective"]
 
 BUSY_S = 2e-3  # the compute before each timed buffer broadcast
+PER_COLLECTIVE_LAYERS = 8  # Linear(128, 128) layers of per_collective's model: 16 gradients
 
 
 def matmul_loop(device: Any, sync: Any) -> tuple[Any, float]:  # pragma: no cover - workers
@@ -229,3 +231,55 @@ def copy_bandwidth(dist: Any, device: Any, sync: Any,
                         dtype=torch.float64)
     dist.all_reduce(rate)
     return float(rate) / world_size
+
+
+def per_collective(dist: Any, device: Any, sync: Any, world_size: int,
+                   rounds: int = 40, warmup: int = 5) -> list[Any]:  # pragma: no cover - workers
+    """``[sizes, seconds]``: what the data-parallel runtime pays for a step's gradients as
+    one collective per gradient, issued back to back as each becomes ready (``fifo``: 16
+    all-reduces of 64 KiB and 512 B, one in flight at a time), beyond one collective of all
+    of them (``buckets`` with one bucket). Two copies of a model of
+    :data:`PER_COLLECTIVE_LAYERS` ``Linear(128, 128)`` layers at batch 8 (its forward and
+    backward a fraction of a millisecond) are each wrapped in
+    :class:`~trainsched.runtime.data_parallel.ScheduledDataParallel`, one per plan, and their
+    steps (forward, backward, :meth:`drain`) timed in turn, ``rounds`` times after
+    ``warmup``; ``seconds`` is the trimmed mean of the fifo steps minus that of the one-bucket
+    steps, averaged over ranks, and ``sizes`` the fifo collectives' bytes. The parent reads
+    the runtime's cost per collective beyond the fitted line from the two
+    (:func:`~trainsched.runtime.calibrate.overhead_from_steps`)."""
+    import torch
+
+    from trainsched.comm.policy import FifoPolicy, ReadyBucketPolicy
+    from trainsched.runtime.data_parallel import ScheduledDataParallel
+
+    def model() -> Any:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(*[torch.nn.Linear(128, 128)
+                                     for _ in range(PER_COLLECTIVE_LAYERS)]).to(device)
+
+    one = 1 << 40  # a bucket larger than the model: one collective
+    plans = {"fifo": FifoPolicy(),
+             "one": ReadyBucketPolicy(bucket_bytes=one, first_bucket_bytes=one,
+                                      cross_barrier=False)}
+    wrappers = {name: ScheduledDataParallel(model(), policy, timeout_s=120.0)
+                for name, policy in plans.items()}
+    x = torch.randn(8, 128, device=device)
+    times: dict[str, list[float]] = {name: [] for name in plans}
+    try:
+        for r in range(warmup + rounds):
+            for name, wrapper in wrappers.items():
+                sync()
+                t0 = time.perf_counter()
+                wrapper(x).square().mean().backward()
+                wrapper.drain()
+                sync()
+                if r >= warmup:
+                    times[name].append(time.perf_counter() - t0)
+    finally:
+        for wrapper in wrappers.values():
+            wrapper.close()
+    sizes = [p.numel() * p.element_size() for p in wrappers["fifo"].module.parameters()]
+    mean = torch.tensor([trimmed_mean(times["fifo"]) - trimmed_mean(times["one"])],
+                        dtype=torch.float64)
+    dist.all_reduce(mean)
+    return [sizes, float(mean) / world_size]
