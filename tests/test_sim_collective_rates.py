@@ -105,9 +105,27 @@ def test_collectives_without_contention_run_as_fast_as_alone():
 
 
 def test_each_collective_pays_the_overhead():
-    """0.25 ms per collective on the wire: c2 [5, 6.25], c1 [7, 8.25], c0 (ready at 8) waits
-    for the wire: [8.25, 9.5]; + 1.5 ms of SGD: 11.0 ms."""
+    """0.25 ms per collective on the wire but the step's first: c2 [5, 6], c1 [7, 8.25], c0
+    (ready at 8) waits for the wire: [8.25, 9.5]; + 1.5 ms of SGD: 11.0 ms."""
     assert close(fifo_step(two_ranks(collective_overhead_s=0.25 * MS)), 11.0 * MS)
+
+
+def fifo_comm_ends(cluster: Cluster) -> list[float]:
+    result = simulate_data_parallel(three_layers(MB), cluster, ranks=2,
+                                    policy=FifoPolicy(runtime_passes=False))
+    return sorted(t.end_s for t in result.tasks if t.category == "comm" and t.device == "gpu0")
+
+
+@pytest.mark.parametrize(("after_ms", "ends_ms"), [(0.0, (6.0, 8.25, 9.5)),
+                                                   (0.5, (6.5, 8.25, 9.5))])
+def test_the_first_collective_of_a_step_pays_after_compute_in_place_of_the_overhead(
+        after_ms, ends_ms):
+    """0.25 ms per collective, and 0 or 0.5 ms after compute: c2, the step's first, [5, 6] or
+    [5, 6.5] (its 1 ms plus what follows compute, not the 0.25 ms as well); c1 [7, 8.25]; c0
+    (ready at 8) waits for the wire: [8.25, 9.5]."""
+    cluster = two_ranks(collective_overhead_s=0.25 * MS, collective_after_compute_s=after_ms * MS)
+    ends = fifo_comm_ends(cluster)
+    assert all(close(a, b * MS) for a, b in zip(ends, ends_ms, strict=True)), ends
 
 
 def test_the_p3_preset_runs_collectives_at_nccl_bus_bandwidth():

@@ -87,7 +87,9 @@ class DeviceSpec:
     catalogue's values; all default to "nothing"):
 
     - ``collective_overhead_s``: a fixed time per collective on the wire (the launch of the
-      communication kernel and the framework's per-bucket work), added to every collective;
+      communication kernel and the framework's per-bucket work), added to every collective
+      but the first of a step, which pays ``collective_after_compute_s`` instead (below);
+      ``trainsched calibrate`` measures it as a step of many collectives pays it;
     - ``compute_rate_with_comm``: the rate (work per second, 1 = full speed) compute runs at
       while a collective of its rank is in flight (NCCL kernels take SMs and memory
       bandwidth; gloo threads take the host's cores);
@@ -111,9 +113,10 @@ class DeviceSpec:
     ``collective_after_compute_s``: how much longer the first collective of a step takes than
     its α–β cost when it starts as the ranks' compute ends, as in training, rather than from a
     barrier, as a collective alone is timed (the ranks arrive apart and the communication
-    threads wake; on this project's 2-core gloo host 1-3 ms). The data-parallel simulator adds
-    it to the first collective of every step on two or more ranks. ``trainsched calibrate``
-    measures it; default 0.
+    threads wake; on this project's 2-core gloo host 0-3 ms). The data-parallel simulator adds
+    it to the first collective of every step on two or more ranks, in place of
+    ``collective_overhead_s`` (set the two alike to charge every collective the same).
+    ``trainsched calibrate`` measures it; default 0.
 
     ``step_cv``: the coefficient of variation of one rank's compute time per step (clocks,
     heat, host jitter), each rank's draw independent of the others'. A synchronous step waits

@@ -31,9 +31,11 @@ replays it:
   first ops. A device without ``buffer_sync_s`` (0, the default) charges nothing.
 - **Collective after compute.** The first collective of each step to become ready (the one
   holding the gradient produced first) takes the device's ``collective_after_compute_s``
-  longer than its cost below, on two or more ranks: what a collective that starts as the
-  ranks' compute ends pays beyond one timed from a barrier (``trainsched calibrate``
-  measures it). 0, the default, charges nothing.
+  longer than its α–β cost below, on two or more ranks, in place of the
+  ``collective_overhead_s`` every later collective of the step pays: what a collective that
+  starts as the ranks' compute ends pays beyond one timed from a barrier (``trainsched
+  calibrate`` measures both, each as what it is charged for). 0, the default, charges
+  nothing.
 - **Optimizer.** Each optimizer op waits for the collectives holding its gradients
   (``cross_barrier``) or for all collectives (the baselines' barrier). Step time = last end.
 - **Steps.** ``steps`` > 1 repeats the step: step s+1 starts once step s's backward has
@@ -47,7 +49,8 @@ replays it:
 
 **Wire.** A collective's cost is a start-up (``collective_startup_s``: the latency terms) plus
 its bytes over the bandwidth, plus the device's ``collective_overhead_s`` (launch and
-framework work per collective). The wire runs transfers one at a time in dispatch order. With
+framework work per collective; the step's first collective pays ``collective_after_compute_s``
+instead). The wire runs transfers one at a time in dispatch order. With
 ``startup_overlap`` a collective dispatched while others are in flight starts its start-up
 under the transfer ahead of it (it begins that long before the one ahead ends); without it,
 or with one collective in flight at a time, every collective starts when the one ahead ends.
@@ -513,18 +516,20 @@ def _lower(low: _Lowering, graph: Graph, order: Sequence[str], plan: Sequence[An
     share = low.cluster.device.comm_compute_share if low.cluster is not None else 0.0
     copy_bw = low.cluster.device.memory_bandwidth_bytes_per_s if low.cluster is not None else 0
     overhead = low.cluster.device.collective_overhead_s if low.cluster is not None else 0.0
-    durations = [collective_s(coll.size_bytes, ranks, low.cluster, algorithm) + overhead
-                 for coll in plan]  # fmt: skip
-    passes = [memory_passes(policy, coll) if copy_bw else (False, False) for coll in plan]
-    copy_s = [2 * coll.size_bytes / copy_bw if any(p) else 0.0  # read and write every byte
-              for coll, p in zip(plan, passes, strict=True)]
     n_ops, n_coll = len(ops), len(plan)
     # the first collective of a step to become ready starts as compute ends: it pays the
-    # device's collective_after_compute_s beyond its alpha-beta cost
+    # device's collective_after_compute_s beyond its alpha-beta cost, every later one the
+    # collective_overhead_s
     after_s = low.cluster.device.collective_after_compute_s \
         if low.cluster is not None and ranks > 1 else 0.0
     first_c = min(range(n_coll), key=lambda c: min(grad_pos[m] for m in plan[c].members)) \
-        if after_s and plan else -1
+        if (after_s or overhead) and plan else -1
+    durations = [collective_s(coll.size_bytes, ranks, low.cluster, algorithm)
+                 + (0.0 if c == first_c else overhead)
+                 for c, coll in enumerate(plan)]  # fmt: skip
+    passes = [memory_passes(policy, coll) if copy_bw else (False, False) for coll in plan]
+    copy_s = [2 * coll.size_bytes / copy_bw if any(p) else 0.0  # read and write every byte
+              for coll, p in zip(plan, passes, strict=True)]
     sync_s = buffer_sync_s(graph, low.cluster, ranks=ranks, policy=policy) \
         if low.cluster is not None else 0.0
     previous: list[int] = []  # per representative: the base task index of the step before
