@@ -23,6 +23,7 @@ from trainsched.runtime.launch import (
     START_ENV,
     WorkerFailure,
     failure_message,
+    first_failure,
     rank_cpus,
     run_workers,
     status_text,
@@ -89,6 +90,18 @@ def test_the_deadline_fails_the_run_and_kills_the_rest(tmp_path, start_method):
     assert [(e.rank, e.status) for e in exits] == [(0, 0), (1, None)]
     assert json.dumps([e.log.read_text().strip() for e in exits]) == json.dumps(
         ["rank 0 done", "about to fail"])
+
+
+@pytest.mark.parametrize(("codes", "expected"), [
+    ([None, 0, None], None),             # nothing failed
+    ([None, 3], (1, 3)),                 # one failure
+    ([1, 3], (1, 3)),                    # rank 1 died, rank 0 followed it with an exception
+    ([1, -9, 1], (1, -9)),               # a killed rank before the peers it took down
+    ([1, None, 1], (0, 1)),              # all exceptions: the lowest rank
+    ([0, 2, 5], (1, 2)),                 # two of their own statuses: the lowest rank
+])
+def test_the_failure_reported_is_the_rank_that_took_the_others_down(codes, expected):
+    assert first_failure(codes) == expected
 
 
 def test_status_text_names_signals_only():

@@ -42,7 +42,8 @@ collective per gradient (16, one at a time), the other one collective of all of 
 (:func:`~trainsched.runtime.host_probes.per_collective`); what the first step takes beyond the
 second, less what the fitted line says of the difference, per extra collective, is
 ``collective_overhead_s`` (:func:`overhead_from_steps`), which the data-parallel simulator
-adds to every collective.
+adds to every collective of a step but the first (that one pays ``collective_after_compute_s``,
+above; both steps have one, so the difference says nothing of it).
 
 With gloo, ranks 0 and 1 also run GPipe over a model whose ops take microseconds on the pipeline
 runtime, every action, send and receive timed (:mod:`~trainsched.runtime.pipeline_host`): the

@@ -104,6 +104,19 @@ def status_text(status: int | None) -> str:
     return str(status)
 
 
+def first_failure(codes: Sequence[int | None]) -> tuple[int, int] | None:
+    """``(rank, status)`` of the failed worker to report among ``codes`` (the exit statuses
+    one poll saw, ``None`` for a worker still running), or ``None`` if none failed. When
+    several failed between two polls, the one that did not exit with status 1 comes first:
+    a rank that dies takes its peers down with it, and they exit with an exception (status
+    1, "connection closed by peer") a few milliseconds after the rank that caused it (killed
+    by a signal, or exiting with a status of its own); then the lowest rank."""
+    failed = [(rank, code) for rank, code in enumerate(codes) if code not in (None, 0)]
+    if not failed:
+        return None
+    return min(failed, key=lambda rc: (rc[1] == 1, rc[0]))
+
+
 @dataclass
 class WorkerFailure(Exception):
     """A worker exited with ``status`` (``None``: the deadline passed first)."""
@@ -243,9 +256,9 @@ def run_workers(target: str, configs: Sequence[dict[str, Any]], *, workdir: Path
                                None if cpus is None else cpus[rank]))
         while True:
             codes = [p.poll() for p in procs]
-            failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
-            if failed and not wait_all:
-                rank, code = failed[0]
+            failed = first_failure(codes)
+            if failed is not None and not wait_all:
+                rank, code = failed
                 raise WorkerFailure(rank, code, tail(logs[rank]))
             if all(c is not None for c in codes):
                 break
