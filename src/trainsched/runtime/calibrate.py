@@ -39,8 +39,9 @@ runtime's dispatcher hands each to the wire and takes it back, and on a shared h
 gloo collective waits a scheduler tick in a good share of calls. Two copies of a small model
 run on :class:`~trainsched.runtime.data_parallel.ScheduledDataParallel` in turn, one issuing a
 collective per gradient (16, one at a time), the other one collective of all of them
-(:func:`~trainsched.runtime.host_probes.per_collective`); what the first step takes beyond the
-second, less what the fitted line says of the difference, per extra collective, is
+(:func:`~trainsched.runtime.host_probes.per_collective`, with gloo); what the first step
+takes beyond the second, less what the fitted line says of the difference, per extra
+collective, is
 ``collective_overhead_s`` (:func:`overhead_from_steps`), which the data-parallel simulator
 adds to every collective of a step but the first (that one pays ``collective_after_compute_s``,
 above; both steps have one, so the difference says nothing of it).
@@ -125,7 +126,7 @@ class Calibration:
     collective_contention: float = 1.0  # how collectives in flight together share the wire
     buffer_sync_s: float = 0.0  # DDP's buffer broadcast before forward (fixed part)
     collective_after_compute_s: float = 0.0  # a step's first collective beyond the fit
-    collective_overhead_s: float = 0.0  # every collective of a step beyond the fit
+    collective_overhead_s: float = 0.0  # each later collective of a step beyond the fit
     pipeline_action_s: float = 0.0  # the pipeline runtime's host time per action
     pipeline_message_s: float = 0.0  # ... and per point-to-point message, on each side
 
@@ -411,7 +412,8 @@ def overhead_from_steps(sizes: Sequence[float], extra_s: float,
     """The time per collective beyond ``predict`` (seconds of a collective of a size) that
     makes a step issuing one collective per gradient of ``sizes``, one at a time, take
     ``extra_s`` longer than a step issuing one collective of all of them, as the simulator
-    charges it (every collective its fitted cost plus the overhead o):
+    charges it (every collective its fitted cost plus the overhead o, but a step's first,
+    which pays the same in both steps):
     ``extra_s = Σ predict(s) + K·o − (predict(Σ s) + o)``, so
     ``o = (extra_s − Σ predict(s) + predict(Σ s)) / (K − 1)``. At least 0; at most 1 s."""
     sizes = [float(s) for s in sizes]
@@ -515,9 +517,10 @@ def _worker_main() -> None:  # pragma: no cover - runs in the spawned processes
     memory = host_probes.copy_bandwidth(dist, device, sync, n)
     buffer_sync = host_probes.buffer_sync(dist, device, sync, n)
     after_compute = host_probes.after_compute(dist, device, sync, n)
-    per_collective = host_probes.per_collective(dist, device, sync, n)
-    pipeline = None
-    if backend == "gloo":  # the pipeline runtime's messages go through gloo
+    per_collective = pipeline = None
+    if backend == "gloo":  # the scheduled runtime's and the pipeline runtime's host
+        # costs: both run their messages through gloo
+        per_collective = host_probes.per_collective(dist, device, sync, n)
         from trainsched.runtime.pipeline_host import pipeline_host_times
 
         pipeline = pipeline_host_times(rank, n)
