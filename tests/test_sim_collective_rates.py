@@ -179,6 +179,48 @@ def test_engine_coupling_leaves_uncoupled_tasks_alone():
     assert close(replay.end_s[x], 1.0) and close(replay.end_s[c], 2.0)
 
 
+def test_a_coupled_task_s_fixed_part_runs_at_full_rate():
+    """Compute of 4 s and a collective of 3 s whose first 1 s is a delay, both from 0, at half
+    rate beside each other: the delay passes by 1 (compute has done 0.5); the collective's 2 s
+    of work at half rate end at 5 (compute has done 2.5); compute's last 1.5 s alone end at 6.5.
+    (All of the 3 s as work: the collective would end at 6 and compute at 7.)"""
+    tasks = TaskGraph()
+    stream = tasks.add_resource("s")
+    c = tasks.add_task("compute", 4.0, (stream,))
+    x = tasks.add_task("comm", 3.0, ())
+    g = tasks.add_coupling(Coupling(first_rate=0.5, second_rate=0.5))
+    tasks.couple(c, g, 0)
+    tasks.couple(x, g, 1, fixed_s=1.0)
+    replay = run_tasks(tasks)
+    assert close(replay.end_s[x], 5.0) and close(replay.end_s[c], 6.5)
+
+
+def test_two_collectives_wait_their_delays_side_by_side():
+    """Two collectives of 2 s, each with a 1 s delay, from 0, contention 1: the delays pass
+    together by 1, then each 1 s of work at half rate: both end at 3 (as work alone: 4)."""
+    tasks = TaskGraph()
+    a, b = tasks.add_task("a", 2.0, ()), tasks.add_task("b", 2.0, ())
+    g = tasks.add_coupling(Coupling(first_rate=1.0, second_rate=1.0, contention=1.0))
+    tasks.couple(a, g, 1, fixed_s=1.0)
+    tasks.couple(b, g, 1, fixed_s=1.0)
+    replay = run_tasks(tasks)
+    assert close(replay.end_s[a], 3.0) and close(replay.end_s[b], 3.0)
+
+
+def test_by_rate_the_overhead_is_a_delay_that_contention_does_not_stretch():
+    """3 MB gradients (3 ms each), two slots, contention 1, 0.5 ms per collective but the
+    step's first: c2 alone from 5 has 1 ms left at 7, when c1 starts its delay (c2 at half
+    rate: 0.75 left at 7.5); then both at half rate: c2 ends 9.0, c1 has done 0.75; c0
+    (ready at 8, both slots taken) starts at 9, its delay to 9.5 (c1 reaches 1.0); c1's 2 ms
+    left and c0's 3 at half rate: c1 ends 13.5, c0's last 1 ms alone ends 14.5."""
+    shared = two_ranks(collective_slots=2, collective_contention=1.0,
+                       collective_overhead_s=0.5 * MS)
+    result = simulate_data_parallel(three_layers(3 * MB), shared, ranks=2,
+                                    policy=priority(credit_bytes=math.inf))
+    ends = sorted(t.end_s for t in result.tasks if t.category == "comm" and t.device == "gpu0")
+    assert all(close(a, b * MS) for a, b in zip(ends, (9.0, 13.5, 14.5), strict=True)), ends
+
+
 def test_coupling_rates_are_checked():
     with pytest.raises(TrainschedError, match="first_rate must be in"):
         Coupling(first_rate=0.0, second_rate=1.0)

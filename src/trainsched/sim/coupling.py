@@ -12,7 +12,11 @@ engine's exclusive resources) and neither is free: while both run, each runs at 
   ``1 / (1 + contention·(k − 1))``: ``contention`` 1 is processor sharing (k collectives
   in flight take as long as k in a row), 0 is no contention (each as fast as alone).
 
-A task's duration is its *work* at rate 1. :class:`CouplingState` is the replay's state, used
+A task's duration is its *work* at rate 1, but for a *fixed* part at its start
+(``TaskGraph.couple(..., fixed_s=)``): a delay that passes at rate 1 whatever the rates (a
+collective's per-call overhead on a host is mostly waiting: a thread handing it over, a
+scheduler tick; two in flight wait side by side), while the task counts as running in its
+group. :class:`CouplingState` is the replay's state, used
 by :func:`trainsched.sim.engine.run_tasks`: whenever a group's running set changes (a start or
 an end), it advances each running task's work at its old rate and hands back the ends to
 re-post at the new rates; the engine drops an end that was re-posted since (the heap entry is
@@ -24,6 +28,7 @@ still holds.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -54,9 +59,11 @@ class Coupling:
             raise TrainschedError(f"coupling: contention must be in [0, 1], got {value!r}")
 
 
-def couple_devices(tasks: TaskGraph, device: DeviceSpec, count: int) -> None:
+def couple_devices(tasks: TaskGraph, device: DeviceSpec, count: int,
+                   fixed_s: Mapping[int, float] | None = None) -> None:
     """One coupling group per device ``0..count-1`` at ``device``'s collective rates: its
-    compute-stream tasks on the first side, its ``"comm"`` tasks on the second."""
+    compute-stream tasks on the first side, its ``"comm"`` tasks on the second, each with
+    the fixed part ``fixed_s`` gives it (default none)."""
     groups = [tasks.add_coupling(Coupling(first_rate=device.compute_rate_with_comm,
                                           second_rate=device.comm_rate_with_compute,
                                           contention=device.collective_contention))
@@ -65,7 +72,7 @@ def couple_devices(tasks: TaskGraph, device: DeviceSpec, count: int) -> None:
     for t, needs in enumerate(tasks.needs):
         k = tasks.device[t]
         if tasks.category[t] == "comm":
-            tasks.couple(t, groups[k], 1)
+            tasks.couple(t, groups[k], 1, fixed_s=fixed_s.get(t, 0.0) if fixed_s else 0.0)
         elif len(needs) == 1 and kinds[needs[0]] == "compute":
             tasks.couple(t, groups[k], 0)
 
@@ -86,6 +93,8 @@ class CouplingState:
         self.on = [g >= 0 for g in self.group]
         self.dur = tasks.duration_s
         self.running: list[tuple[list[int], list[int]]] = [([], []) for _ in self.params]
+        self.fixed = [0.0] * n  # what is left of each task's delay (rate 1)
+        self.fixed_s = tasks.fixed_s
         self.left = [0.0] * n
         self.rate = [1.0] * n
         self.since = [0.0] * n
@@ -111,7 +120,10 @@ class CouplingState:
     def _advance(self, g: int, now: float) -> None:
         for side in self.running[g]:
             for u in side:
-                self.left[u] = max(0.0, self.left[u] - self.rate[u] * (now - self.since[u]))
+                elapsed = now - self.since[u]
+                delay = min(self.fixed[u], elapsed)  # the delay passes first, at rate 1
+                self.fixed[u] -= delay
+                self.left[u] = max(0.0, self.left[u] - self.rate[u] * (elapsed - delay))
                 self.since[u] = now
 
     def _repost(self, g: int, now: float, out: list[tuple[int, float]]) -> None:
@@ -121,7 +133,7 @@ class CouplingState:
             for u in tasks:
                 if self.rate[u] != rate:
                     self.rate[u] = rate
-                    out.append((u, now + self.left[u] / rate))
+                    out.append((u, now + self.fixed[u] + self.left[u] / rate))
 
     def start(self, t: int, now: float) -> list[tuple[int, float]]:
         """Coupled task ``t`` starts: the (task, end) pairs to post (``t``'s own among them)."""
@@ -131,7 +143,9 @@ class CouplingState:
         self._advance(g, now)
         self.running[g][self.side[t]].append(t)
         self.active[t] = True
-        self.left[t], self.since[t], self.rate[t] = self.dur[t], now, 0.0  # 0: re-posted below
+        self.fixed[t] = self.fixed_s.get(t, 0.0)
+        self.left[t] = self.dur[t] - self.fixed[t]
+        self.since[t], self.rate[t] = now, 0.0  # 0: re-posted below
         out: list[tuple[int, float]] = []
         self._repost(g, now, out)
         return out

@@ -65,8 +65,12 @@ wire with a shared one (:class:`~trainsched.comm.dispatch.SharedWire`): up to
 (:mod:`trainsched.sim.coupling`): compute runs at ``compute_rate_with_comm`` while one of its
 collectives is in flight, a collective at ``comm_rate_with_compute`` while its rank computes,
 and k collectives in flight at ``1 / (1 + collective_contention·(k − 1))`` each. The cost
-above is then a collective's work at full rate. ``startup_overlap`` belongs to the FIFO wire
-and is refused here (several slots overlap start-ups by themselves). A collective stretched
+above is then a collective's work at full rate, but for its overhead
+(``collective_overhead_s``, or the first collective's ``collective_after_compute_s``): a delay
+at its start that no rate stretches (on a host it is mostly waiting, and two collectives in
+flight wait side by side), the collective counting as in flight meanwhile.
+``startup_overlap`` belongs to the FIFO wire and is refused here (several slots overlap
+start-ups by themselves). A collective stretched
 differently on two representatives (a straggler computes longer) frees its slot when it
 ended on both.
 
@@ -409,7 +413,7 @@ def simulate_data_parallel(graph: Graph, cluster: Cluster, *, ranks: int,
         slots = None
         if by_rate and plan:
             slots = cluster.device.collective_slots
-            couple_devices(low.tasks, cluster.device, len(reps))
+            couple_devices(low.tasks, cluster.device, len(reps), lowered.fixed_s)
         gate = DispatchGate(low.tasks, policy, parts=lowered.parts, sizes=lowered.sizes,
                             priorities=lowered.priorities, steals=lowered.steals,
                             startups=lowered.startups, slots=slots)
@@ -478,6 +482,7 @@ class _Lowered:
         self.after: list[int] = []  # per (collective, rep): the task that ends it there
         self.firsts: list[int] = []  # per step: the first op's task on the first rep
         self.startups: list[float] | None = None  # per collective: start-up that may overlap
+        self.fixed_s: dict[int, float] = {}  # comm task -> its overhead (a delay, by rate)
 
 
 def _lower(low: _Lowering, graph: Graph, order: Sequence[str], plan: Sequence[Any],
@@ -524,6 +529,7 @@ def _lower(low: _Lowering, graph: Graph, order: Sequence[str], plan: Sequence[An
         if low.cluster is not None and ranks > 1 else 0.0
     first_c = min(range(n_coll), key=lambda c: min(grad_pos[m] for m in plan[c].members)) \
         if (after_s or overhead) and plan else -1
+    fixed = [after_s if c == first_c else overhead for c in range(n_coll)]
     durations = [collective_s(coll.size_bytes, ranks, low.cluster, algorithm)
                  + (0.0 if c == first_c else overhead)
                  for c, coll in enumerate(plan)]  # fmt: skip
@@ -587,6 +593,8 @@ def _lower(low: _Lowering, graph: Graph, order: Sequence[str], plan: Sequence[An
                 t = tasks.add_task(coll.name, duration, (channels[k],),
                                    priority=steps * n_ops + g, category="comm", device=k,
                                    args=args)  # fmt: skip
+                if fixed[c]:
+                    out.fixed_s[t] = fixed[c]
                 out.after.append(t)
                 before, after = passes[c]
                 info = {"collective": coll.name, "bytes": coll.size_bytes, "rank": rank}

@@ -48,7 +48,8 @@ in its order, so the replay is identical to the loop's, only without a million e
 :class:`~trainsched.sim.coupling.Coupling` with two sides (a device's compute and its
 collectives): while both sides run, each side's tasks run at a reduced rate, and several
 second-side tasks running at once share their rate (:mod:`trainsched.sim.coupling` holds the
-rule and the state). As for stream pairs, a coupled task's duration is its work at rate 1;
+rule and the state). As for stream pairs, a coupled task's duration is its work at rate 1
+(a part of it may be a delay that no rate stretches, :meth:`TaskGraph.couple`);
 each start or end in a group re-posts the ends of the group's running tasks whose rate
 changed, and a stale end is dropped when popped. Only when a running coupled task ends moves;
 a replay without couplings costs what it did (one ``is None`` test per start without a
@@ -149,6 +150,7 @@ class TaskGraph:
         self.pairs: list[StreamPair] = []
         self.couplings: list[Coupling] = []
         self.coupled: dict[int, tuple[int, int]] = {}  # task -> (coupling group, side)
+        self.fixed_s: dict[int, float] = {}  # coupled task -> its part at rate 1 (a delay)
         self._chain: bool | None = None  # is_chain(), known until the graph changes
 
     def __len__(self) -> int:
@@ -265,12 +267,18 @@ class TaskGraph:
         self.couplings.append(coupling)
         return len(self.couplings) - 1
 
-    def couple(self, task: int, group: int, side: int) -> None:
-        """Put ``task`` on ``side`` (0: first, 1: second) of coupling ``group``."""
+    def couple(self, task: int, group: int, side: int, *, fixed_s: float = 0.0) -> None:
+        """Put ``task`` on ``side`` (0: first, 1: second) of coupling ``group``. The first
+        ``fixed_s`` of its duration is a delay that runs at rate 1 whatever the group's rates
+        (the task still counts as running in its group meanwhile); the rest is work at the
+        group's rate."""
         assert 0 <= group < len(self.couplings) and side in (0, 1), (group, side)
         assert task not in self.coupled, f"task {self.label[task]!r} is coupled twice"
+        assert 0.0 <= fixed_s <= self.duration_s[task], (fixed_s, self.duration_s[task])
         self._chain = None
         self.coupled[task] = (group, side)
+        if fixed_s:
+            self.fixed_s[task] = float(fixed_s)
 
     def add_dependency(self, before: int, after: int) -> None:
         """``after`` may start only once ``before`` has ended."""
