@@ -108,11 +108,32 @@ def test_the_overhead_is_what_each_extra_collective_costs_beyond_the_fit():
     assert _with_overhead(_calibration(), None) == _calibration()
 
 
+def test_the_host_time_is_the_processor_time_of_each_extra_collective():
+    """Three collectives of 1, 1 and 2 MB took 3.0 ms more processor time per step than one
+    of their 4 MB: the bytes cost both alike, so each of the two extra collectives took 1.5
+    ms; less processor time than the single collective (noise) reads 0."""
+    from trainsched.runtime.calibrate import _with_overhead
+
+    sizes = [1_000_000, 1_000_000, 2_000_000]
+    cal = _with_overhead(_calibration(), [sizes, 2.4e-3, 3.0e-3])
+    assert cal.collective_host_s == pytest.approx(1.5e-3, rel=1e-12)
+    assert cal.collective_overhead_s == pytest.approx(1.0e-3, rel=1e-12)
+    assert cal.to_cluster().device.collective_host_s == cal.collective_host_s
+    assert cal.to_dict()["collective_host_s"] == cal.collective_host_s
+    assert "1.500 ms of processor time" in cal.table()
+    assert _with_overhead(_calibration(), [sizes, 2.4e-3, -1e-4]).collective_host_s == 0.0
+    assert _with_overhead(_calibration(), [sizes, 2.4e-3]).collective_host_s == 0.0
+
+
 def test_the_overhead_needs_two_collectives():
     from trainsched.runtime.calibrate import overhead_from_steps
 
     with pytest.raises(TrainschedError, match="at least 2 collectives, got 1"):
         overhead_from_steps([1024], 1e-3, lambda s: 0.0)
+    from trainsched.runtime.calibrate import host_from_steps
+
+    with pytest.raises(TrainschedError, match="at least 2 collectives, got 1"):
+        host_from_steps(1, 1e-3)
 
 
 def test_the_simulator_charges_the_overhead_as_the_calibration_reads_it():

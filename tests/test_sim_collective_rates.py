@@ -128,6 +128,32 @@ def test_the_first_collective_of_a_step_pays_after_compute_in_place_of_the_overh
     assert all(close(a, b * MS) for a, b in zip(ends, ends_ms, strict=True)), ends
 
 
+def test_each_collective_takes_its_host_time_from_compute():
+    """0.5 ms of processor time per collective, taken from its rank's compute stream as the
+    collective starts, ahead of the ops waiting there: c2 starts at 5 and its host time runs
+    [5, 5.5], so L1:dX [5.5, 6.5], L1:dW [6.5, 7.5]; c1 [7.5, 8.5] and its host time [7.5, 8]
+    before L0:dW [8, 9]; c0 [9, 10] (its host time [9, 9.5]); the barrier at 10 and 1.5 ms of
+    SGD: 11.5 ms (10.5 without)."""
+    cluster = two_ranks(collective_host_s=0.5 * MS)
+    assert close(fifo_step(cluster), 11.5 * MS)
+    result = simulate_data_parallel(three_layers(MB), cluster, ranks=2,
+                                    policy=FifoPolicy(runtime_passes=False))
+    host = sorted((t.start_s, t.end_s) for t in result.tasks
+                  if t.category == "comm-host" and t.device == "gpu0")
+    assert all(close(a, b * MS) and close(c, d * MS)
+               for (a, c), (b, d) in zip(host, ((5, 5.5), (7.5, 8), (9, 9.5)), strict=True))
+
+
+def test_by_rate_each_collective_also_takes_its_host_time_from_compute():
+    """The same host time with collectives by rate (two slots): one 0.5 ms task per collective
+    on each rank's compute stream, next to the collective's own slowing of compute."""
+    cluster = two_ranks(collective_host_s=0.5 * MS, collective_slots=2)
+    result = simulate_data_parallel(three_layers(MB), cluster, ranks=2,
+                                    policy=FifoPolicy(runtime_passes=False))
+    host = [t for t in result.tasks if t.category == "comm-host" and t.device == "gpu0"]
+    assert len(host) == 3 and all(close(t.end_s - t.start_s, 0.5 * MS) for t in host)
+
+
 def test_the_p3_preset_runs_collectives_at_nccl_bus_bandwidth():
     """8 ranks, 1 GB: ring 2·7/8 · 1 GB / 130 GB/s + 2·7 hops · 10 µs (not the 150 GB/s link
     peak)."""
@@ -232,7 +258,7 @@ def test_coupling_rates_are_checked():
 
 
 def test_collective_fields_round_trip_through_toml_and_json(tmp_path):
-    device = replace(device_kind("cpu"), collective_overhead_s=40e-6,
+    device = replace(device_kind("cpu"), collective_overhead_s=40e-6, collective_host_s=3e-4,
                      compute_rate_with_comm=0.7, comm_rate_with_compute=0.25,
                      collective_slots=2, collective_contention=0.6)
     cluster = Cluster(name="host", device=device, devices_per_node=2,
@@ -242,12 +268,13 @@ def test_collective_fields_round_trip_through_toml_and_json(tmp_path):
         path.write_text(text)
         assert resolve_cluster(str(path)) == cluster
     assert "2 collective(s) at once (contention 0.60)" in cluster.describe()
+    assert "each collective takes 300 µs of its rank's compute" in cluster.describe()
 
 
 def test_defaults_are_left_out_of_the_file():
     table = resolve_cluster("cpu").to_dict()["device"]
     for key in ("collective_overhead", "compute_rate_with_comm", "comm_rate_with_compute",
-                "collective_slots", "collective_contention"):
+                "collective_slots", "collective_contention", "collective_host"):
         assert key not in table
 
 
@@ -257,6 +284,7 @@ def test_defaults_are_left_out_of_the_file():
     ("collective_slots", 0, "collective_slots must be an integer in 1..64"),
     ("collective_contention", -0.1, "collective_contention must be a number in"),
     ("collective_overhead_s", -1e-6, "collective_overhead_s must be a duration"),
+    ("collective_host_s", -1e-6, "collective_host_s must be a duration"),
 ])
 def test_invalid_collective_fields_are_refused(field, value, message):
     with pytest.raises(TrainschedError, match=message):

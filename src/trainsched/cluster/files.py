@@ -186,6 +186,7 @@ def _device(kind: str | None, values: dict[str, Any], where: str,
             buffer_sync_s=pick("buffer_sync", "buffer_sync_s", 0.0),
             collective_after_compute_s=pick("collective_after_compute",
                                             "collective_after_compute_s", 0.0),
+            collective_host_s=pick("collective_host", "collective_host_s", 0.0),
         )
     except TrainschedError as exc:
         raise TrainschedError(f"{where}: {exc}") from None
@@ -216,7 +217,8 @@ def cluster_from_dict(data: Mapping[str, Any], source: str) -> Cluster:
                            "stream_fit", "microbatch_overhead", "microbatch_stretch",
                            "message_host",
                            "collective_overhead", *_COLLECTIVE_KEYS, "step_cv",
-                           "device_cv", "buffer_sync", "collective_after_compute"))
+                           "device_cv", "buffer_sync", "collective_after_compute",
+                           "collective_host"))
     intra = table("intra_node", _LINK_KEYS)
     inter = table("inter_node", _LINK_KEYS, required=False)
     collectives = table("collectives", _LINK_KEYS, required=False)
@@ -242,6 +244,7 @@ def cluster_from_dict(data: Mapping[str, Any], source: str) -> Cluster:
         "device_cv": dev.get("device_cv", _cv, None),
         "buffer_sync": dev.get("buffer_sync", parse_duration, None),
         "collective_after_compute": dev.get("collective_after_compute", parse_duration, None),
+        "collective_host": dev.get("collective_host", parse_duration, None),
     }
     device = _device(dev.get("kind", _string, None), values, f"{source}: [device]", str)
     try:

@@ -118,6 +118,14 @@ class DeviceSpec:
     ``collective_overhead_s`` (set the two alike to charge every collective the same).
     ``trainsched calibrate`` measures it; default 0.
 
+    ``collective_host_s``: the processor time each collective takes from its rank's compute
+    (gloo drives its collectives with host threads: the dispatch, the transport's loop, the
+    completion; a rank with one core loses that time from its ops), beyond the time per byte the
+    rates above charge. The data-parallel simulator puts a task of this length on every rank's
+    compute stream when each collective starts; ``trainsched calibrate`` measures it as the
+    processor time a step of many collectives takes beyond one of the same bytes. Default 0
+    (a GPU's collectives take no host time from its kernels).
+
     ``step_cv``: the coefficient of variation of one rank's compute time per step (clocks,
     heat, host jitter), each rank's draw independent of the others'. A synchronous step waits
     for the slowest of its N ranks, so the data-parallel simulator stretches every rank's
@@ -152,6 +160,7 @@ class DeviceSpec:
     device_cv: float = 0.0
     buffer_sync_s: float = 0.0
     collective_after_compute_s: float = 0.0
+    collective_host_s: float = 0.0
 
     def __post_init__(self) -> None:
         where = f"device {self.kind!r}"
@@ -182,7 +191,7 @@ class DeviceSpec:
         object.__setattr__(self, "stream_slowdown", float(self.stream_slowdown))
         object.__setattr__(self, "stream_fit_s", float(self.stream_fit_s))
         for name in ("microbatch_overhead_s", "message_host_s", "buffer_sync_s",
-                     "collective_after_compute_s"):
+                     "collective_after_compute_s", "collective_host_s"):
             value = getattr(self, name)
             _require(_finite(value) and value >= 0,
                      f"{where}: {name} must be a duration >= 0 s, got {value!r}")
@@ -256,7 +265,8 @@ class DeviceSpec:
                      self.collective_overhead_s, self.compute_rate_with_comm,
                      self.comm_rate_with_compute, self.collective_slots,
                      self.collective_contention, self.step_cv, self.device_cv,
-                     self.buffer_sync_s, self.collective_after_compute_s))
+                     self.buffer_sync_s, self.collective_after_compute_s,
+                     self.collective_host_s))
 
     def __reduce__(self) -> tuple[Any, ...]:
         # A mappingproxy cannot be pickled; rebuild from a plain dict instead.
@@ -431,6 +441,7 @@ class Cluster:
                 **({"buffer_sync": dev.buffer_sync_s} if dev.buffer_sync_s else {}),
                 **({"collective_after_compute": dev.collective_after_compute_s}
                    if dev.collective_after_compute_s else {}),
+                **({"collective_host": dev.collective_host_s} if dev.collective_host_s else {}),
             },
             "intra_node": _link_dict(self.intra_node),
         }
@@ -501,6 +512,9 @@ class Cluster:
             *([f"  first coll. the first collective of each step takes "
                f"{format_duration(dev.collective_after_compute_s)} longer (it starts as "
                f"compute ends)"] if dev.collective_after_compute_s else []),
+            *([f"  coll. host  each collective takes {format_duration(dev.collective_host_s)} "
+               f"of its rank's compute (processor time driving it)"]
+              if dev.collective_host_s else []),
             f"  peak        {flops}",
             f"  intra-node  {self.intra_node.describe()} (per device, per direction)",
             *([f"  collectives {self.collectives.describe()} (per rank, ring formula; "

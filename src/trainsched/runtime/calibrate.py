@@ -44,7 +44,11 @@ takes beyond the second, less what the fitted line says of the difference, per e
 collective, is
 ``collective_overhead_s`` (:func:`overhead_from_steps`), which the data-parallel simulator
 adds to every collective of a step but the first (that one pays ``collective_after_compute_s``,
-above; both steps have one, so the difference says nothing of it).
+above; both steps have one, so the difference says nothing of it). The same two steps' processor
+time (every thread of the rank: the training thread, the dispatcher, gloo's threads) gives the
+processor time per collective beyond the one of the same bytes, ``collective_host_s``
+(:func:`host_from_steps`): what each collective takes from its rank's compute when the rank has
+one core to itself, which the simulator charges on the compute stream.
 
 With gloo, ranks 0 and 1 also run GPipe over a model whose ops take microseconds on the pipeline
 runtime, every action, send and receive timed (:mod:`~trainsched.runtime.pipeline_host`): the
@@ -127,6 +131,7 @@ class Calibration:
     buffer_sync_s: float = 0.0  # DDP's buffer broadcast before forward (fixed part)
     collective_after_compute_s: float = 0.0  # a step's first collective beyond the fit
     collective_overhead_s: float = 0.0  # each later collective of a step beyond the fit
+    collective_host_s: float = 0.0  # processor time each collective takes from compute
     pipeline_action_s: float = 0.0  # the pipeline runtime's host time per action
     pipeline_message_s: float = 0.0  # ... and per point-to-point message, on each side
 
@@ -164,6 +169,7 @@ class Calibration:
             "buffer_sync_s": self.buffer_sync_s,
             "collective_after_compute_s": self.collective_after_compute_s,
             "collective_overhead_s": self.collective_overhead_s,
+            "collective_host_s": self.collective_host_s,
             "pipeline_action_s": self.pipeline_action_s,
             "pipeline_message_s": self.pipeline_message_s,
         }
@@ -190,7 +196,8 @@ class Calibration:
         lines.append(f"an all-reduce right after compute: "
                      f"{self.collective_after_compute_s * 1e3:+.3f} ms beyond the fit")
         lines.append(f"each collective of a step issued one per gradient: "
-                     f"{self.collective_overhead_s * 1e3:+.3f} ms beyond the fit")
+                     f"{self.collective_overhead_s * 1e3:+.3f} ms beyond the fit, "
+                     f"{self.collective_host_s * 1e3:.3f} ms of processor time")
         if self.pipeline_action_s or self.pipeline_message_s:
             lines.append(f"pipeline runtime: {self.pipeline_action_s * 1e3:.3f} ms per action, "
                          f"{self.pipeline_message_s * 1e3:.3f} ms per message on each side")
@@ -230,6 +237,7 @@ class Calibration:
             base.device, **interference, buffer_sync_s=self.buffer_sync_s,
             collective_after_compute_s=self.collective_after_compute_s,
             collective_overhead_s=self.collective_overhead_s,
+            collective_host_s=self.collective_host_s,
             microbatch_overhead_s=self.pipeline_action_s,
             message_host_s=self.pipeline_message_s,
             memory_bandwidth_bytes_per_s=(self.memory_bandwidth_bytes_per_s
@@ -424,13 +432,28 @@ def overhead_from_steps(sizes: Sequence[float], extra_s: float,
     return _clamp((float(extra_s) - fitted) / (len(sizes) - 1), 0.0, 1.0)
 
 
+def host_from_steps(count: int, extra_cpu_s: float) -> float:
+    """The processor time per collective that makes a step issuing ``count`` collectives take
+    ``extra_cpu_s`` more processor time than a step issuing one collective of the same bytes
+    (the bytes cost both steps alike, so the difference is ``count − 1`` collectives' fixed
+    work): ``extra_cpu_s / (count − 1)``. At least 0; at most 1 s."""
+    if count < 2:
+        raise TrainschedError(f"the per-collective probe needs at least 2 collectives, got "
+                              f"{count}")
+    return _clamp(float(extra_cpu_s) / (count - 1), 0.0, 1.0)
+
+
 def _with_overhead(cal: Calibration, measured: Any) -> Calibration:
-    """``cal`` with ``collective_overhead_s`` from the workers' ``[sizes, seconds]``."""
+    """``cal`` with ``collective_overhead_s`` (and ``collective_host_s``) from the workers'
+    ``[sizes, seconds, processor seconds]``."""
     if not measured:
         return cal
-    sizes, extra_s = measured
-    return dataclasses.replace(cal, collective_overhead_s=overhead_from_steps(
+    sizes, extra_s, *cpu = measured
+    cal = dataclasses.replace(cal, collective_overhead_s=overhead_from_steps(
         sizes, extra_s, cal.allreduce_predict))
+    if cpu:
+        cal = dataclasses.replace(cal, collective_host_s=host_from_steps(len(sizes), cpu[0]))
+    return cal
 
 
 def _clamp(value: Any, low: float, high: float) -> float:

@@ -235,18 +235,20 @@ def copy_bandwidth(dist: Any, device: Any, sync: Any,
 
 def per_collective(dist: Any, device: Any, sync: Any, world_size: int,
                    rounds: int = 40, warmup: int = 5) -> list[Any]:  # pragma: no cover - workers
-    """``[sizes, seconds]``: what the data-parallel runtime pays for a step's gradients as
-    one collective per gradient, issued back to back as each becomes ready (``fifo``: 16
-    all-reduces of 64 KiB and 512 B, one in flight at a time), beyond one collective of all
-    of them (``buckets`` with one bucket). Two copies of a model of
+    """``[sizes, seconds, processor seconds]``: what the data-parallel runtime pays for a
+    step's gradients as one collective per gradient, issued back to back as each becomes ready
+    (``fifo``: 16 all-reduces of 64 KiB and 512 B, one in flight at a time), beyond one
+    collective of all of them (``buckets`` with one bucket). Two copies of a model of
     :data:`PER_COLLECTIVE_LAYERS` ``Linear(128, 128)`` layers at batch 8 (its forward and
     backward a fraction of a millisecond) are each wrapped in
     :class:`~trainsched.runtime.data_parallel.ScheduledDataParallel`, one per plan, and their
     steps (forward, backward, :meth:`drain`) timed in turn, ``rounds`` times after
     ``warmup``; ``seconds`` is the trimmed mean of the fifo steps minus that of the one-bucket
-    steps, averaged over ranks, and ``sizes`` the fifo collectives' bytes. The parent reads
-    the runtime's cost per collective beyond the fitted line from the two
-    (:func:`~trainsched.runtime.calibrate.overhead_from_steps`)."""
+    steps, averaged over ranks, ``processor seconds`` the same of the process's processor
+    time per step (every thread: training, dispatcher, gloo), and ``sizes`` the fifo
+    collectives' bytes. The parent reads the runtime's cost per collective beyond the fitted
+    line (:func:`~trainsched.runtime.calibrate.overhead_from_steps`) and the processor time
+    per collective (:func:`~trainsched.runtime.calibrate.host_from_steps`) from them."""
     import torch
 
     from trainsched.comm.policy import FifoPolicy, ReadyBucketPolicy
@@ -265,21 +267,24 @@ def per_collective(dist: Any, device: Any, sync: Any, world_size: int,
                 for name, policy in plans.items()}
     x = torch.randn(8, 128, device=device)
     times: dict[str, list[float]] = {name: [] for name in plans}
+    cpu: dict[str, list[float]] = {name: [] for name in plans}
     try:
         for r in range(warmup + rounds):
             for name, wrapper in wrappers.items():
                 sync()
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 wrapper(x).square().mean().backward()
                 wrapper.drain()
                 sync()
                 if r >= warmup:
                     times[name].append(time.perf_counter() - t0)
+                    cpu[name].append(time.process_time() - c0)
     finally:
         for wrapper in wrappers.values():
             wrapper.close()
     sizes = [p.numel() * p.element_size() for p in wrappers["fifo"].module.parameters()]
-    mean = torch.tensor([trimmed_mean(times["fifo"]) - trimmed_mean(times["one"])],
+    mean = torch.tensor([trimmed_mean(times["fifo"]) - trimmed_mean(times["one"]),
+                         trimmed_mean(cpu["fifo"]) - trimmed_mean(cpu["one"])],
                         dtype=torch.float64)
     dist.all_reduce(mean)
-    return [sizes, float(mean) / world_size]
+    return [sizes, float(mean[0]) / world_size, float(mean[1]) / world_size]

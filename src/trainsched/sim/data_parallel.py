@@ -23,6 +23,10 @@ replays it:
   compute stream, ahead of every op waiting there (it cannot preempt a running op): the CPU
   time a process that both computes and drives gloo loses to communication. γ = 0 (GPUs, the
   default) leaves compute untouched; γ = 1 makes communication and compute take turns.
+  ``cluster.device.collective_host_s`` > 0 adds a fixed part to that task, on two or more
+  ranks, whichever interference model the device has: the processor time each collective
+  takes from its rank's compute however small its bytes (the dispatch, the transport's loop,
+  the completion), so a plan of many small collectives pays for each on the compute stream.
 - **Buffer sync.** A policy with ``buffer_sync`` (DDP's ``broadcast_buffers``) on a model
   with buffers (batch norm's running statistics) starts each step with a blocking broadcast
   of the buffers from rank 0: a ``buffer sync`` task on every rank's compute stream
@@ -521,6 +525,8 @@ def _lower(low: _Lowering, graph: Graph, order: Sequence[str], plan: Sequence[An
     share = low.cluster.device.comm_compute_share if low.cluster is not None else 0.0
     copy_bw = low.cluster.device.memory_bandwidth_bytes_per_s if low.cluster is not None else 0
     overhead = low.cluster.device.collective_overhead_s if low.cluster is not None else 0.0
+    host_s = low.cluster.device.collective_host_s \
+        if low.cluster is not None and ranks > 1 else 0.0
     n_ops, n_coll = len(ops), len(plan)
     # the first collective of a step to become ready starts as compute ends: it pays the
     # device's collective_after_compute_s beyond its alpha-beta cost, every later one the
@@ -578,8 +584,9 @@ def _lower(low: _Lowering, graph: Graph, order: Sequence[str], plan: Sequence[An
         for c, coll in enumerate(plan):
             g = step * n_coll + c  # collectives of every step in one plan order
             duration = durations[c] + (after_s if c == first_c else 0.0)
-            if share:
-                out.steals.append([low.compute(f"{coll.name} (host)", share * durations[c], k,
+            if share or host_s:
+                out.steals.append([low.compute(f"{coll.name} (host)",
+                                               share * durations[c] + host_s, k,
                                                priority=-1, category="comm-host",
                                                args={"collective": coll.name, "rank": rank})
                                    for k, rank in enumerate(reps)])  # fmt: skip
