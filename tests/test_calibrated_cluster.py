@@ -125,6 +125,22 @@ def test_the_host_time_is_the_processor_time_of_each_extra_collective():
     assert _with_overhead(_calibration(), [sizes, 2.4e-3]).collective_host_s == 0.0
 
 
+def test_gamma_and_the_rate_keep_only_what_the_host_time_does_not_charge():
+    """The interference probe lost 12 ms of compute beside 10 all-reduces that took 30 ms
+    alone and 40 ms beside it: γ = 0.4, r = 0.7. With 0.5 ms of processor time per
+    collective charged on its own, 5 ms of the 12 are that: γ' = 7 / 30, r' = 1 − 7 / 40
+    = 0.825. A host time above the whole loss leaves γ' 0 and r' 1; no host time, or no
+    figures from the probe, leaves both alone."""
+    from trainsched.runtime.calibrate import beyond_host_time
+
+    rates = {"count": 10, "comm_alone_s": 0.030, "comm_beside_s": 0.040}
+    share, rate = beyond_host_time(0.4, 0.7, rates, 0.5e-3)
+    assert share == pytest.approx(7 / 30, rel=1e-12) and rate == pytest.approx(0.825, rel=1e-12)
+    assert beyond_host_time(0.4, 0.7, rates, 2e-3) == (0.0, 1.0)
+    assert beyond_host_time(0.4, 0.7, rates, 0.0) == (0.4, 0.7)
+    assert beyond_host_time(0.4, 0.7, {}, 0.5e-3) == (0.4, 0.7)
+
+
 def test_the_overhead_needs_two_collectives():
     from trainsched.runtime.calibrate import overhead_from_steps
 

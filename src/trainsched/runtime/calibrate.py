@@ -48,7 +48,9 @@ above; both steps have one, so the difference says nothing of it). The same two 
 time (every thread of the rank: the training thread, the dispatcher, gloo's threads) gives the
 processor time per collective beyond the one of the same bytes, ``collective_host_s``
 (:func:`host_from_steps`): what each collective takes from its rank's compute when the rank has
-one core to itself, which the simulator charges on the compute stream.
+one core to itself, which the simulator charges on the compute stream. The interference probe's
+loss of compute beside N all-reduces holds N such times already, so γ and compute's rate keep
+only the rest (:func:`beyond_host_time`): the simulator charges each part once.
 
 With gloo, ranks 0 and 1 also run GPipe over a model whose ops take microseconds on the pipeline
 runtime, every action, send and receive timed (:mod:`~trainsched.runtime.pipeline_host`): the
@@ -399,6 +401,9 @@ def calibrate(*, world_size: int = 2, sizes_bytes: Sequence[int] | None = None, 
                       pipeline_message_s=_clamp(pipeline[1], 0.0, 1.0))
     cal = _with_after_compute(cal, data.get("after_compute"))
     cal = _with_overhead(cal, data.get("per_collective"))
+    share, rate = beyond_host_time(cal.comm_compute_share, cal.compute_rate_with_comm, rates,
+                                   cal.collective_host_s)
+    cal = dataclasses.replace(cal, comm_compute_share=share, compute_rate_with_comm=rate)
     return dataclasses.replace(cal, p2p_errors=_errors(cal.p2p_predict, rows, "p2p_s"),
                                allreduce_errors=_errors(cal.allreduce_predict, rows,
                                                         "allreduce_s"))
@@ -441,6 +446,24 @@ def host_from_steps(count: int, extra_cpu_s: float) -> float:
         raise TrainschedError(f"the per-collective probe needs at least 2 collectives, got "
                               f"{count}")
     return _clamp(float(extra_cpu_s) / (count - 1), 0.0, 1.0)
+
+
+def beyond_host_time(share: float, rate: float, rates: Mapping[str, Any],
+                     host_s: float) -> tuple[float, float]:
+    """γ and compute's rate beside collectives without the collectives' processor time.
+
+    The interference probe lost L = γ·D0 = (1 − r)·D1 of compute while ``count`` all-reduces
+    ran beside it (D0 alone, D1 beside: ``comm_alone_s``, ``comm_beside_s`` of ``rates``).
+    The simulator charges each collective ``host_s`` on the compute stream besides γ or the
+    rate, so they keep what is left: γ' = (L − count·host_s) / D0 = γ − count·host_s / D0 and
+    r' = 1 − (L − count·host_s) / D1 = r + count·host_s / D1 (γ' at least 0, r' at most 1).
+    Without the probe's figures (an older worker) both are returned as they are."""
+    count, alone_s, beside_s = (rates.get(k) for k in ("count", "comm_alone_s",
+                                                        "comm_beside_s"))
+    if not host_s or not count or not alone_s or not beside_s:
+        return share, rate
+    held = float(count) * host_s
+    return max(share - held / float(alone_s), 0.0), min(rate + held / float(beside_s), 1.0)
 
 
 def _with_overhead(cal: Calibration, measured: Any) -> Calibration:

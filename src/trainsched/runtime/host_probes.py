@@ -51,11 +51,14 @@ def interference(dist: Any, device: Any, sync: Any, world_size: int,
     back-to-back 4 MiB all-reduces alone (D0) and both at once, the all-reduces on a second
     thread (T1 for the loop; the all-reduces take D1 there). Returns the share (T1 - T0) / D0
     and, by rate, compute's rate ``1 - (T1 - T0) / D1`` beside the all-reduces and theirs
-    ``D0 / D1`` beside compute (N is set so that D0 is about 40% of T0, the same on every
-    rank; all-reduces that outlast the loop count the rest at full rate: D1 is then the
-    overlap, T1). D0 is timed in every round, next to the two it is compared with: a small
-    gloo collective on a shared host is slower by a scheduler tick for stretches at a time,
-    and one D0 timed once before the rounds moved the rates by up to 3x between calibrations."""
+    ``D0 / D1`` beside compute, with N (``count``) and the medians of D0 and D1
+    (``comm_alone_s``, ``comm_beside_s``), from which the parent takes out the part of the
+    loss that is each collective's processor time (N is set so that D0 is about 40% of T0,
+    the same on every rank; all-reduces that outlast the loop count the rest at full rate: D1
+    is then the overlap, T1). D0 is timed in every round, next to the two it is compared
+    with: a small gloo collective on a shared host is slower by a scheduler tick for
+    stretches at a time, and one D0 timed once before the rounds moved the rates by up to 3x
+    between calibrations."""
     import threading
 
     import torch
@@ -78,7 +81,7 @@ def interference(dist: Any, device: Any, sync: Any, world_size: int,
     count = torch.tensor([max(1, round(0.4 * 0.15 / max(d, 1e-6)))], dtype=torch.int64)
     dist.all_reduce(count, op=dist.ReduceOp.MAX)
     n_comm = int(count)
-    shares, compute_rates, comm_rates = [], [], []
+    shares, compute_rates, comm_rates, alones, besides = [], [], [], [], []
     for _ in range(rounds):
         dist.barrier()
         alone = matmuls(k)
@@ -92,15 +95,19 @@ def interference(dist: Any, device: Any, sync: Any, world_size: int,
         beside = matmuls(k)
         thread.join()
         comm = min(took[0], beside)  # the part of the loop the all-reduces overlapped
+        alones.append(comm_alone)
+        besides.append(comm)
         shares.append((beside - alone) / comm_alone)
         compute_rates.append(1.0 - (beside - alone) / comm)
         # the all-reduces' work D0: at the rate r beside the loop, at 1 after it ended
         comm_rates.append(max(comm_alone - (took[0] - comm), 0.0) / comm)
-    mean = torch.tensor([statistics.median(v) for v in (shares, compute_rates, comm_rates)],
+    mean = torch.tensor([statistics.median(v) for v in (shares, compute_rates, comm_rates,
+                                                        alones, besides)],
                         dtype=torch.float64)
     dist.all_reduce(mean)
-    share, compute, comm_rate = (float(x) / world_size for x in mean)
-    return share, {"compute": compute, "comm": comm_rate}
+    share, compute, comm_rate, alone_s, beside_s = (float(x) / world_size for x in mean)
+    return share, {"compute": compute, "comm": comm_rate, "count": n_comm,
+                   "comm_alone_s": alone_s, "comm_beside_s": beside_s}
 
 
 def contention(dist: Any, device: Any, sync: Any, world_size: int,
