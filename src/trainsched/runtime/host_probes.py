@@ -12,6 +12,7 @@ on the CPU).
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from typing import Any
@@ -245,20 +246,24 @@ def per_collective(dist: Any, device: Any, sync: Any, world_size: int,
     """``[sizes, seconds, processor seconds]``: what the data-parallel runtime pays for a
     step's gradients as one collective per gradient, issued back to back as each becomes ready
     (``fifo``: 16 all-reduces of 64 KiB and 512 B, one in flight at a time), beyond one
-    collective of all of them (``buckets`` with one bucket). Two copies of a model of
+    collective of all of them (``buckets`` with one bucket), and the processor time the same
+    16 collectives take when each is issued as soon as its gradient is ready, several in
+    flight (``many``: as training issues them; one at a time they take about half as much
+    again, each thread waking for each). Three copies of a model of
     :data:`PER_COLLECTIVE_LAYERS` ``Linear(128, 128)`` layers at batch 8 (its forward and
     backward a fraction of a millisecond) are each wrapped in
     :class:`~trainsched.runtime.data_parallel.ScheduledDataParallel`, one per plan, and their
     steps (forward, backward, :meth:`drain`) timed in turn, ``rounds`` times after
     ``warmup``; ``seconds`` is the trimmed mean of the fifo steps minus that of the one-bucket
     steps, averaged over ranks, ``processor seconds`` the same of the process's processor
-    time per step (every thread: training, dispatcher, gloo), and ``sizes`` the fifo
-    collectives' bytes. The parent reads the runtime's cost per collective beyond the fitted
-    line (:func:`~trainsched.runtime.calibrate.overhead_from_steps`) and the processor time
-    per collective (:func:`~trainsched.runtime.calibrate.host_from_steps`) from them."""
+    time per step (every thread: training, dispatcher, gloo), many against one, and
+    ``sizes`` the fifo collectives' bytes. The parent reads the runtime's cost per
+    collective beyond the fitted line
+    (:func:`~trainsched.runtime.calibrate.overhead_from_steps`) and the processor time per
+    collective (:func:`~trainsched.runtime.calibrate.host_from_steps`) from them."""
     import torch
 
-    from trainsched.comm.policy import FifoPolicy, ReadyBucketPolicy
+    from trainsched.comm.policy import FifoPolicy, PriorityPolicy, ReadyBucketPolicy
     from trainsched.runtime.data_parallel import ScheduledDataParallel
 
     def model() -> Any:
@@ -268,6 +273,8 @@ def per_collective(dist: Any, device: Any, sync: Any, world_size: int,
 
     one = 1 << 40  # a bucket larger than the model: one collective
     plans = {"fifo": FifoPolicy(),
+             "many": PriorityPolicy(partition_bytes=one, credit_bytes=math.inf,
+                                    cross_barrier=False),
              "one": ReadyBucketPolicy(bucket_bytes=one, first_bucket_bytes=one,
                                       cross_barrier=False)}
     wrappers = {name: ScheduledDataParallel(model(), policy, timeout_s=120.0)
@@ -291,7 +298,7 @@ def per_collective(dist: Any, device: Any, sync: Any, world_size: int,
             wrapper.close()
     sizes = [p.numel() * p.element_size() for p in wrappers["fifo"].module.parameters()]
     mean = torch.tensor([trimmed_mean(times["fifo"]) - trimmed_mean(times["one"]),
-                         trimmed_mean(cpu["fifo"]) - trimmed_mean(cpu["one"])],
+                         trimmed_mean(cpu["many"]) - trimmed_mean(cpu["one"])],
                         dtype=torch.float64)
     dist.all_reduce(mean)
     return [sizes, float(mean[0]) / world_size, float(mean[1]) / world_size]
