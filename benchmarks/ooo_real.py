@@ -132,12 +132,13 @@ def main() -> int:
     if not args.ks:
         parser.error("--k needs at least one k above 0")
     began = time.time()
-    cluster = None
+    cluster = calibration = None
     if not args.no_predict:
         from trainsched.runtime.calibrate import calibrate
 
         print("calibrating this host (2 gloo ranks) ...", flush=True)
-        cluster = calibrate(world_size=2).to_cluster()
+        calibration = calibrate(world_size=2)
+        cluster = calibration.to_cluster()
     results = {}
     print(f"{'batch':>5} {'k':>3} {'k=0 ms':>8} {'k ms':>8} {'paired':>7} {'rounds won':>10} "
           f"{'pred k=0':>9} {'pred k':>8} {'pred x':>7} {'load before/after':>18}")
@@ -171,6 +172,7 @@ def main() -> int:
         "batches": {str(b): {k: v for k, v in r.items() if k != "host"}
                     for b, r in results.items()},
         "target": TARGET_SPEEDUP,
+        "calibration": calibration.to_dict() if calibration is not None else None,
         "host": {"cpu": cpu_model(), "cpu_count": os.cpu_count(),
                  "python": platform.python_version(), **host},
         "date": datetime.date.today().isoformat(), "wall_s": time.time() - began})
