@@ -59,3 +59,26 @@ def test_a_plans_report_says_mean_and_median():
     text = plan_run_report("p.plan.json", plan, result, prediction, warmup=1)
     assert "  measured   mean 2.60 ms  median 1.00 ms  p10 " in text
     assert "(measured / predicted 1.30x)" in text  # 2.6 ms over 2 ms, by hand
+
+
+def test_a_step_is_timed_start_to_start_and_the_final_drain_is_not_a_step():
+    """Steps that take 1, 2 and 3 ticks of a fake clock, then a drain of 10 ticks: the times
+    are 1, 2 and 3 (the last one ends where its step returns); the drain runs after the last
+    time is taken, once."""
+    from trainsched.runtime.train import timed_steps
+
+    now = [0.0]
+    log: list[str] = []
+
+    def step(i: int) -> None:
+        log.append(f"step {i}")
+        now[0] += i + 1
+
+    def drain() -> None:
+        log.append("drain")
+        now[0] += 10
+
+    times = timed_steps(3, step, drain, clock=lambda: now[0])
+    assert times == [1.0, 2.0, 3.0]
+    assert log == ["step 0", "step 1", "step 2", "drain"]
+    assert timed_steps(2, step, clock=lambda: now[0]) == [1.0, 2.0]

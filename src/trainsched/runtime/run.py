@@ -160,7 +160,7 @@ def data_parallel_segment(plan: DataParallelPlan, *, label: str, steps: int,
 
 
 def interleaved_trial(model: str, plans: Mapping[str, DataParallelPlan], *, rounds: int,
-                      steps: int, warmup: int = 1, **common: Any
+                      steps: int, warmup: int = 2, **common: Any
                       ) -> dict[str, tuple[float, ...]]:
     """Time data-parallel ``plans`` of ``model`` (by name) on the same ranks, interleaved in
     one job: ``rounds`` rounds, each running every plan for ``warmup`` + ``steps`` steps, the

@@ -17,7 +17,9 @@ interleave configurations (A B A B ...) without rebuilding the model:
 - ``allreduce``: one flat all-reduce of the size of all gradients, alone.
 
 A step's time is the interval between the starts of consecutive steps (with crossing, a step's
-communication tail overlaps the next step's forward); the last one ends after a drain. Rank 0's
+communication tail overlaps the next step's forward); the last one ends where its backward and
+step return, as every other one does, and the drain after it (the last communication tail, paid
+once per run, not per step) is not timed (:func:`timed_steps`). Rank 0's
 times after ``warmup`` steps are reported: median, p10, p90, and the throughput ``nproc x batch /
 median``. The parent process never imports torch.
 
@@ -37,7 +39,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -445,6 +447,24 @@ def _rank_inputs(args: tuple, kwargs: dict, rank: int, seed: int) -> tuple[tuple
     return tuple(redraw(a) for a in args), {k: redraw(v) for k, v in kwargs.items()}
 
 
+def timed_steps(total: int, step: Callable[[int], Any], finish: Callable[[], Any] | None = None,
+                clock: Callable[[], float] = time.perf_counter) -> list[float]:
+    """Run ``step(0)`` … ``step(total - 1)`` and return each one's time: from its start to the
+    next one's start, the last one's to its return. ``finish`` (a drain) runs after the last
+    step's time is taken: the communication tail it waits for is paid once per run, not per
+    step, and a steady step already overlaps the tail of the step before it."""
+    times = []
+    start = clock()
+    for i in range(total):
+        step(i)
+        now = clock()
+        times.append(now - start)
+        start = now
+    if finish is not None:
+        finish()
+    return times
+
+
 def _run_segment(model: Any, args: tuple, kwargs: dict, seg: Segment, cfg: dict[str, Any],
                  rank: int, n: int,
                  tuner: Any = None) -> list[float]:  # pragma: no cover - in the workers
@@ -505,33 +525,30 @@ def _run_segment(model: Any, args: tuple, kwargs: dict, seg: Segment, cfg: dict[
         net = model
         opt = opt_cls(params, **opt_kwargs)
     flat_buffer = None
+
+    def step(_: int) -> None:
+        nonlocal flat_buffer
+        loss_of(net(*args, **kwargs)).backward()
+        if seg.kind == "flat" and n > 1:
+            if flat_buffer is None:
+                flat_buffer = torch.empty(sum(p.numel() for p in params))
+            torch.cat([p.grad.view(-1) for p in params], out=flat_buffer)
+            dist.all_reduce(flat_buffer)
+            flat_buffer.div_(n)
+            offset = 0
+            for p in params:
+                p.grad.view(-1).copy_(flat_buffer[offset:offset + p.numel()])
+                offset += p.numel()
+        if opt is not None:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
     dist.barrier()
-    times = []
     try:
-        start = time.perf_counter()
-        for i in range(total):
-            loss_of(net(*args, **kwargs)).backward()
-            if seg.kind == "flat" and n > 1:
-                if flat_buffer is None:
-                    flat_buffer = torch.empty(sum(p.numel() for p in params))
-                torch.cat([p.grad.view(-1) for p in params], out=flat_buffer)
-                dist.all_reduce(flat_buffer)
-                flat_buffer.div_(n)
-                offset = 0
-                for p in params:
-                    p.grad.view(-1).copy_(flat_buffer[offset:offset + p.numel()])
-                    offset += p.numel()
-            if opt is not None:
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            if sdp is not None and i == total - 1:
-                sdp.drain()
-            now = time.perf_counter()
-            times.append(now - start)
-            start = now
+        times = timed_steps(total, step, sdp.drain if sdp is not None else None)
     finally:
         if sdp is not None:
             sdp.close()
-    del net, opt
+    net = opt = None  # the wrapper (and its hooks) goes with the last reference
     gc.collect()  # a finished DDP wrapper must drop its hooks before the next segment
     return times
