@@ -127,6 +127,7 @@ def main() -> int:
         ratio = summary[auto_label]["paired_ddp_ratio"]
         size = f" {spec['image_size']}x{spec['image_size']}" if spec["image_size"] else ""
         print(f"{name}: auto picked {choice.strategy} ({choice.reason})")
+        print(f"  plan: {choice.planned.description}")
         print("  predicted: " + ", ".join(f"{n} {1e3 * s:.2f} ms"
                                           for n, s in sorted(choice.predicted_s.items(),
                                                              key=lambda kv: (kv[1], kv[0]))))
@@ -139,7 +140,7 @@ def main() -> int:
             "settings": {**spec, "warmup": args.warmup, "nproc": RANKS, "optimizer": "sgd"},
             "auto": {"strategy": choice.strategy, "reason": choice.reason,
                      "predicted_s": choice.predicted_s, "label": auto_label,
-                     "trial": choice.trial},
+                     "plan": choice.planned.description, "trial": choice.trial},
             "paired_auto_over_ddp": ratio, "target": spec["target"], "met": met,
             "summary": summary, "raw": rows}
     print("\n".join(verdicts))
