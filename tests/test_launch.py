@@ -282,18 +282,19 @@ def test_the_trimmed_mean_drops_a_stray_sample():
 @pytest.mark.timeout(60)
 def test_watch_sees_what_a_worker_leaves_in_its_folder_while_it_runs(tmp_path):
     (tmp_path / "worker.py").write_text(textwrap.dedent("""
-        import json, sys, time
+        import json, os, sys, time
         from pathlib import Path
         cfg = json.loads(sys.argv[1])
-        for k in range(1, 4):
-            Path(cfg["folder"], "step").write_text(str(k))
+        for k in range(1, 4):  # written whole (a rename), so a reader never sees it half-done
+            Path(cfg["folder"], "step.tmp").write_text(str(k))
+            os.replace(Path(cfg["folder"], "step.tmp"), Path(cfg["folder"], "step"))
             time.sleep(0.4)
     """))
     seen = []
 
     def watch() -> None:
         step = tmp_path / "step"
-        if step.exists() and step.read_text():
+        if step.exists():
             seen.append(int(step.read_text()))
 
     exits = run_workers(str(tmp_path / "worker.py"), [{"rank": 0, "folder": str(tmp_path)}],
