@@ -141,6 +141,22 @@ def test_gamma_and_the_rate_keep_only_what_the_host_time_does_not_charge():
     assert beyond_host_time(0.4, 0.7, {}, 0.5e-3) == (0.4, 0.7)
 
 
+def test_the_collectives_rates_are_read_on_their_bytes_alone():
+    """10 all-reduces of 1 ms start-up each took 30 ms alone and 50 ms beside compute: their
+    bytes, 20 ms of work, took 40 ms, rate 0.5 (the whole: 0.6). Two at once took 1.6 times one
+    of 11 ms (ρ 0.6): after their 1 ms start-ups side by side, 6.6 ms more over 10 ms of bytes,
+    ρ' 0.66. Start-ups that leave no bytes, or missing figures, change nothing."""
+    from trainsched.runtime.calibrate import beyond_startup
+
+    rates = {"comm": 0.6, "count": 10, "comm_alone_s": 0.030, "comm_beside_s": 0.050,
+             "contention": 0.6, "contention_alone_s": 0.011}
+    out = beyond_startup(rates, 1e-3)
+    assert out["comm"] == pytest.approx(0.5, rel=1e-12)
+    assert out["contention"] == pytest.approx(0.66, rel=1e-12)
+    assert beyond_startup(rates, 0.02) == {}
+    assert beyond_startup({"comm": 0.6, "contention": 0.6}, 1e-3) == {}
+
+
 def test_the_overhead_needs_two_collectives():
     from trainsched.runtime.calibrate import overhead_from_steps
 

@@ -110,6 +110,18 @@ def test_each_collective_pays_the_overhead():
     assert close(fifo_step(two_ranks(collective_overhead_s=0.25 * MS)), 11.0 * MS)
 
 
+def test_by_rate_a_collective_s_start_up_is_a_delay_that_compute_does_not_stretch():
+    """0.25 ms per hop (a 1 MB collective: 0.5 ms of start-up and 1 ms of bytes on two ranks),
+    collectives at half rate beside compute, FIFO. c2 waits its start-up [5, 5.5] at full
+    rate, then its bytes at 0.5 beside L1:dX, L1:dW and L0:dW (0.75 ms by 7, the last 0.25 by
+    7.5); c1 (ready at 7) waits its start-up [7.5, 8] while L0:dW ends, then its bytes at full
+    rate (the compute stream is idle): [8, 9]; c0 (ready at 8) [9, 9.5] and [9.5, 10.5]; + 1.5
+    ms of SGD: 12.0 ms (the whole collective stretched: c2 ends 8.0, c1 9.5, c0 11.0: 12.5)."""
+    cluster = two_ranks(comm_rate_with_compute=0.5)
+    cluster = replace(cluster, intra_node=Link(bandwidth_bytes_per_s=1e9, latency_s=0.25 * MS))
+    assert close(fifo_step(cluster), 12.0 * MS)
+
+
 def fifo_comm_ends(cluster: Cluster) -> list[float]:
     result = simulate_data_parallel(three_layers(MB), cluster, ranks=2,
                                     policy=FifoPolicy(runtime_passes=False))

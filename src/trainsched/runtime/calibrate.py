@@ -385,7 +385,8 @@ def calibrate(*, world_size: int = 2, sizes_bytes: Sequence[int] | None = None, 
     p2p, allreduce = fit(rows, world_size)
     host = {**_host_info(backend), **data.get("host", {})}
     share = min(max(float(data.get("comm_compute_share", 0.0)), 0.0), 4.0)
-    rates = data.get("rates", {})
+    rates = dict(data.get("rates", {}))
+    rates.update(beyond_startup(rates, _ring_allreduce(world_size, allreduce, 0.0)))
     pipeline = data.get("pipeline_host") or (0.0, 0.0)
     memory = data.get("memory_bandwidth")
     cal = Calibration(backend=backend, world_size=world_size, host=host, measured_at=measured_at,
@@ -464,6 +465,30 @@ def beyond_host_time(share: float, rate: float, rates: Mapping[str, Any],
         return share, rate
     held = float(count) * host_s
     return max(share - held / float(alone_s), 0.0), min(rate + held / float(beside_s), 1.0)
+
+
+def beyond_startup(rates: Mapping[str, Any], startup_s: float) -> dict[str, float]:
+    """The collectives' rate beside compute and their contention on their bytes alone.
+
+    The simulator runs a collective's start-up (its latency terms, ``startup_s`` by the fit)
+    as a delay that neither rate stretches, so the probes' figures, which stretch whole
+    collectives, are read on the rest: ``count`` all-reduces that took D0 alone and D1 beside
+    compute (``comm_alone_s``, ``comm_beside_s``) ran their bytes at
+    (D0 − count·α) / (D1 − count·α); two that took T2 = (1 + ρ)·d at once, one d alone
+    (``contention_alone_s``), after their start-ups side by side, shared the wire with
+    ρ' = (T2 − d) / (d − α) = ρ·d / (d − α). Clamped to (0, 1] and [0, 1]; a figure whose
+    inputs are missing (an older worker) or leave no bytes is left as it is. Returns the
+    ``comm`` and ``contention`` entries that change."""
+    out: dict[str, float] = {}
+    count, alone, beside = (rates.get(k) for k in ("count", "comm_alone_s", "comm_beside_s"))
+    if "comm" in rates and count and alone and beside:
+        held = float(count) * startup_s
+        if float(alone) > held and float(beside) > held:
+            out["comm"] = _clamp((float(alone) - held) / (float(beside) - held), 0.01, 1.0)
+    rho, d = rates.get("contention"), rates.get("contention_alone_s")
+    if rho is not None and d and float(d) > startup_s:
+        out["contention"] = _clamp(float(rho) * float(d) / (float(d) - startup_s), 0.0, 1.0)
+    return out
 
 
 def _with_overhead(cal: Calibration, measured: Any) -> Calibration:
@@ -559,7 +584,8 @@ def _worker_main() -> None:  # pragma: no cover - runs in the spawned processes
     from trainsched.runtime import host_probes
 
     share, rates = host_probes.interference(dist, device, sync, n)
-    rates["contention"] = host_probes.contention(dist, device, sync, n)
+    rates["contention"], rates["contention_alone_s"] = host_probes.contention(dist, device,
+                                                                              sync, n)
     memory = host_probes.copy_bandwidth(dist, device, sync, n)
     buffer_sync = host_probes.buffer_sync(dist, device, sync, n)
     after_compute = host_probes.after_compute(dist, device, sync, n)

@@ -112,10 +112,10 @@ def interference(dist: Any, device: Any, sync: Any, world_size: int,
 
 
 def contention(dist: Any, device: Any, sync: Any, world_size: int,
-                rounds: int = 15) -> float:  # pragma: no cover - runs in the workers
-    """``T2 / d - 1`` (the mean over ranks of the medians): two 16 MiB all-reduces issued at
-    once take T2, one alone d, timed in turn ``rounds`` times. 1: the two share the wire (no
-    faster than in a row); 0: they run side by side as fast as one. 16 MiB, not less: on a
+                rounds: int = 15) -> tuple[float, float]:  # pragma: no cover - workers
+    """``(T2 / d - 1, d)`` (the means over ranks of the medians): two 16 MiB all-reduces
+    issued at once take T2, one alone d, timed in turn ``rounds`` times. 1: the two share the
+    wire (no faster than in a row); 0: they run side by side as fast as one. 16 MiB, not less: on a
     shared 2-core host the figure for 4 MiB moved between 0.05 and 0.78 from run to run (the
     latency's noise is a large part of d there), for 16 MiB between 0.73 and 0.83."""
     import torch
@@ -139,10 +139,10 @@ def contention(dist: Any, device: Any, sync: Any, world_size: int,
     for _ in range(rounds):
         ones.append(timed([a]))
         twos.append(timed([a, b]))
-    mean = torch.tensor([statistics.median(twos) / statistics.median(ones) - 1.0],
-                        dtype=torch.float64)
+    mean = torch.tensor([statistics.median(twos) / statistics.median(ones) - 1.0,
+                         statistics.median(ones)], dtype=torch.float64)
     dist.all_reduce(mean)
-    return float(mean) / world_size
+    return float(mean[0]) / world_size, float(mean[1]) / world_size
 
 
 def buffer_sync(dist: Any, device: Any, sync: Any, world_size: int,

@@ -70,9 +70,12 @@ wire with a shared one (:class:`~trainsched.comm.dispatch.SharedWire`): up to
 collectives is in flight, a collective at ``comm_rate_with_compute`` while its rank computes,
 and k collectives in flight at ``1 / (1 + collective_contention·(k − 1))`` each. The cost
 above is then a collective's work at full rate, but for its overhead
-(``collective_overhead_s``, or the first collective's ``collective_after_compute_s``): a delay
-at its start that no rate stretches (on a host it is mostly waiting, and two collectives in
-flight wait side by side), the collective counting as in flight meanwhile.
+(``collective_overhead_s``, or the first collective's ``collective_after_compute_s``) and its
+start-up (:func:`collective_startup_s`, the latency terms): a delay at its start that no rate
+stretches (on a host it is mostly waiting, and two collectives in flight wait side by side;
+the rates and the contention are measured on collectives whose bytes dominate), the
+collective counting as in flight meanwhile. So many small collectives in flight at once
+overlap their latencies, and only their bytes share the wire.
 ``startup_overlap`` belongs to the FIFO wire and is refused here (several slots overlap
 start-ups by themselves). A collective stretched
 differently on two representatives (a straggler computes longer) frees its slot when it
@@ -417,7 +420,10 @@ def simulate_data_parallel(graph: Graph, cluster: Cluster, *, ranks: int,
         slots = None
         if by_rate and plan:
             slots = cluster.device.collective_slots
-            couple_devices(low.tasks, cluster.device, len(reps), lowered.fixed_s)
+            alpha = collective_startup_s(ranks, cluster, algorithm)  # a delay, as the overhead
+            fixed = {t: min(lowered.fixed_s.get(t, 0.0) + alpha, low.tasks.duration_s[t])
+                     for row in lowered.parts for t in row}
+            couple_devices(low.tasks, cluster.device, len(reps), fixed)
         gate = DispatchGate(low.tasks, policy, parts=lowered.parts, sizes=lowered.sizes,
                             priorities=lowered.priorities, steals=lowered.steals,
                             startups=lowered.startups, slots=slots)
