@@ -189,17 +189,25 @@ def test_startup_overlap_is_refused_on_a_cluster_by_rate():
 # --- the engine's couplings ------------------------------------------------------------------
 
 
+def coupled_pair(compute_s: float, comm_s: float, fixed_s: float = 0.0):
+    """A compute task on a stream and a collective (no resource), coupled at half rate each
+    beside the other, the collective's first ``fixed_s`` a delay: (tasks, stream, compute,
+    collective)."""
+    tasks = TaskGraph()
+    stream = tasks.add_resource("s")
+    c = tasks.add_task("compute", compute_s, (stream,))
+    x = tasks.add_task("comm", comm_s, ())
+    g = tasks.add_coupling(Coupling(first_rate=0.5, second_rate=0.5))
+    tasks.couple(c, g, 0)
+    tasks.couple(x, g, 1, fixed_s=fixed_s)
+    return tasks, stream, c, x
+
+
 def test_engine_coupling_by_hand():
     """A compute task of 2 s on a stream and a collective of 1 s (no resource), coupled with
     compute at 0.5 and the collective at 0.5, both from 0: both at half rate until the
     collective ends at 2 (1 s of work); compute has done 1 s, ends at 3."""
-    tasks = TaskGraph()
-    stream = tasks.add_resource("s")
-    c = tasks.add_task("compute", 2.0, (stream,))
-    x = tasks.add_task("comm", 1.0, ())
-    g = tasks.add_coupling(Coupling(first_rate=0.5, second_rate=0.5))
-    tasks.couple(c, g, 0)
-    tasks.couple(x, g, 1)
+    tasks, stream, c, x = coupled_pair(2.0, 1.0)
     replay = run_tasks(tasks)
     assert close(replay.end_s[x], 2.0) and close(replay.end_s[c], 3.0)
     assert close(replay.busy_s[stream], 3.0)
@@ -222,13 +230,7 @@ def test_a_coupled_task_s_fixed_part_runs_at_full_rate():
     rate beside each other: the delay passes by 1 (compute has done 0.5); the collective's 2 s
     of work at half rate end at 5 (compute has done 2.5); compute's last 1.5 s alone end at 6.5.
     (All of the 3 s as work: the collective would end at 6 and compute at 7.)"""
-    tasks = TaskGraph()
-    stream = tasks.add_resource("s")
-    c = tasks.add_task("compute", 4.0, (stream,))
-    x = tasks.add_task("comm", 3.0, ())
-    g = tasks.add_coupling(Coupling(first_rate=0.5, second_rate=0.5))
-    tasks.couple(c, g, 0)
-    tasks.couple(x, g, 1, fixed_s=1.0)
+    tasks, _, c, x = coupled_pair(4.0, 3.0, fixed_s=1.0)
     replay = run_tasks(tasks)
     assert close(replay.end_s[x], 5.0) and close(replay.end_s[c], 6.5)
 

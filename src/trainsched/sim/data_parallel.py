@@ -413,14 +413,14 @@ def simulate_data_parallel(graph: Graph, cluster: Cluster, *, ranks: int,
         lowered = _lower(low, graph, order, plan, gradients, sources, policy, algorithm, ranks,
                          [factor.get(r, 1.0) * slowest for r in reps], reps,
                          [len(m) for m in classes], steps)
+        alpha = collective_startup_s(ranks, cluster, algorithm) if plan else 0.0
         if startup_overlap and plan:
-            alpha = collective_startup_s(ranks, cluster, algorithm)
             lowered.startups = [min(alpha, low.tasks.duration_s[row[0]])
                                 for row in lowered.parts]  # fmt: skip
         slots = None
         if by_rate and plan:
             slots = cluster.device.collective_slots
-            alpha = collective_startup_s(ranks, cluster, algorithm)  # a delay, as the overhead
+            # the start-up, like the overhead, is a delay that no rate stretches
             fixed = {t: min(lowered.fixed_s.get(t, 0.0) + alpha, low.tasks.duration_s[t])
                      for row in lowered.parts for t in row}
             couple_devices(low.tasks, cluster.device, len(reps), fixed)
