@@ -7,7 +7,8 @@ import pytest
 from trainsched.cluster import Cluster
 from trainsched.errors import TrainschedError
 from trainsched.runtime import Calibration, calibrate
-from trainsched.runtime.calibrate import Row, fit, measurement_order
+from trainsched.runtime.calibrate import measurement_order
+from trainsched.runtime.calibration import Row, fit
 
 MiB = 2**20
 

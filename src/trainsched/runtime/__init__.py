@@ -11,7 +11,8 @@ torch-free.
 
 from typing import Any
 
-from trainsched.runtime.calibrate import Calibration, Row, calibrate
+from trainsched.runtime.calibrate import calibrate
+from trainsched.runtime.calibration import Calibration, Row
 from trainsched.runtime.run import RunResult, run, runnable
 
 __all__ = ["Calibration", "PlacedModule", "Row", "RunResult", "calibrate", "run", "runnable"]

@@ -2,7 +2,7 @@
 and compute interfere on this host, how collectives in flight together share the wire, the
 copy bandwidth, DDP's buffer broadcast before a forward, what a step's first all-reduce
 costs beyond the fit when it starts as compute ends, and what the data-parallel runtime pays
-per collective when a step issues many (:mod:`~trainsched.runtime.calibrate`'s docstring says
+per collective when a step issues many (:mod:`~trainsched.runtime.calibration` says
 how each is read).
 
 Each probe runs on every rank of an initialised process group at once and returns the same
@@ -259,8 +259,8 @@ def per_collective(dist: Any, device: Any, sync: Any, world_size: int,
     time per step (every thread: training, dispatcher, gloo), many against one, and
     ``sizes`` the fifo collectives' bytes. The parent reads the runtime's cost per
     collective beyond the fitted line
-    (:func:`~trainsched.runtime.calibrate.overhead_from_steps`) and the processor time per
-    collective (:func:`~trainsched.runtime.calibrate.host_from_steps`) from them."""
+    (:func:`~trainsched.runtime.calibration.overhead_from_steps`) and the processor time per
+    collective (:func:`~trainsched.runtime.calibration.host_from_steps`) from them."""
     import torch
 
     from trainsched.comm.policy import FifoPolicy, PriorityPolicy, ReadyBucketPolicy

@@ -19,7 +19,7 @@ from torch import nn
 from trainsched.comm.dispatch import check_sizes
 from trainsched.comm.policy import CommPolicy, comm_policy
 from trainsched.errors import TrainschedError
-from trainsched.runtime.calibrate import GLOO_THREADS
+from trainsched.runtime.calibration import GLOO_THREADS
 from trainsched.runtime.data_parallel.deferred import check_backprop_k
 from trainsched.runtime.data_parallel.group import Peers
 from trainsched.runtime.data_parallel.layout import Trainable
