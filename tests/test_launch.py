@@ -19,6 +19,7 @@ import pytest
 
 from trainsched.errors import TrainschedError
 from trainsched.runtime.launch import (
+    HUGE_PAGES_ENV,
     PIN_ENV,
     START_ENV,
     WorkerFailure,
@@ -27,6 +28,7 @@ from trainsched.runtime.launch import (
     rank_cpus,
     run_workers,
     status_text,
+    worker_env,
 )
 
 
@@ -301,3 +303,50 @@ def test_watch_sees_what_a_worker_leaves_in_its_folder_while_it_runs(tmp_path):
                         workdir=tmp_path, timeout_s=30, watch=watch)
     assert exits[0].status == 0
     assert sorted(set(seen)) == [1, 2, 3]  # each step was watched while the worker slept
+
+
+def test_ranks_get_huge_pages_unless_the_environment_says_otherwise(monkeypatch):
+    monkeypatch.delenv(HUGE_PAGES_ENV, raising=False)
+    assert worker_env()[HUGE_PAGES_ENV] == "1"
+    monkeypatch.setenv(HUGE_PAGES_ENV, "0")
+    assert worker_env()[HUGE_PAGES_ENV] == "0"
+
+
+def _kernel_huge_pages() -> str:
+    """The kernel's transparent huge page mode: ``always``, ``madvise`` or ``never``."""
+    try:
+        text = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        return "never"
+    return text.split("[", 1)[1].split("]", 1)[0] if "[" in text else "never"
+
+
+FAULTS = textwrap.dedent("""
+    import json, resource
+    import torch
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    torch.empty(64 << 20, dtype=torch.uint8).fill_(1)   # 64 MiB: 16,384 pages of 4 KiB
+    print(json.dumps({"faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before}))
+""")
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_s_large_buffers_take_huge_pages_as_its_environment_says(tmp_path, monkeypatch,
+                                                                        start_method):
+    """Writing a new 64 MiB tensor faults in 16,384 pages of 4 KiB, or 32 of 2 MiB: a rank
+    started with huge pages on (the default) takes far fewer faults than one started with
+    them off. The fork server is replaced when the setting changes (its torch read it at its
+    start), and back again."""
+    if _kernel_huge_pages() != "madvise":
+        pytest.skip("the kernel's transparent huge pages are not in madvise mode here, so "
+                    "the allocator's advice changes nothing to measure")
+    (tmp_path / "worker.py").write_text(FAULTS)
+    faults = {}
+    for asked in ("1", "0", "1"):
+        monkeypatch.setenv(HUGE_PAGES_ENV, asked)
+        exits = run_workers(str(tmp_path / "worker.py"), [{"rank": 0}], workdir=tmp_path,
+                            timeout_s=100)
+        assert exits[0].status == 0
+        faults.setdefault(asked, []).append(json.loads(exits[0].log.read_text())["faults"])
+    assert min(faults["0"]) >= 16_000
+    assert max(faults["1"]) < 8_000  # at least half the tensor in huge pages

@@ -41,6 +41,7 @@ class ForkServer:
     """The launching side: start workers, poll and kill them by pid."""
 
     def __init__(self, environment: Mapping[str, str]):
+        self.environment = dict(environment)  # the server's own, which its torch read
         self._proc = subprocess.Popen(
             [sys.executable, "-c", "from trainsched.runtime.forkserver import serve; serve()"],
             env=dict(environment), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
