@@ -40,7 +40,8 @@ from trainsched.runtime.train import Segment
 
 MODELS = {"resnet50": {"batch_size": 4, "image_size": 32, "steps": 10, "repeats": 5,
                        "target": 0.98},
-          "mlp": {"batch_size": 64, "image_size": None, "steps": 200, "repeats": 5,
+          # a 3 ms step whose round medians move by a scheduler tick: more rounds
+          "mlp": {"batch_size": 64, "image_size": None, "steps": 200, "repeats": 15,
                   "target": 0.98},
           "vgg16": {"batch_size": 4, "image_size": 32, "steps": 10, "repeats": 5,
                     "target": 1.10}}

@@ -1,7 +1,8 @@
-"""Huge pages for the ranks' large buffers: what ``THP_MEM_ALLOC_ENABLE=1`` (trainsched's
-launcher sets it for its ranks unless the environment says otherwise) buys on this host.
+"""Huge pages for large buffers: what ``THP_MEM_ALLOC_ENABLE=1`` (PyTorch's CPU allocator
+advising the kernel to back buffers of 2 MiB or more with 2 MiB pages; trainsched's ranks run
+with the launching environment's value) does to training on this host.
 
-Two parts, each comparing the setting off (``0``) and on (``1``):
+Three parts, each comparing the setting off (``0``) and on (``1``):
 
 1. **One weight gradient into new memory.** The shape of VGG-16's first classifier layer
    (a 4 x 4096 output gradient times a 4 x 25088 input: a 411 MB result), computed
@@ -14,11 +15,14 @@ Two parts, each comparing the setting off (``0``) and on (``1``):
    of each. Per configuration the median of its jobs' medians off and on, and ``on/off``: the
    median over rounds of the off job's median over the next on job's (> 1: faster with huge
    pages); per setting the plan's speed over DDP's in the same job (``DDP/plan``).
+3. **One process, training steps.** Per model of ``--alone`` (``name:batch[:image]``), a
+   process per setting runs forward, backward and SGD, alternating off and on ``--rounds``
+   times: the median step and the page faults of a step.
 
 The kernel's transparent huge pages must be in ``madvise`` (or ``always``) mode for the
 setting to do anything: the mode is printed and written.
 
-    python benchmarks/huge_pages.py                  # VGG-16 and ResNet-50, ~10 min
+    python benchmarks/huge_pages.py                  # ~12 min
     python benchmarks/huge_pages.py --models vgg16 --rounds 2
 """
 
@@ -71,6 +75,32 @@ print(json.dumps({h: {"median_s": statistics.median(t[1:]), "faults": faults[h]}
 """
 
 
+ALONE = """
+import json, resource, statistics, sys, time
+sys.path.insert(0, sys.argv[4])
+import torch
+torch.set_num_threads(1)
+from trainsched.capture import build
+from trainsched.runtime.stage_modules import loss_of
+name, batch, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[5])
+image = int(sys.argv[3]) if sys.argv[3] != "-" else None
+zoo = build(name, batch_size=batch, image_size=image, seed=0)
+model = zoo.model.train()
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+times, faults = [], []
+for _ in range(steps + 3):  # 3 warm-up steps
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    t0 = time.perf_counter()
+    loss_of(model(*zoo.args, **zoo.kwargs)).backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    times.append(time.perf_counter() - t0)
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+print(json.dumps({"median_s": statistics.median(times[3:]),
+                  "faults": statistics.median(faults[3:])}))
+"""
+
+
 def kernel_mode() -> str:
     try:
         text = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
@@ -84,6 +114,30 @@ def one_gradient(setting: str, repeats: int) -> dict[str, Any]:
     out = subprocess.run([sys.executable, "-c", ONE_GRADIENT, str(repeats)], env=env,
                          capture_output=True, text=True, check=True, timeout=600)
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def alone(spec: str, setting: str, steps: int) -> dict[str, Any]:
+    name, batch, *image = spec.split(":")
+    env = {**os.environ, HUGE_PAGES_ENV: setting, "OMP_NUM_THREADS": "1"}
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    out = subprocess.run([sys.executable, "-c", ALONE, name, batch, image[0] if image else "-",
+                          src, str(steps)], env=env, capture_output=True, text=True,
+                         check=True, timeout=1800)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def alone_rounds(spec: str, rounds: int, steps: int) -> dict[str, Any]:
+    """Processes off, on, on, off, ...: each setting's median step (ms) and faults per step."""
+    runs: dict[str, list[dict[str, Any]]] = {"0": [], "1": []}
+    for r in range(rounds):
+        for setting in ("0", "1") if r % 2 == 0 else ("1", "0"):
+            runs[setting].append(alone(spec, setting, steps))
+    out: dict[str, Any] = {"runs": runs}
+    for s in ("0", "1"):
+        out[f"median_s_{s}"] = statistics.median(x["median_s"] for x in runs[s])
+        out[f"faults_{s}"] = statistics.median(x["faults"] for x in runs[s])
+    out["on_over_off"] = out["median_s_0"] / out["median_s_1"]
+    return out
 
 
 def configs(args: argparse.Namespace) -> list[Segment]:
@@ -135,6 +189,10 @@ def main() -> int:
     parser.add_argument("--partition-mib", type=float, default=76.0)
     parser.add_argument("--credit-mib", type=float, default=203.0)
     parser.add_argument("--gradient-repeats", type=int, default=5)
+    parser.add_argument("--alone", default="small-cnn:32,mobilenet_v3_large:8:64,"
+                        "resnet50:4:224,vgg16:4:32",
+                        help="models trained in one process, name:batch[:image size]")
+    parser.add_argument("--alone-steps", type=int, default=10)
     parser.add_argument("--out", default="benchmarks/results/huge_pages.json")
     args = parser.parse_args()
     names = [m for m in args.models.split(",") if m]
@@ -150,6 +208,14 @@ def main() -> int:
         print(f"  into {how + ' memory':<16}" + "".join(
             f"  huge pages {'on ' if s == '1' else 'off'} {gradient[s][how]['median_s'] * 1e3:7.1f}"
             f" ({gradient[s][how]['faults']})" for s in ("0", "1")), flush=True)
+    print("one process, training steps (forward, backward, SGD), median ms (faults per step):",
+          flush=True)
+    lone = {}
+    for spec in [s for s in args.alone.split(",") if s]:
+        lone[spec] = r = alone_rounds(spec, args.rounds, args.alone_steps)
+        print(f"  {spec:<26} off {r['median_s_0'] * 1e3:8.1f} ({r['faults_0']:.0f})  on "
+              f"{r['median_s_1'] * 1e3:8.1f} ({r['faults_1']:.0f})  on/off "
+              f"{r['on_over_off']:.3f}x", flush=True)
     results = {}
     try:
         for name in names:
@@ -169,7 +235,7 @@ def main() -> int:
     write_results(args.out, {
         "benchmark": "huge_pages", "date": datetime.date.today().isoformat(),
         "kernel_mode": mode, "settings": {k: v for k, v in vars(args).items()},
-        "one_gradient": gradient, "training": results, "wall_s": time.time() - began,
+        "one_gradient": gradient, "alone": lone, "training": results, "wall_s": time.time() - began,
         "machine": {"cpu": cpu_model(), "cpu_count": os.cpu_count(),
                     "python": platform.python_version()}})
     return 0

@@ -305,11 +305,11 @@ def test_watch_sees_what_a_worker_leaves_in_its_folder_while_it_runs(tmp_path):
     assert sorted(set(seen)) == [1, 2, 3]  # each step was watched while the worker slept
 
 
-def test_ranks_get_huge_pages_unless_the_environment_says_otherwise(monkeypatch):
+def test_ranks_take_huge_pages_only_when_the_environment_asks(monkeypatch):
     monkeypatch.delenv(HUGE_PAGES_ENV, raising=False)
+    assert HUGE_PAGES_ENV not in worker_env()  # PyTorch's default: off
+    monkeypatch.setenv(HUGE_PAGES_ENV, "1")
     assert worker_env()[HUGE_PAGES_ENV] == "1"
-    monkeypatch.setenv(HUGE_PAGES_ENV, "0")
-    assert worker_env()[HUGE_PAGES_ENV] == "0"
 
 
 def _kernel_huge_pages() -> str:
@@ -333,10 +333,10 @@ FAULTS = textwrap.dedent("""
 @pytest.mark.timeout(120)
 def test_a_rank_s_large_buffers_take_huge_pages_as_its_environment_says(tmp_path, monkeypatch,
                                                                         start_method):
-    """Writing a new 64 MiB tensor faults in 16,384 pages of 4 KiB, or 32 of 2 MiB: a rank
-    started with huge pages on (the default) takes far fewer faults than one started with
-    them off. The fork server is replaced when the setting changes (its torch read it at its
-    start), and back again."""
+    """Writing a new 64 MiB tensor faults in 16,384 pages of 4 KiB, or 32 of 2 MiB: a rank started
+    with huge pages on takes far fewer faults than one started with them off. The fork
+    server is replaced when the setting changes (its torch read it at its start), and back
+    again."""
     if _kernel_huge_pages() != "madvise":
         pytest.skip("the kernel's transparent huge pages are not in madvise mode here, so "
                     "the allocator's advice changes nothing to measure")

@@ -88,11 +88,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             json_error(exc.message, "usage_error")
         raise
     json_out = bool(getattr(args, "json", False))
-    from trainsched.runtime.launch import HUGE_PAGES_ENV
-
-    # Before any verb imports torch: the costs this process measures are then measured with
-    # the allocator the ranks it launches run with.
-    os.environ.setdefault(HUGE_PAGES_ENV, "1")
     try:
         with sigterm_interrupts():
             return args.func(args)

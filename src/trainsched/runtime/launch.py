@@ -1,12 +1,12 @@
 """Start real ``torch.distributed`` worker processes on this host and watch them.
 
 Shared by :mod:`~trainsched.runtime.calibrate` and :mod:`~trainsched.runtime.train`: each worker
-runs ``FUNCTION()`` of ``MODULE`` (or a script file) with its own JSON config (``rank``,
-``port``, ...) as ``sys.argv[1]``, in the environment of :func:`worker_env`
-(``OMP_NUM_THREADS=1``, huge pages for large buffers, this source tree on ``PYTHONPATH``, gloo
-on the loopback interface). Output goes to one log file per rank. :func:`run_workers` polls
-them: a rank that exits with a non-zero status or an overall deadline fails the run with
-:class:`WorkerFailure`, and every worker still running is killed, so nothing is left behind.
+runs ``FUNCTION()`` of ``MODULE`` (or a script file) with its own JSON config (``rank``, ``port``,
+...) as ``sys.argv[1]``, in the environment of :func:`worker_env` (``OMP_NUM_THREADS=1``, this
+source tree on ``PYTHONPATH``, gloo on the loopback interface). Output goes to one log file per
+rank. :func:`run_workers` polls them: a rank that exits with a non-zero status or an overall
+deadline fails the run with :class:`WorkerFailure`, and every worker still running is killed, so
+nothing is left behind.
 
 Workers are forked from a server that imported torch once
 (:class:`~trainsched.runtime.forkserver.ForkServer`, started on first use and kept while this
@@ -45,12 +45,12 @@ START_ENV = "TRAINSCHED_WORKER_START"
 PIN_ENV = "TRAINSCHED_PIN_CPUS"
 #: ``1``: PyTorch's CPU allocator advises the kernel to back every buffer of 2 MiB or more with
 #: 2 MiB pages (``madvise(MADV_HUGEPAGE)``; where the kernel's transparent huge pages are
-#: ``madvise`` or ``always``). Ranks get ``1`` unless the launching environment sets it (``0``
-#: turns it off). A tensor of gradients is allocated anew each step and its first write
-#: faults every page in: on this project's 2-CPU host the 411 MB weight gradient of VGG-16's
-#: first classifier layer took 170-180 ms to compute into new 4 KiB pages against 60 ms into
-#: huge pages or a buffer already touched (``benchmarks/huge_pages.py``). PyTorch reads it
-#: once per process, at its first allocation.
+#: ``madvise`` or ``always``). Ranks run with what the launching environment says (unset:
+#: off). It depends on the model: on this project's 2-CPU host VGG-16's steps ran 1.26x faster
+#: with it (its 411 MB gradient is new memory every step, each 4 KiB page faulted in) and the
+#: small CNN's at batch 32 2.4x slower (its 2-8 MB activations, which the C library otherwise
+#: reuses, faulted in afresh each step): ``benchmarks/huge_pages.py``. PyTorch reads it once
+#: per process, at its first allocation.
 HUGE_PAGES_ENV = "THP_MEM_ALLOC_ENABLE"
 #: What a process reads once at start: a fork server started with other values is replaced.
 READ_AT_START = (HUGE_PAGES_ENV,)
@@ -82,12 +82,10 @@ def free_port() -> int:
 
 
 def worker_env(backend: str = "gloo", extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment of a worker: one OpenMP thread, huge pages for large buffers unless
-    the environment says otherwise (:data:`HUGE_PAGES_ENV`), this source tree importable,
-    gloo on the loopback interface, Python's fault handler on."""
+    """The environment of a worker: one OpenMP thread, this source tree importable, gloo on
+    the loopback interface, Python's fault handler on."""
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = "1"
-    env.setdefault(HUGE_PAGES_ENV, "1")
     # A worker killed by a signal (an abort inside torch, say) prints every thread's Python
     # stack to its log first, so the failure says where it happened.
     env.setdefault("PYTHONFAULTHANDLER", "1")
