@@ -48,7 +48,7 @@ PIN_ENV = "TRAINSCHED_PIN_CPUS"
 #: ``madvise`` or ``always``). Ranks run with what the launching environment says (unset:
 #: off). It depends on the model: on this project's 2-CPU host VGG-16's steps ran 1.26x faster
 #: with it (its 411 MB gradient is new memory every step, each 4 KiB page faulted in) and the
-#: small CNN's at batch 32 2.4x slower (its 2-8 MB activations, which the C library otherwise
+#: small CNN's at batch 32 2.3x slower (its 2-8 MB activations, which the C library otherwise
 #: reuses, faulted in afresh each step): ``benchmarks/huge_pages.py``. PyTorch reads it once
 #: per process, at its first allocation.
 HUGE_PAGES_ENV = "THP_MEM_ALLOC_ENABLE"
