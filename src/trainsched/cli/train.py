@@ -5,6 +5,7 @@ print the measured step time; ``--autotune`` searches partition and credit onlin
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from trainsched.backprop.reorder import BACKPROP_ORDERS
@@ -112,6 +113,11 @@ def add_parser(sub: Subcommands) -> None:
                    "--plan also steps.trace.json, the measured steps")
     add_alias(p, "--timeline", "trace_dir")
     p.add_argument("--timeout", type=float, default=1800, help="seconds before giving up")
+    p.add_argument("--huge-pages", choices=HUGE_PAGES_CHOICES, default=None,
+                   help="on/off: the ranks' THP_MEM_ALLOC_ENABLE (PyTorch's CPU allocator "
+                   "asking for 2 MiB pages for buffers of 2 MiB or more); auto: time short "
+                   "stock-DDP jobs of the model with it off and on, and keep it on only where "
+                   "that is more than 3%% faster (default: the environment's value)")
     p.add_argument("--autotune", action="store_true",
                    help="priority: pick partition and credit by Bayesian search, online (every "
                    "rank switches to each trial point in one job), then time the best")
@@ -269,11 +275,45 @@ def warn_oversubscribed(nproc: int) -> None:
               f"the step times will measure their contention", file=sys.stderr, flush=True)
 
 
+#: ``--huge-pages``: the settings it names and ``auto``.
+HUGE_PAGES_CHOICES = ("auto", "on", "off")
+
+
 def run(args: argparse.Namespace) -> int:
+    check_flags(args)
+    if args.huge_pages is None:
+        return _run(args)
+    from trainsched.runtime.launch import huge_pages, torchrun_rank
+
+    if torchrun_rank() is not None:
+        raise TrainschedError("--huge-pages sets the environment of the ranks trainsched "
+                              "starts; under torchrun set THP_MEM_ALLOC_ENABLE=0 or 1 in "
+                              "torchrun's environment instead")
+    setting = {"on": "1", "off": "0"}.get(args.huge_pages)
+    if setting is None:
+        setting = _choose_huge_pages(args)
+    with huge_pages(setting):
+        return _run(args)
+
+
+def _choose_huge_pages(args: argparse.Namespace) -> str:
+    """``--huge-pages auto``: short stock-DDP jobs of the model off and on; the setting."""
+    from trainsched.runtime.huge_pages import huge_pages_trial
+
+    print("huge pages: timing the model with them off and on (stock DDP, 4 short jobs) ...",
+          file=sys.stderr, flush=True)
+    choice = huge_pages_trial(args.model, nproc=args.ranks or DEFAULTS["ranks"],
+                              batch_size=args.batch_size, image_size=args.image_size,
+                              seq_len=args.seq_len, optimizer=args.optimizer, lr=args.lr,
+                              timeout_s=args.timeout)
+    print(choice.reason(), file=sys.stderr, flush=True)
+    return choice.setting
+
+
+def _run(args: argparse.Namespace) -> int:
     from trainsched.runtime.train import COMMS, train
     from trainsched.units import parse_size
 
-    check_flags(args)
     if args.sync is not None:
         return run_sync_cli(args)
     if args.trace_dir is not None:  # fail now, not once the workers have trained

@@ -56,6 +56,27 @@ HUGE_PAGES_ENV = "THP_MEM_ALLOC_ENABLE"
 READ_AT_START = (HUGE_PAGES_ENV,)
 
 
+HUGE_PAGES_SETTINGS = ("0", "1")
+
+
+@contextlib.contextmanager
+def huge_pages(setting: str) -> Iterator[None]:
+    """Ranks started inside run with :data:`HUGE_PAGES_ENV` = ``setting`` (``"0"`` or
+    ``"1"``); this process's environment is as it was afterwards."""
+    if setting not in HUGE_PAGES_SETTINGS:
+        raise TrainschedError(f"huge pages: expected one of {', '.join(HUGE_PAGES_SETTINGS)}, "
+                              f"got {setting!r}")
+    before = os.environ.get(HUGE_PAGES_ENV)
+    os.environ[HUGE_PAGES_ENV] = setting
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(HUGE_PAGES_ENV, None)
+        else:
+            os.environ[HUGE_PAGES_ENV] = before
+
+
 def rank_cpus(nproc: int) -> list[int] | None:
     """The CPU each of ``nproc`` ranks is bound to, or ``None`` (not bound; :data:`PIN_ENV`).
 
