@@ -28,11 +28,13 @@ HUGE_PAGES_GAIN = 0.03
 
 @dataclass(frozen=True)
 class HugePagesChoice:
-    """The setting chosen (``"0"`` or ``"1"``) and the median step of each timed run."""
+    """The setting chosen (``"0"`` or ``"1"``), the median step of each timed run, and the
+    margin the runs with huge pages had to beat."""
 
     setting: str
     off_s: tuple[float, ...]
     on_s: tuple[float, ...]
+    margin: float = HUGE_PAGES_GAIN
 
     @property
     def speedup(self) -> float:
@@ -43,7 +45,7 @@ class HugePagesChoice:
         word = "on" if self.setting == "1" else "off"
         return (f"huge pages {word}: steps {statistics.median(self.off_s) * 1e3:.1f} ms without "
                 f"and {statistics.median(self.on_s) * 1e3:.1f} ms with them "
-                f"({self.speedup:.3f}x; on only beyond {1 + HUGE_PAGES_GAIN:.2f}x), "
+                f"({self.speedup:.3f}x; on only beyond {1 + self.margin:.2f}x), "
                 f"{len(self.off_s)} runs each")
 
 
@@ -60,7 +62,8 @@ def choose_huge_pages(time_step: Callable[[str], float], *, rounds: int = 2,
             times[setting].append(float(time_step(setting)))
     off, on = statistics.median(times["0"]), statistics.median(times["1"])
     setting = "1" if off > on * (1 + margin) else "0"
-    return HugePagesChoice(setting=setting, off_s=tuple(times["0"]), on_s=tuple(times["1"]))
+    return HugePagesChoice(setting=setting, off_s=tuple(times["0"]), on_s=tuple(times["1"]),
+                           margin=margin)
 
 
 def huge_pages_trial(model: str, *, nproc: int, batch_size: int | None = None,
