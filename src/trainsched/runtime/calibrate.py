@@ -72,13 +72,7 @@ from pathlib import Path
 from typing import Any
 
 from trainsched.errors import TrainschedError
-from trainsched.runtime.calibration import (
-    GLOO_THREADS,
-    Calibration,
-    Row,
-    fit,
-    read_measurements,
-)
+from trainsched.runtime.calibration import Calibration, read_measurements
 from trainsched.runtime.launch import (
     WorkerFailure,
     free_port,
@@ -88,8 +82,7 @@ from trainsched.runtime.launch import (
 )
 from trainsched.units import is_int
 
-__all__ = ["BACKENDS", "DEFAULT_SIZES", "GLOO_THREADS", "Calibration", "Row", "calibrate", "fit",
-           "measurement_order"]
+__all__ = ["BACKENDS", "DEFAULT_SIZES", "calibrate", "measurement_order"]
 
 DEFAULT_SIZES: tuple[int, ...] = tuple(4**k for k in range(1, 14))  # 4 B .. 64 MiB
 BACKENDS = ("gloo", "nccl")
